@@ -1,0 +1,81 @@
+#include "core/numeric.h"
+
+#include <algorithm>
+
+namespace dsv4 {
+
+NumericTables::NumericTables() {
+  for (int b = 0; b < 256; ++b) {
+    int sign = b >> 7, exponent = (b >> 3) & 15, mantissa = b & 7;
+    float value = exponent == 0 ? std::ldexp(float(mantissa), -9)
+                                : std::ldexp(1.0f + mantissa / 8.0f, exponent - 7);
+    if ((b & 0x7f) == 0x7f) value = NAN;
+    e4m3[b] = sign ? -value : value;
+    e8m0[b] = b == 255 ? NAN : std::ldexp(1.0f, b - 127);
+  }
+  static const float magnitudes[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  for (int n = 0; n < 16; ++n) e2m1[n] = (n & 8) ? -magnitudes[n & 7] : magnitudes[n & 7];
+}
+const NumericTables kNumericTables;
+
+namespace {
+// fl32(1/448) and fl32(1/6): the reference multiplies by the fp32-rounded
+// reciprocal, which moves the scale jump of an amax of exactly 448*2^k.
+const float kInv448 = 1.0f / 448.0f;
+const float kInv6 = 1.0f / 6.0f;
+}  // namespace
+
+void fp8_round_trip(float* x, int64_t n, int64_t block) {
+  for (int64_t b0 = 0; b0 < n; b0 += block) {
+    int64_t b1 = std::min(n, b0 + block);
+    float amax = 1e-4f;
+    for (int64_t i = b0; i < b1; ++i) amax = std::max(amax, std::fabs(x[i]));
+    float scale = pow2_ceil(amax * kInv448);
+    for (int64_t i = b0; i < b1; ++i) {
+      float q = std::clamp(x[i] / scale, -448.0f, 448.0f);
+      x[i] = round_to_e4m3(q) * scale;
+    }
+  }
+}
+
+void fp8_round_trip_reference(float* x, int64_t n, int64_t block) {
+  // Exhaustive nearest-value search over the 254 finite e4m3 values.
+  for (int64_t b0 = 0; b0 < n; b0 += block) {
+    int64_t b1 = std::min(n, b0 + block);
+    double amax = 1e-4;
+    for (int64_t i = b0; i < b1; ++i) amax = std::max(amax, double(std::fabs(x[i])));
+    float scale = pow2_ceil(float(amax) * kInv448);
+    for (int64_t i = b0; i < b1; ++i) {
+      double target = std::clamp(double(x[i]) / scale, -448.0, 448.0);
+      float best = 0.0f;
+      double best_err = 1e30;
+      int best_code = 0;
+      for (int code = 0; code < 256; ++code) {
+        float v = e4m3_to_float(uint8_t(code));
+        if (std::isnan(v)) continue;
+        double err = std::fabs(double(v) - target);
+        bool even = (code & 1) == 0;
+        if (err < best_err || (err == best_err && even && (best_code & 1))) {
+          best = v, best_err = err, best_code = code;
+        }
+      }
+      x[i] = (target < 0 && best == 0.0f ? -0.0f : best) * scale;
+    }
+  }
+}
+
+void fp4_round_trip(float* x, int64_t n, int64_t block) {
+  const float min_amax = 6.0f * std::ldexp(1.0f, -126);
+  for (int64_t b0 = 0; b0 < n; b0 += block) {
+    int64_t b1 = std::min(n, b0 + block);
+    float amax = min_amax;
+    for (int64_t i = b0; i < b1; ++i) amax = std::max(amax, std::fabs(x[i]));
+    float scale = pow2_ceil(amax * kInv6);
+    for (int64_t i = b0; i < b1; ++i) {
+      float q = std::clamp(x[i] / scale, -6.0f, 6.0f);
+      x[i] = round_to_e2m1(q) * scale;
+    }
+  }
+}
+
+}  // namespace dsv4

@@ -1,0 +1,73 @@
+// Number formats of the official DeepSeek-V4 checkpoints and the quantization
+// round trips that the reference applies to activations (architecture.md §5.3, §6).
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace dsv4 {
+
+inline float bits_to_float(uint32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+inline uint32_t float_to_bits(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  return bits;
+}
+
+inline float bf16_to_float(uint16_t v) { return bits_to_float(uint32_t(v) << 16); }
+
+// Lookup tables, filled once at static-initialisation time.
+struct NumericTables {
+  float e4m3[256];   // F8_E4M3 (e4m3fn) byte -> value
+  float e8m0[256];   // F8_E8M0 byte -> 2^(b-127)
+  float e2m1[16];    // FP4 nibble -> value
+  NumericTables();
+};
+extern const NumericTables kNumericTables;
+
+inline float e4m3_to_float(uint8_t b) { return kNumericTables.e4m3[b]; }
+inline float e8m0_to_float(uint8_t b) { return kNumericTables.e8m0[b]; }
+inline float e2m1_to_float(uint8_t nibble) { return kNumericTables.e2m1[nibble & 15]; }
+
+// Smallest power of two >= s, read exactly from the fp32 bits (s > 0, normal).
+// This is how ue8m0 scales are formed: exponent + 1 when the mantissa is nonzero.
+inline float pow2_ceil(float s) {
+  uint32_t bits = float_to_bits(s);
+  uint32_t exponent = (bits >> 23) & 0xff;
+  if (bits & 0x7fffff) exponent += 1;
+  return bits_to_float(exponent << 23);
+}
+
+// Round |v| <= 448 to the nearest e4m3 value, ties to even.
+inline float round_to_e4m3(float v) {
+  float a = std::fabs(v);
+  if (a == 0.0f) return v;
+  int exponent;
+  std::frexp(a, &exponent);          // a in [2^(exponent-1), 2^exponent)
+  int e = exponent - 1;
+  if (e < -6) e = -6;                // subnormal range has the step of 2^-9
+  float step = std::ldexp(1.0f, e - 3);
+  return std::nearbyint(v / step) * step;
+}
+
+// Round |v| <= 6 to the nearest e2m1 value {0, .5, 1, 1.5, 2, 3, 4, 6}, ties to even.
+inline float round_to_e2m1(float v) {
+  float a = std::fabs(v);
+  float step = a < 2.0f ? 0.5f : (a < 4.0f ? 1.0f : 2.0f);
+  return std::nearbyint(v / step) * step;
+}
+
+// FP8 activation round trip (the reference's act_quant with ue8m0 scales),
+// in place over `n` values split into blocks of `block`.
+void fp8_round_trip(float* x, int64_t n, int64_t block);
+// FP4 round trip used by the lightning indexer (blocks of 32, ue8m0 scales).
+void fp4_round_trip(float* x, int64_t n, int64_t block);
+
+// Scalar reference versions used by the tests to check the fast paths.
+void fp8_round_trip_reference(float* x, int64_t n, int64_t block);
+
+}  // namespace dsv4

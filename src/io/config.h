@@ -1,0 +1,52 @@
+// DeepSeek-V4 model configuration read from a Hugging Face config.json.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dsv4 {
+
+struct ModelConfig {
+  std::string model_type;
+  std::string architecture;
+  int64_t vocab_size = 0;
+  int64_t dim = 0;               // hidden_size
+  int64_t n_layers = 0;          // num_hidden_layers (main layers)
+  int64_t n_mtp_layers = 0;      // num_nextn_predict_layers
+  int64_t n_heads = 0;
+  int64_t head_dim = 0;
+  int64_t rope_dim = 0;          // qk_rope_head_dim
+  int64_t q_lora_rank = 0;
+  int64_t o_groups = 0;
+  int64_t o_lora_rank = 0;
+  int64_t window = 0;            // sliding_window
+  std::vector<int64_t> compress_ratios;  // n_layers + n_mtp_layers entries
+  double rope_theta = 0, compress_rope_theta = 0;
+  double rope_factor = 1;
+  int64_t original_seq_len = 0;
+  double beta_fast = 32, beta_slow = 1;
+  int64_t index_n_heads = 0, index_head_dim = 0, index_topk = 0;
+  int64_t n_routed_experts = 0, n_activated_experts = 0, n_shared_experts = 0;
+  int64_t moe_inter_dim = 0;
+  double route_scale = 1;
+  int64_t n_hash_layers = 0;
+  float swiglu_limit = 0;
+  int64_t hc_mult = 0, hc_sinkhorn_iters = 0;
+  float hc_eps = 0, norm_eps = 0;
+  int64_t bos_token_id = 0, eos_token_id = 1;
+  int64_t max_position_embeddings = 0;
+  bool fp8_weights = false;      // quantization_config present (fp8 e4m3, ue8m0, 128x128)
+  std::string expert_dtype;      // "fp4", "fp8" or "" (same as the other linears)
+
+  int64_t ratio(int64_t layer) const { return compress_ratios.at(size_t(layer)); }
+  int64_t nope_dim() const { return head_dim - rope_dim; }
+  int64_t hc_mix() const { return (2 + hc_mult) * hc_mult; }
+};
+
+// Parses and validates config.json (a file or a directory holding it). Every
+// field the forward pass uses is checked; unsupported model types or features
+// are refused with a message that names them.
+ModelConfig load_config(const std::string& path);
+ModelConfig parse_config(const std::string& json_text, const std::string& origin);
+
+}  // namespace dsv4

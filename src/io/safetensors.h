@@ -1,0 +1,74 @@
+// Memory-mapped safetensors reader (single file or sharded through
+// model.safetensors.index.json) and a small writer for result files.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace dsv4 {
+
+enum class DType { F32, F16, BF16, F8_E4M3, F8_E8M0, I8, U8, I32, I64 };
+
+const char* dtype_name(DType dtype);
+int64_t dtype_size(DType dtype);
+
+struct TensorInfo {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+  const uint8_t* data = nullptr;
+  int64_t nbytes = 0;
+  std::string file;  // the shard that holds it, for error messages
+
+  int64_t numel() const;
+  std::string shape_string() const;
+};
+
+// One mapped file. The mapping lives as long as the object.
+class MappedFile {
+ public:
+  explicit MappedFile(const std::string& path);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  const uint8_t* data() const { return data_; }
+  int64_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  const uint8_t* data_ = nullptr;
+  int64_t size_ = 0;
+};
+
+// All tensors of a checkpoint directory (or a single .safetensors file).
+class TensorStore {
+ public:
+  // Opens `path`: a directory with model.safetensors.index.json or
+  // model.safetensors (or other *.safetensors), or a single file.
+  static TensorStore open(const std::string& path);
+
+  const TensorInfo* find(const std::string& name) const;
+  const TensorInfo& get(const std::string& name) const;  // throws naming the tensor
+  const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
+  std::map<std::string, std::string> metadata;  // __metadata__ of the first file
+
+ private:
+  void add_file(const std::string& path, bool first);
+  std::vector<std::shared_ptr<MappedFile>> files_;
+  std::map<std::string, TensorInfo> tensors_;
+};
+
+// Writes float32/int32 tensors to a safetensors file (header padded to 8 bytes).
+struct OutputTensor {
+  std::string name;
+  DType dtype;  // F32 or I32
+  std::vector<int64_t> shape;
+  const void* data;
+};
+void write_safetensors(const std::string& path, const std::vector<OutputTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+}  // namespace dsv4

@@ -1,0 +1,163 @@
+// DeepSeek-V4 attention (architecture.md §4.3): low-rank query with per-head
+// norm, one shared 512-wide K=V latent per position, a 128-token raw window,
+// compressed rows (all of them for HCA, the indexer's top-k for CSA), a
+// per-head sink in the softmax denominator, inverse RoPE on the output and a
+// grouped low-rank output projection.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/numeric.h"
+#include "kernels/cpu/linear.h"
+#include "model/layers.h"
+
+namespace dsv4 {
+
+namespace {
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  float acc[16] = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int l = 0; l < 16; ++l) acc[l] += a[i + l] * b[i + l];
+  for (int l = 0; i < n; ++i, ++l) acc[l] += a[i] * b[i];
+  for (int w = 8; w >= 1; w /= 2)
+    for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
+  return acc[0];
+}
+
+// Lightning indexer: picks, for every query, the compressed rows it attends to.
+std::vector<std::vector<int32_t>> indexer_select(const ModelConfig& c, const IndexerWeights& w,
+                                                 const RopeTable& rope, LayerState& state,
+                                                 const float* x, const float* qr, int64_t start,
+                                                 int64_t n) {
+  const int64_t heads = c.index_n_heads, hd = c.index_head_dim;
+  std::vector<float> q(size_t(n * heads * hd)), head_weights(size_t(n * heads));
+  linear_forward(w.wq_b, qr, n, q.data());
+  linear_forward(w.weights_proj, x, n, head_weights.data());
+  const float weight_scale = 1.0f / std::sqrt(float(hd)) * (1.0f / std::sqrt(float(heads)));
+#pragma omp parallel for schedule(static) if (n > 1)
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t h = 0; h < heads; ++h) {
+      float* qh = q.data() + (t * heads + h) * hd;
+      rope.apply(qh + hd - c.rope_dim, start + t);
+      hadamard_transform(qh, hd);
+      fp4_round_trip(qh, hd, 32);
+    }
+    for (int64_t h = 0; h < heads; ++h) head_weights[size_t(t * heads + h)] *= weight_scale;
+  }
+  compressor_forward(c, w.compressor, rope, true, state.index_compressor, x, start, n,
+                     state.index_keys);
+
+  std::vector<std::vector<int32_t>> selected(static_cast<size_t>(n));
+#pragma omp parallel for schedule(dynamic, 1) if (n > 1)
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t visible = (start + t + 1) / 4;
+    std::vector<float> scores(static_cast<size_t>(visible));
+    for (int64_t i = 0; i < visible; ++i) {
+      const float* key = state.index_keys.data() + i * hd;
+      float s = 0.0f;
+      for (int64_t h = 0; h < heads; ++h) {
+        float d = dot(q.data() + (t * heads + h) * hd, key, hd);
+        s += std::max(d, 0.0f) * head_weights[size_t(t * heads + h)];
+      }
+      scores[size_t(i)] = s;
+    }
+    selected[size_t(t)] = top_k_indices(scores.data(), visible, c.index_topk);
+  }
+  return selected;
+}
+
+}  // namespace
+
+void attention_forward(const ModelConfig& c, const AttentionWeights& w, const RopeTable& rope,
+                       int64_t ratio, LayerState& state, const float* x, int64_t start, int64_t n,
+                       float* out) {
+  const int64_t H = c.n_heads, hd = c.head_dim, rd = c.rope_dim, nope = hd - rd;
+  const int64_t win = c.window;
+
+  // Query path; qr is shared with the indexer.
+  std::vector<float> qr(size_t(n * c.q_lora_rank)), q(size_t(n * H * hd));
+  linear_forward(w.wq_a, x, n, qr.data());
+  for (int64_t t = 0; t < n; ++t) rms_norm(qr.data() + t * c.q_lora_rank, w.q_norm.data(), c.q_lora_rank, c.norm_eps);
+  linear_forward(w.wq_b, qr.data(), n, q.data());
+  // Window rows of this chunk.
+  std::vector<float> kv(size_t(n * hd));
+  linear_forward(w.wkv, x, n, kv.data());
+#pragma omp parallel for schedule(static) if (n > 1)
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t h = 0; h < H; ++h) {
+      float* qh = q.data() + (t * H + h) * hd;
+      rms_norm(qh, nullptr, hd, c.norm_eps);
+      rope.apply(qh + nope, start + t);
+    }
+    float* row = kv.data() + t * hd;
+    rms_norm(row, w.kv_norm.data(), hd, c.norm_eps);
+    rope.apply(row + nope, start + t);
+    fp8_round_trip(row, nope, 64);
+  }
+
+  std::vector<std::vector<int32_t>> selected;
+  if (w.has_indexer) selected = indexer_select(c, w.indexer, rope, state, x, qr.data(), start, n);
+  if (w.has_compressor)
+    compressor_forward(c, w.compressor, rope, false, state.compressor, x, start, n, state.compressed);
+
+  // Sink attention. Keys are visited in a fixed order (compressed rows by id,
+  // then window rows by position) so the result is independent of chunking.
+  std::vector<float> o(size_t(n * H * hd));
+  const float scale = 1.0f / std::sqrt(float(hd));
+#pragma omp parallel for schedule(dynamic, 1) if (n * H > 1)
+  for (int64_t th = 0; th < n * H; ++th) {
+    const int64_t t = th / H, h = th % H, pos = start + t;
+    std::vector<const float*> keys;
+    if (ratio > 0) {
+      const int64_t visible = (pos + 1) / ratio;
+      if (w.has_indexer) {
+        for (int32_t i : selected[size_t(t)]) keys.push_back(state.compressed.data() + int64_t(i) * hd);
+      } else {
+        for (int64_t i = 0; i < visible; ++i) keys.push_back(state.compressed.data() + i * hd);
+      }
+    }
+    for (int64_t p = std::max<int64_t>(0, pos - win + 1); p <= pos; ++p)
+      keys.push_back(p >= start ? kv.data() + (p - start) * hd : state.window.data() + (p % win) * hd);
+
+    const float* qh = q.data() + th * hd;
+    std::vector<float> logits(keys.size());
+    float mx = w.sink[size_t(h)];
+    for (size_t j = 0; j < keys.size(); ++j) {
+      logits[j] = dot(qh, keys[j], hd) * scale;
+      mx = std::max(mx, logits[j]);
+    }
+    float denom = 0.0f;
+    for (size_t j = 0; j < keys.size(); ++j) denom += (logits[j] = std::exp(logits[j] - mx));
+    denom += std::exp(w.sink[size_t(h)] - mx);
+    float* oh = o.data() + th * hd;
+    std::fill(oh, oh + hd, 0.0f);
+    for (size_t j = 0; j < keys.size(); ++j) {
+      const float p = logits[j] / denom;
+      const float* k = keys[j];
+      for (int64_t d = 0; d < hd; ++d) oh[d] += p * k[d];
+    }
+    rope.apply(oh + nope, pos, /*inverse=*/true);
+  }
+
+  // The ring keeps the last `win` window rows for later chunks.
+  for (int64_t t = std::max<int64_t>(0, n - win); t < n; ++t)
+    std::memcpy(state.window.data() + ((start + t) % win) * hd, kv.data() + t * hd, size_t(hd) * 4);
+
+  // Grouped low-rank output: group g of heads goes through rows
+  // [g*R, (g+1)*R) of wo_a; the concatenation goes through wo_b.
+  const int64_t G = c.o_groups, R = c.o_lora_rank, group_width = H * hd / G;
+  std::vector<float> z(size_t(n * G * R));
+  std::vector<float> group_in(size_t(n * group_width));
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t t = 0; t < n; ++t)
+      std::memcpy(group_in.data() + t * group_width, o.data() + t * H * hd + g * group_width,
+                  size_t(group_width) * 4);
+    linear_forward(w.wo_a, group_in.data(), n, z.data() + g * R, g * R, (g + 1) * R, G * R);
+  }
+  linear_forward(w.wo_b, z.data(), n, out);
+}
+
+}  // namespace dsv4

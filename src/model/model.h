@@ -1,0 +1,69 @@
+// DeepSeek-V4 model: a loaded checkpoint and its forward pass.
+//
+// The API is narrow on purpose (ds4-style): callers own a SequenceState and
+// feed tokens in order; the model never keeps per-request state itself.
+#pragma once
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/config.h"
+#include "io/safetensors.h"
+#include "model/ops.h"
+#include "model/state.h"
+#include "model/weights.h"
+
+namespace dsv4 {
+
+struct LoadOptions {
+  // progress(done, total) while tensors are validated and bound.
+  std::function<void(int64_t, int64_t)> progress;
+};
+
+class Model {
+ public:
+  static std::unique_ptr<Model> load(const std::string& path, const LoadOptions& options = {});
+
+  const ModelConfig& config() const { return config_; }
+  const ModelWeights& weights() const { return weights_; }
+  SequenceState new_state() const;
+
+  // Processes `n` tokens at positions state.n_tokens ... state.n_tokens+n-1.
+  // logits: [n, vocab] or null; final_hc: [n, hc_mult, dim] or null (MTP input).
+  // The result for a token does not depend on n or on how earlier tokens were
+  // chunked.
+  void forward(SequenceState& state, const int32_t* tokens, int64_t n, float* logits,
+               float* final_hc = nullptr) const;
+
+  // MTP block over positions state.mtp_tokens ... +n-1: row i uses the main
+  // model's final HC state of that position (hc [n, hc_mult, dim]) and the
+  // token that follows it (next_tokens), and predicts the token after that.
+  void forward_mtp(SequenceState& state, const float* hc, const int32_t* next_tokens, int64_t n,
+                   float* logits) const;
+  bool has_mtp() const { return !weights_.mtp.empty(); }
+
+  // Observer of the HC residual state: called with layer index 0 after the
+  // embedding and l+1 after main layer l, for a chunk of n tokens at `start`.
+  using HcObserver = std::function<void(int64_t index, const float* x_hc, int64_t start, int64_t n)>;
+  void set_hc_observer(HcObserver observer) { hc_observer_ = std::move(observer); }
+
+  // Bytes of weights one decode step reads for a single token: everything but
+  // the embedding table (one row) and the unselected routed experts.
+  int64_t decode_weight_bytes_per_token() const;
+
+ private:
+  Model() = default;
+  void block_forward(const BlockWeights& block, LayerState& state, float* x_hc,
+                     const int32_t* tokens, int64_t start, int64_t n) const;
+  void head_forward(const HyperConnectionWeights& hc_head, const std::vector<float>& norm,
+                    const float* x_hc, int64_t n, float* logits) const;
+
+  ModelConfig config_;
+  TensorStore store_;
+  ModelWeights weights_;
+  RopeTable rope_window_, rope_compressed_;
+  HcObserver hc_observer_;
+};
+
+}  // namespace dsv4

@@ -1,0 +1,41 @@
+// Small per-vector operations of the DeepSeek-V4 forward pass. All of them
+// work on one token's vector with a fixed reduction order.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "io/config.h"
+
+namespace dsv4 {
+
+// Sum of squares with a fixed 16-lane order.
+float sum_of_squares(const float* x, int64_t n);
+// x <- w * x / sqrt(mean(x^2) + eps); w may be null (unweighted norm).
+void rms_norm(float* x, const float* w, int64_t n, float eps);
+inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+// PyTorch softplus with threshold 20.
+inline float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
+// Sylvester-order Walsh-Hadamard transform scaled by n^-1/2 (n a power of two).
+void hadamard_transform(float* x, int64_t n);
+
+// RoPE frequencies of one layer kind (interleaved pairs on the tail dims).
+class RopeTable {
+ public:
+  RopeTable() = default;
+  // yarn: apply the YaRN ramp (compressed layers only).
+  RopeTable(const ModelConfig& config, bool compressed_layer);
+  // Rotates the `rope_dim` values at x (pairs (2j, 2j+1)) by pos * f_j;
+  // inverse rotates by -pos * f_j.
+  void apply(float* x, int64_t pos, bool inverse = false) const;
+  const std::vector<float>& frequencies() const { return freqs_; }
+
+ private:
+  std::vector<float> freqs_;
+};
+
+// Indices of the k largest scores (ties: lower index first), returned sorted
+// ascending by index.
+std::vector<int32_t> top_k_indices(const float* scores, int64_t n, int64_t k);
+
+}  // namespace dsv4

@@ -1,0 +1,271 @@
+#include "model/weights.h"
+
+#include <cstring>
+#include <set>
+
+#include "core/error.h"
+#include "core/numeric.h"
+
+namespace dsv4 {
+namespace {
+
+// How a linear may be stored. Dense linears are always BF16/F32 in the
+// official checkpoints; quantized ones are FP8 blocks in FP8 checkpoints;
+// routed experts follow expert_dtype.
+enum class Storage { Dense, Quantized, Expert };
+
+class Binder {
+ public:
+  Binder(const ModelConfig& c, const TensorStore& s) : config_(c), store_(s) {}
+
+  const TensorInfo& tensor(const std::string& name) {
+    const TensorInfo* t = store_.find(name);
+    if (!t) throw Error("checkpoint is missing tensor " + name);
+    total_bytes += t->nbytes;
+    return *t;
+  }
+
+  static std::string shape_of(std::vector<int64_t> shape) {
+    TensorInfo t;
+    t.shape = std::move(shape);
+    return t.shape_string();
+  }
+
+  void expect_shape(const TensorInfo& t, const std::vector<int64_t>& shape) {
+    if (t.shape != shape)
+      throw Error("tensor " + t.name + " has shape " + t.shape_string() + ", expected " +
+                  shape_of(shape) + " from config.json");
+  }
+
+  [[noreturn]] void bad_dtype(const TensorInfo& t, const std::string& allowed) {
+    throw Error("tensor " + t.name + " has dtype " + dtype_name(t.dtype) + ", expected " + allowed);
+  }
+
+  std::vector<float> vec(const std::string& name, int64_t n) {
+    const TensorInfo& t = tensor(name);
+    expect_shape(t, {n});
+    return to_floats(t);
+  }
+
+  std::vector<float> to_floats(const TensorInfo& t) {
+    std::vector<float> out(size_t(t.numel()));
+    if (t.dtype == DType::F32) {
+      std::memcpy(out.data(), t.data, size_t(t.nbytes));
+    } else if (t.dtype == DType::BF16) {
+      for (int64_t i = 0; i < t.numel(); ++i) {
+        uint16_t v;
+        std::memcpy(&v, t.data + 2 * i, 2);
+        out[size_t(i)] = bf16_to_float(v);
+      }
+    } else {
+      bad_dtype(t, "F32 or BF16");
+    }
+    return out;
+  }
+
+  Linear linear(const std::string& prefix, int64_t rows, int64_t cols, Storage storage,
+                bool quantize_input = true) {
+    const TensorInfo& w = tensor(prefix + ".weight");
+    Linear lin;
+    lin.rows = rows;
+    lin.cols = cols;
+    lin.data = w.data;
+    const TensorInfo* s = store_.find(prefix + ".scale");
+    bool fp8_allowed = storage != Storage::Dense && config_.fp8_weights;
+    bool fp4_allowed = storage == Storage::Expert && config_.expert_dtype == "fp4";
+    if (w.dtype == DType::BF16 || w.dtype == DType::F32) {
+      if (storage != Storage::Dense && config_.fp8_weights && storage != Storage::Expert)
+        bad_dtype(w, "F8_E4M3 (config.json declares an fp8 quantization_config)");
+      expect_shape(w, {rows, cols});
+      if (s) throw Error("tensor " + s->name + " is a scale for an unquantized " +
+                         dtype_name(w.dtype) + " weight");
+      lin.format = w.dtype == DType::BF16 ? WeightFormat::BF16 : WeightFormat::F32;
+      return lin;
+    }
+    if (w.dtype == DType::F8_E4M3) {
+      if (!fp8_allowed)
+        bad_dtype(w, config_.fp8_weights ? "BF16 or F32" : "BF16 or F32 (config.json has no fp8 quantization_config)");
+      expect_shape(w, {rows, cols});
+      if (!s) throw Error("checkpoint is missing tensor " + prefix + ".scale");
+      total_bytes += s->nbytes;
+      if (s->dtype != DType::F8_E8M0) bad_dtype(*s, "F8_E8M0 (ue8m0 block scales)");
+      expect_shape(*s, {(rows + 127) / 128, (cols + 127) / 128});
+      lin.format = WeightFormat::FP8_BLOCK128;
+      lin.scale = s->data;
+      lin.scale_cols = (cols + 127) / 128;
+      lin.quantize_input = quantize_input;
+      check_scales(*s);
+      return lin;
+    }
+    if (w.dtype == DType::I8 || w.dtype == DType::U8) {
+      if (!fp4_allowed) bad_dtype(w, "F8_E4M3 or BF16 (packed FP4 is only used for routed experts with expert_dtype fp4)");
+      if (cols % 32) throw Error("tensor " + w.name + ": FP4 input width must be a multiple of 32");
+      expect_shape(w, {rows, cols / 2});
+      if (!s) throw Error("checkpoint is missing tensor " + prefix + ".scale");
+      total_bytes += s->nbytes;
+      if (s->dtype != DType::F8_E8M0) bad_dtype(*s, "F8_E8M0 (ue8m0 block scales)");
+      expect_shape(*s, {rows, cols / 32});
+      lin.format = WeightFormat::FP4_BLOCK32;
+      lin.scale = s->data;
+      lin.scale_cols = cols / 32;
+      lin.quantize_input = quantize_input;
+      check_scales(*s);
+      return lin;
+    }
+    bad_dtype(w, "BF16, F32, F8_E4M3 or packed FP4 (I8)");
+  }
+
+  void check_scales(const TensorInfo& s) {
+    for (int64_t i = 0; i < s.nbytes; ++i)
+      if (s.data[i] == 255) throw Error("tensor " + s.name + " holds a NaN ue8m0 scale (0xFF)");
+  }
+
+  HyperConnectionWeights hyper(const std::string& prefix, int64_t mix, int64_t n_scale) {
+    HyperConnectionWeights hc;
+    const TensorInfo& fn = tensor(prefix + "_fn");
+    if (fn.dtype != DType::F32) bad_dtype(fn, "F32");
+    expect_shape(fn, {mix, config_.hc_mult * config_.dim});
+    hc.fn.format = WeightFormat::F32;
+    hc.fn.rows = mix;
+    hc.fn.cols = config_.hc_mult * config_.dim;
+    hc.fn.data = fn.data;
+    hc.base = vec(prefix + "_base", mix);
+    hc.scale = vec(prefix + "_scale", n_scale);
+    return hc;
+  }
+
+  CompressorWeights compressor(const std::string& prefix, int64_t ratio, int64_t width) {
+    CompressorWeights c;
+    c.ratio = ratio;
+    c.width = width;
+    c.overlap = ratio == 4;
+    int64_t w2 = (c.overlap ? 2 : 1) * width;
+    c.wkv = linear(prefix + ".wkv", w2, config_.dim, Storage::Dense);
+    c.wgate = linear(prefix + ".wgate", w2, config_.dim, Storage::Dense);
+    const TensorInfo& ape = tensor(prefix + ".ape");
+    expect_shape(ape, {ratio, w2});
+    c.ape = to_floats(ape);
+    c.norm = vec(prefix + ".norm.weight", width);
+    return c;
+  }
+
+  BlockWeights block(const std::string& p, int64_t layer_id) {
+    const ModelConfig& c = config_;
+    BlockWeights b;
+    b.layer_id = layer_id;
+    b.ratio = c.ratio(layer_id);
+    b.attn_norm = vec(p + ".attn_norm.weight", c.dim);
+    b.ffn_norm = vec(p + ".ffn_norm.weight", c.dim);
+    b.hc_attn = hyper(p + ".hc_attn", c.hc_mix(), 3);
+    b.hc_ffn = hyper(p + ".hc_ffn", c.hc_mix(), 3);
+
+    AttentionWeights& a = b.attn;
+    const std::string ap = p + ".attn";
+    a.sink = vec(ap + ".attn_sink", c.n_heads);
+    a.wq_a = linear(ap + ".wq_a", c.q_lora_rank, c.dim, Storage::Quantized);
+    a.q_norm = vec(ap + ".q_norm.weight", c.q_lora_rank);
+    a.wq_b = linear(ap + ".wq_b", c.n_heads * c.head_dim, c.q_lora_rank, Storage::Quantized);
+    a.wkv = linear(ap + ".wkv", c.head_dim, c.dim, Storage::Quantized);
+    a.kv_norm = vec(ap + ".kv_norm.weight", c.head_dim);
+    // wo_a is used dequantized (bf16-exact) without input rounding.
+    a.wo_a = linear(ap + ".wo_a", c.o_groups * c.o_lora_rank,
+                    c.n_heads * c.head_dim / c.o_groups, Storage::Quantized, false);
+    a.wo_b = linear(ap + ".wo_b", c.dim, c.o_groups * c.o_lora_rank, Storage::Quantized);
+    if (b.ratio > 0) {
+      a.has_compressor = true;
+      a.compressor = compressor(ap + ".compressor", b.ratio, c.head_dim);
+      if (b.ratio == 4) {
+        a.has_indexer = true;
+        a.indexer.wq_b = linear(ap + ".indexer.wq_b", c.index_n_heads * c.index_head_dim,
+                                c.q_lora_rank, Storage::Quantized);
+        a.indexer.weights_proj = linear(ap + ".indexer.weights_proj", c.index_n_heads, c.dim, Storage::Dense);
+        a.indexer.compressor = compressor(ap + ".indexer.compressor", 4, c.index_head_dim);
+      }
+    }
+    for (const char* unexpected : {".compressor.wkv.weight", ".indexer.wq_b.weight"})
+      if (b.ratio == 0 && store_.find(ap + unexpected))
+        throw Error("tensor " + ap + unexpected + " present but compress ratio of layer " +
+                    std::to_string(layer_id) + " is 0");
+
+    MoeWeights& m = b.moe;
+    const std::string fp = p + ".ffn";
+    m.hash_routed = layer_id < c.n_hash_layers;
+    m.gate = linear(fp + ".gate", c.n_routed_experts, c.dim, Storage::Dense);
+    if (m.hash_routed) {
+      const TensorInfo& t = tensor(fp + ".gate.tid2eid");
+      expect_shape(t, {c.vocab_size, c.n_activated_experts});
+      m.tid2eid.resize(size_t(t.numel()));
+      for (int64_t i = 0; i < t.numel(); ++i) {
+        int64_t v;
+        if (t.dtype == DType::I64) std::memcpy(&v, t.data + 8 * i, 8);
+        else if (t.dtype == DType::I32) { int32_t v32; std::memcpy(&v32, t.data + 4 * i, 4); v = v32; }
+        else bad_dtype(t, "I64 or I32");
+        if (v < 0 || v >= c.n_routed_experts)
+          throw Error("tensor " + t.name + " holds expert id " + std::to_string(v) + " outside [0, " +
+                      std::to_string(c.n_routed_experts) + ")");
+        m.tid2eid[size_t(i)] = int32_t(v);
+      }
+      for (int64_t tok = 0; tok < c.vocab_size; ++tok) {
+        std::set<int32_t> ids(m.tid2eid.begin() + tok * c.n_activated_experts,
+                              m.tid2eid.begin() + (tok + 1) * c.n_activated_experts);
+        if (int64_t(ids.size()) != c.n_activated_experts)
+          throw Error("tensor " + t.name + " row " + std::to_string(tok) + " repeats an expert id");
+      }
+    } else {
+      m.bias = vec(fp + ".gate.bias", c.n_routed_experts);
+    }
+    for (int64_t e = 0; e < c.n_routed_experts; ++e) {
+      std::string ep = fp + ".experts." + std::to_string(e);
+      ExpertWeights ex;
+      ex.w1 = linear(ep + ".w1", c.moe_inter_dim, c.dim, Storage::Expert);
+      ex.w3 = linear(ep + ".w3", c.moe_inter_dim, c.dim, Storage::Expert);
+      ex.w2 = linear(ep + ".w2", c.dim, c.moe_inter_dim, Storage::Expert);
+      m.experts.push_back(ex);
+    }
+    m.shared.w1 = linear(fp + ".shared_experts.w1", c.moe_inter_dim, c.dim, Storage::Quantized);
+    m.shared.w3 = linear(fp + ".shared_experts.w3", c.moe_inter_dim, c.dim, Storage::Quantized);
+    m.shared.w2 = linear(fp + ".shared_experts.w2", c.dim, c.moe_inter_dim, Storage::Quantized);
+    return b;
+  }
+
+  int64_t total_bytes = 0;
+
+ private:
+  const ModelConfig& config_;
+  const TensorStore& store_;
+};
+
+}  // namespace
+
+ModelWeights bind_weights(const ModelConfig& c, const TensorStore& store,
+                          const std::function<void(int64_t, int64_t)>& progress) {
+  Binder b(c, store);
+  ModelWeights w;
+  int64_t total = c.n_layers + c.n_mtp_layers + 1;
+  w.embed = b.linear("embed", c.vocab_size, c.dim, Storage::Dense);
+  w.head = b.linear("head", c.vocab_size, c.dim, Storage::Dense);
+  w.norm = b.vec("norm.weight", c.dim);
+  w.hc_head = b.hyper("hc_head", c.hc_mult, 1);
+  if (progress) progress(1, total);
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    w.layers.push_back(b.block("layers." + std::to_string(l), l));
+    if (progress) progress(l + 2, total);
+  }
+  for (int64_t k = 0; k < c.n_mtp_layers; ++k) {
+    std::string p = "mtp." + std::to_string(k);
+    MtpWeights m;
+    m.block = b.block(p, c.n_layers + k);
+    m.e_proj = b.linear(p + ".e_proj", c.dim, c.dim, Storage::Quantized);
+    m.h_proj = b.linear(p + ".h_proj", c.dim, c.dim, Storage::Quantized);
+    m.enorm = b.vec(p + ".enorm.weight", c.dim);
+    m.hnorm = b.vec(p + ".hnorm.weight", c.dim);
+    m.norm = b.vec(p + ".norm.weight", c.dim);
+    m.hc_head = b.hyper(p + ".hc_head", c.hc_mult, 1);
+    w.mtp.push_back(std::move(m));
+    if (progress) progress(c.n_layers + k + 2, total);
+  }
+  w.total_bytes = b.total_bytes;
+  return w;
+}
+
+}  // namespace dsv4

@@ -1,0 +1,88 @@
+// The DeepSeek-V4 weights bound to checkpoint tensors, with every name, shape
+// and dtype checked against the config before the first forward pass.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/config.h"
+#include "io/safetensors.h"
+#include "kernels/cpu/linear.h"
+
+namespace dsv4 {
+
+struct HyperConnectionWeights {
+  Linear fn;                 // [mix, hc_mult * dim] fp32
+  std::vector<float> base;   // [mix]
+  std::vector<float> scale;  // [3] for blocks, [1] for heads
+};
+
+struct CompressorWeights {
+  int64_t ratio = 0;
+  int64_t width = 0;     // output row width (512 main, index_head_dim indexer)
+  bool overlap = false;  // ratio 4: each token feeds two rows
+  Linear wkv, wgate;     // [(1+overlap)*width, dim], computed in fp32
+  std::vector<float> ape;   // [ratio, (1+overlap)*width]
+  std::vector<float> norm;  // [width]
+};
+
+struct IndexerWeights {
+  Linear wq_b;          // [index_heads*index_dim, q_lora]
+  Linear weights_proj;  // [index_heads, dim]
+  CompressorWeights compressor;
+};
+
+struct AttentionWeights {
+  std::vector<float> sink;  // [heads]
+  Linear wq_a, wq_b, wkv, wo_a, wo_b;
+  std::vector<float> q_norm, kv_norm;
+  bool has_compressor = false, has_indexer = false;
+  CompressorWeights compressor;
+  IndexerWeights indexer;
+};
+
+struct ExpertWeights {
+  Linear w1, w2, w3;
+};
+
+struct MoeWeights {
+  bool hash_routed = false;
+  Linear gate;                   // [experts, dim] router, fp32 compute
+  std::vector<float> bias;       // [experts] selection-only bias (score routing)
+  std::vector<int32_t> tid2eid;  // [vocab, top_k] (hash routing)
+  std::vector<ExpertWeights> experts;
+  ExpertWeights shared;
+};
+
+struct BlockWeights {
+  int64_t layer_id = 0;
+  int64_t ratio = 0;
+  std::vector<float> attn_norm, ffn_norm;
+  HyperConnectionWeights hc_attn, hc_ffn;
+  AttentionWeights attn;
+  MoeWeights moe;
+};
+
+struct MtpWeights {
+  BlockWeights block;
+  Linear e_proj, h_proj;
+  std::vector<float> enorm, hnorm, norm;
+  HyperConnectionWeights hc_head;
+};
+
+struct ModelWeights {
+  Linear embed, head;
+  std::vector<float> norm;
+  HyperConnectionWeights hc_head;
+  std::vector<BlockWeights> layers;
+  std::vector<MtpWeights> mtp;
+  int64_t total_bytes = 0;  // bytes of all bound tensors
+};
+
+// progress(done, total) is called while binding layers (load progress bars).
+ModelWeights bind_weights(const ModelConfig& config, const TensorStore& store,
+                          const std::function<void(int64_t, int64_t)>& progress = {});
+
+}  // namespace dsv4

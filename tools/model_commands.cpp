@@ -1,0 +1,141 @@
+// Model subcommands: `dsv4 logits` (stable interface for test harnesses) and
+// `dsv4 bench`.
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+#include "commands.h"
+#include "core/error.h"
+#include "model/model.h"
+
+namespace dsv4::tools {
+namespace {
+
+std::vector<int32_t> parse_token_list(const std::string& spec) {
+  std::string text = spec;
+  if (!spec.empty() && spec[0] == '@') {
+    std::ifstream in(spec.substr(1));
+    if (!in) throw Error("cannot read token file " + spec.substr(1));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    text = ss.str();
+  }
+  std::vector<int32_t> ids;
+  std::string item;
+  auto flush = [&] {
+    size_t b = item.find_first_not_of(" \t\r");
+    if (b == std::string::npos) {
+      item.clear();
+      return;
+    }
+    size_t e = item.find_last_not_of(" \t\r");
+    std::string s = item.substr(b, e - b + 1);
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(s, &used);
+    } catch (...) {
+      used = 0;
+    }
+    if (used != s.size() || v < 0 || v > INT32_MAX) throw Error("invalid token id \"" + s + "\"");
+    ids.push_back(int32_t(v));
+    item.clear();
+  };
+  for (char ch : text) {
+    if (ch == ',' || ch == '\n') flush();
+    else item.push_back(ch);
+  }
+  flush();
+  if (ids.empty()) throw Error("no token ids given");
+  return ids;
+}
+
+}  // namespace
+
+// Progress bar on stderr while a model loads (only on a terminal).
+void load_progress(int64_t done, int64_t total) {
+  if (!isatty(fileno(stderr))) return;
+  int width = 30, filled = int(width * done / std::max<int64_t>(total, 1));
+  std::fprintf(stderr, "\rloading model [%.*s%*s] %lld/%lld layers", filled,
+               "##############################", width - filled, "", (long long)done,
+               (long long)total);
+  if (done == total) std::fprintf(stderr, "\n");
+}
+
+namespace {
+
+int run_logits(const std::string& model_dir, const std::string& tokens_spec, const std::string& out,
+               int64_t prefill, int64_t chunk, int threads, bool mtp) {
+  if (threads > 0) omp_set_num_threads(threads);
+  std::vector<int32_t> tokens = parse_token_list(tokens_spec);
+  const int64_t n = int64_t(tokens.size());
+  if (prefill < 0 || prefill > n) prefill = n;
+  if (chunk <= 0) chunk = std::max<int64_t>(prefill, 1);
+  auto model = Model::load(model_dir, {load_progress});
+  const ModelConfig& c = model->config();
+  if (mtp && !model->has_mtp()) throw Error("--mtp given but the checkpoint has no MTP block");
+  const int64_t V = c.vocab_size, W = c.hc_mult * c.dim;
+  std::vector<float> logits(static_cast<size_t>(n * V)), hc(mtp ? size_t(n * W) : 0), mtp_logits;
+  SequenceState state = model->new_state();
+  auto run = [&](int64_t begin, int64_t len) {
+    model->forward(state, tokens.data() + begin, len, logits.data() + begin * V,
+                   mtp ? hc.data() + begin * W : nullptr);
+  };
+  for (int64_t b = 0; b < prefill; b += chunk) run(b, std::min(chunk, prefill - b));
+  for (int64_t b = prefill; b < n; ++b) run(b, 1);
+  std::vector<OutputTensor> outputs = {{"logits", DType::F32, {n, V}, logits.data()}};
+  if (mtp) {
+    // Row i: MTP of position i's final state with token i+1, fed in the same
+    // chunks as the main model; the last row has no next token and stays 0.
+    mtp_logits.assign(size_t(n * V), 0.0f);
+    auto run_mtp = [&](int64_t begin, int64_t len) {
+      len = std::min(len, n - 1 - begin);
+      if (len > 0)
+        model->forward_mtp(state, hc.data() + begin * W, tokens.data() + begin + 1, len,
+                           mtp_logits.data() + begin * V);
+    };
+    for (int64_t b = 0; b < prefill; b += chunk) run_mtp(b, std::min(chunk, prefill - b));
+    for (int64_t b = prefill; b < n; ++b) run_mtp(b, 1);
+    outputs.push_back({"mtp_logits", DType::F32, {n, V}, mtp_logits.data()});
+  }
+  write_safetensors(out, outputs);
+  return 0;
+}
+
+}  // namespace
+
+void register_model_commands(CLI::App& app, int& exit_code) {
+  struct LogitsArgs {
+    std::string model, tokens, out;
+    int64_t prefill = -1, chunk = 0;
+    int threads = 0;
+    bool mtp = false;
+  };
+  auto args = std::make_shared<LogitsArgs>();
+  CLI::App* logits = app.add_subcommand("logits", "Compute logits for a token sequence and write them to a safetensors file");
+  logits->add_option("--model", args->model, "Checkpoint directory")->required();
+  logits->add_option("--tokens", args->tokens, "Comma-separated token ids, or @FILE")->required();
+  logits->add_option("--out", args->out, "Output safetensors file")->required();
+  logits->add_option("--prefill", args->prefill, "Tokens prefilled before one-token decode (default: all)")->check(CLI::NonNegativeNumber);
+  logits->add_option("--chunk-size", args->chunk, "Prefill chunk size (default: all at once)")->check(CLI::PositiveNumber);
+  logits->add_option("--threads", args->threads, "Worker threads (default: all cores)")->check(CLI::PositiveNumber);
+  logits->add_flag("--mtp", args->mtp, "Also write mtp_logits from the MTP block");
+  logits->callback([args, &exit_code] {
+    try {
+      exit_code = run_logits(args->model, args->tokens, args->out, args->prefill, args->chunk,
+                             args->threads, args->mtp);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "dsv4 logits: error: %s\n", e.what());
+      exit_code = 1;
+    }
+  });
+}
+
+}  // namespace dsv4::tools
