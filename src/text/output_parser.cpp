@@ -1,0 +1,637 @@
+#include "text/output_parser.h"
+
+#include <algorithm>
+#include <random>
+
+#include "text/pyjson.h"
+#include "text/utf8.h"
+
+namespace dsv4::text {
+
+namespace {
+
+constexpr std::string_view kThinkBegin = "<think>";
+constexpr std::string_view kThinkEnd = "</think>";
+
+bool is_ws(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
+
+// Longest suffix of `buf` that is a proper prefix of one of `patterns`: text
+// that may still turn into a marker and therefore cannot be released yet.
+size_t pending_marker_suffix(std::string_view buf, const std::vector<std::string>& patterns) {
+  size_t best = 0;
+  for (const auto& p : patterns) {
+    const size_t max_len = std::min(p.size() - 1, buf.size());
+    for (size_t len = max_len; len > best; --len) {
+      if (buf.compare(buf.size() - len, len, p, 0, len) == 0) {
+        best = len;
+        break;
+      }
+    }
+  }
+  return best;
+}
+
+struct Found {
+  size_t pos = std::string_view::npos;
+  size_t marker = 0;
+};
+
+Found find_first(std::string_view buf, const std::vector<std::string>& markers) {
+  Found f;
+  for (size_t i = 0; i < markers.size(); ++i) {
+    const size_t p = buf.find(markers[i]);
+    if (p == std::string_view::npos) continue;
+    if (p < f.pos || (p == f.pos && markers[i].size() > markers[f.marker].size())) {
+      f.pos = p;
+      f.marker = i;
+    }
+  }
+  return f;
+}
+
+std::string decode_entities(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size();) {
+    if (s[i] == '&') {
+      static const std::pair<std::string_view, char> ents[] = {{"&lt;", '<'}, {"&gt;", '>'}, {"&amp;", '&'}, {"&quot;", '"'}};
+      bool matched = false;
+      for (const auto& [e, c] : ents) {
+        if (s.compare(i, e.size(), e) == 0) {
+          out.push_back(c);
+          i += e.size();
+          matched = true;
+          break;
+        }
+      }
+      if (matched) continue;
+    }
+    out.push_back(s[i++]);
+  }
+  return out;
+}
+
+// DSML tag spellings for one dialect.
+struct DsmlTags {
+  std::vector<std::string> block_open, block_close, invoke_open, invoke_close, param_open, param_close;
+};
+
+DsmlTags tags_for(ToolParserKind kind, bool accept_short) {
+  const bool v41 = kind == ToolParserKind::DeepSeekV41;
+  const std::string block = v41 ? " calls" : "tool_calls";
+  const std::string invoke = v41 ? " invoke" : "invoke";
+  const std::string param = v41 ? " parameter" : "parameter";
+  DsmlTags t;
+  std::vector<std::string> markers = {"｜DSML｜"};
+  if (accept_short) markers.push_back("DSML｜");
+  for (const auto& m : markers) {
+    t.block_open.push_back("<" + m + block + ">");
+    t.block_close.push_back("</" + m + block + ">");
+    t.invoke_open.push_back("<" + m + invoke);
+    t.invoke_close.push_back("</" + m + invoke + ">");
+    t.param_open.push_back("<" + m + param);
+    t.param_close.push_back("</" + m + param + ">");
+  }
+  return t;
+}
+
+bool starts_with_any(std::string_view s, const std::vector<std::string>& pats, size_t* len) {
+  for (const auto& p : pats) {
+    if (s.size() >= p.size() && s.compare(0, p.size(), p) == 0) {
+      *len = p.size();
+      return true;
+    }
+  }
+  return false;
+}
+
+bool is_proper_prefix_of_any(std::string_view s, const std::vector<std::string>& pats) {
+  for (const auto& p : pats) {
+    if (s.size() < p.size() && p.compare(0, s.size(), s) == 0) return true;
+  }
+  return false;
+}
+
+// Parses `key="value"` attributes up to the closing '>'. Returns the offset
+// just past '>' or npos when malformed.
+size_t parse_attributes(std::string_view s, std::vector<std::pair<std::string, std::string>>& attrs) {
+  size_t i = 0;
+  while (true) {
+    while (i < s.size() && is_ws(s[i])) ++i;
+    if (i >= s.size()) return std::string_view::npos;
+    if (s[i] == '>') return i + 1;
+    size_t k = i;
+    while (k < s.size() && (std::isalnum(static_cast<unsigned char>(s[k])) || s[k] == '_' || s[k] == '-')) ++k;
+    if (k == i) return std::string_view::npos;
+    std::string key(s.substr(i, k - i));
+    i = k;
+    while (i < s.size() && is_ws(s[i])) ++i;
+    if (i >= s.size() || s[i] != '=') return std::string_view::npos;
+    ++i;
+    while (i < s.size() && is_ws(s[i])) ++i;
+    if (i >= s.size() || s[i] != '"') return std::string_view::npos;
+    const size_t close = s.find('"', i + 1);
+    if (close == std::string_view::npos) return std::string_view::npos;
+    attrs.emplace_back(std::move(key), std::string(s.substr(i + 1, close - i - 1)));
+    i = close + 1;
+  }
+}
+
+const std::string* attr(const std::vector<std::pair<std::string, std::string>>& attrs, std::string_view key) {
+  for (const auto& [k, v] : attrs) {
+    if (k == key) return &v;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+void ParserDelta::append(ParserDelta&& other) {
+  reasoning_content += other.reasoning_content;
+  content += other.content;
+  for (auto& t : other.tool_calls) tool_calls.push_back(std::move(t));
+}
+
+std::optional<ReasoningParserKind> parse_reasoning_parser_name(std::string_view name) {
+  if (name == "deepseek-v4" || name == "deepseek_v4") return ReasoningParserKind::DeepSeekV4;
+  if (name == "deepseek-v41" || name == "deepseek_v41") return ReasoningParserKind::DeepSeekV41;
+  if (name == "none" || name.empty()) return ReasoningParserKind::None;
+  return std::nullopt;
+}
+
+std::optional<ToolParserKind> parse_tool_parser_name(std::string_view name) {
+  if (name == "deepseekv4") return ToolParserKind::DeepSeekV4;
+  if (name == "deepseekv41") return ToolParserKind::DeepSeekV41;
+  if (name == "none" || name.empty()) return ToolParserKind::None;
+  return std::nullopt;
+}
+
+nlohmann::ordered_json ParsedMessage::to_json() const {
+  nlohmann::ordered_json j;
+  j["reasoning_content"] = reasoning_content ? nlohmann::ordered_json(*reasoning_content) : nullptr;
+  j["content"] = content ? nlohmann::ordered_json(*content) : nullptr;
+  if (tool_calls.empty()) {
+    j["tool_calls"] = nullptr;
+  } else {
+    auto arr = nlohmann::ordered_json::array();
+    for (size_t i = 0; i < tool_calls.size(); ++i) {
+      nlohmann::ordered_json tc;
+      tc["id"] = tool_calls[i].id;
+      tc["index"] = i;
+      tc["type"] = "function";
+      tc["function"] = {{"name", tool_calls[i].name}, {"arguments", tool_calls[i].arguments}};
+      arr.push_back(std::move(tc));
+    }
+    j["tool_calls"] = std::move(arr);
+  }
+  j["finish_reason"] = finish_reason;
+  if (tool_call_error) j["tool_call_error"] = *tool_call_error;
+  return j;
+}
+
+struct OutputParser::Impl {
+  ParserConfig cfg;
+  DsmlTags tags;
+  std::mt19937_64 rng;
+
+  // Reasoning stage.
+  bool reasoning_active = false;  // a reasoning parser is configured
+  bool in_reasoning = false;
+  std::string rbuf;
+  std::vector<std::string> reasoning_markers;   // searched while in reasoning
+  std::vector<std::string> reasoning_holdback;  // prefixes held back while in reasoning
+  std::vector<std::string> content_markers;     // think tags found in content
+
+  // Tool stage.
+  enum class ToolState { Disabled, Text, Block, Done, Failed } tstate = ToolState::Disabled;
+  std::string tbuf;           // Text: unreleased content; Block: unparsed block text
+  std::string raw_block;      // separator + block text, for the malformed fallback
+  std::vector<std::string> opener_patterns;  // with and without the "\n\n" separator
+  std::vector<std::string> openers;
+  bool implicit_block = false;
+
+  // Emission.
+  std::string pending_reasoning_utf8, pending_content_utf8;
+  std::string reasoning_all, content_all;
+  ParsedMessage msg;
+  bool finished = false;
+
+  explicit Impl(ParserConfig c) : cfg(std::move(c)) {
+    rng.seed(cfg.id_seed ? cfg.id_seed : std::random_device{}());
+    reasoning_active = cfg.reasoning != ReasoningParserKind::None && cfg.options.separate_reasoning;
+    in_reasoning = reasoning_active && cfg.starts_in_reasoning;
+    const bool tools_on = cfg.tools_enabled && cfg.tools != ToolParserKind::None;
+    tags = tags_for(cfg.tools == ToolParserKind::None ? ToolParserKind::DeepSeekV4 : cfg.tools,
+                    cfg.options.accept_short_dsml_dialect);
+    reasoning_markers = {std::string(kThinkEnd), std::string(kThinkBegin)};
+    if (tools_on && cfg.options.dsml_ends_reasoning) {
+      const bool v41 = cfg.tools == ToolParserKind::DeepSeekV41;
+      reasoning_markers.push_back(v41 ? "<｜DSML｜ " : "<｜DSML｜");
+      if (cfg.options.accept_short_dsml_dialect) reasoning_markers.push_back(v41 ? "<DSML｜ " : "<DSML｜");
+    }
+    reasoning_holdback = reasoning_markers;
+    for (size_t i = 2; i < reasoning_markers.size(); ++i) reasoning_holdback.push_back("\n\n" + reasoning_markers[i]);
+    content_markers = {std::string(kThinkEnd), std::string(kThinkBegin)};
+    if (tools_on) {
+      tstate = ToolState::Text;
+      openers = tags.block_open;
+      for (const auto& o : tags.invoke_open) openers.push_back(o);
+      for (const auto& o : openers) {
+        opener_patterns.push_back(o);
+        opener_patterns.push_back("\n\n" + o);
+      }
+    }
+  }
+
+  std::string new_call_id() {
+    static const char* hex = "0123456789abcdef";
+    std::string id = "call_";
+    for (int i = 0; i < 24; ++i) id.push_back(hex[rng() & 15]);
+    return id;
+  }
+
+  // Releases text on a channel without splitting a UTF-8 sequence.
+  static void release(std::string& pending, std::string_view text, std::string& out, bool final) {
+    pending.append(text);
+    const size_t n = final ? pending.size() : utf8::complete_prefix_length(pending);
+    out.append(pending, 0, n);
+    pending.erase(0, n);
+  }
+
+  void emit_reasoning(std::string_view text, ParserDelta& d, bool final) {
+    std::string out;
+    release(pending_reasoning_utf8, text, out, final);
+    reasoning_all += out;
+    d.reasoning_content += out;
+  }
+
+  void emit_content(std::string_view text, ParserDelta& d, bool final) {
+    std::string out;
+    release(pending_content_utf8, text, out, final);
+    content_all += out;
+    d.content += out;
+  }
+
+  // ---- reasoning stage ---------------------------------------------------
+
+  // Think tags are interpreted in content only until a tool-call block
+  // starts: inside DSML they are argument data.
+  bool tool_takes_think_tags() const { return tstate == ToolState::Disabled || tstate == ToolState::Text; }
+
+  void reasoning_feed(std::string_view text, ParserDelta& d, bool final) {
+    if (!reasoning_active) {
+      tool_feed(text, d, final);
+      return;
+    }
+    rbuf.append(text);
+    while (true) {
+      if (!in_reasoning && !tool_takes_think_tags()) {
+        std::string rest = std::move(rbuf);
+        rbuf.clear();
+        tool_feed(rest, d, final);
+        return;
+      }
+      const auto& markers = in_reasoning ? reasoning_markers : content_markers;
+      const Found f = find_first(rbuf, markers);
+      if (f.pos == std::string::npos) break;
+      const std::string m = markers[f.marker];
+      if (in_reasoning) {
+        std::string_view before(rbuf.data(), f.pos);
+        if (f.marker >= 2) {
+          // Implicit end of reasoning at a DSML marker: the separator and the
+          // marker go on to the tool parser as content.
+          size_t sep = 0;
+          if (before.size() >= 2 && before.substr(before.size() - 2) == "\n\n") sep = 2;
+          emit_reasoning(before.substr(0, before.size() - sep), d, true);
+          in_reasoning = false;
+          rbuf.erase(0, f.pos - sep);
+          continue;
+        }
+        emit_reasoning(before, d, true);
+        in_reasoning = m == kThinkBegin;  // an echoed <think> is just dropped
+        rbuf.erase(0, f.pos + m.size());
+      } else {
+        std::string before = rbuf.substr(0, f.pos);
+        rbuf.erase(0, f.pos);
+        tool_feed(before, d, false);
+        if (!tool_takes_think_tags()) continue;  // the tag is inside a DSML block
+        if (m == kThinkBegin) in_reasoning = true;  // another think block; a stray </think> is dropped
+        rbuf.erase(0, m.size());
+      }
+    }
+    if (final) {
+      std::string rest = std::move(rbuf);
+      rbuf.clear();
+      if (in_reasoning) {
+        emit_reasoning(rest, d, true);
+        tool_feed("", d, true);
+      } else {
+        tool_feed(rest, d, true);
+      }
+      return;
+    }
+    const size_t hold = pending_marker_suffix(rbuf, in_reasoning ? reasoning_holdback : content_markers);
+    std::string ready = rbuf.substr(0, rbuf.size() - hold);
+    rbuf.erase(0, ready.size());
+    if (in_reasoning) {
+      emit_reasoning(ready, d, false);
+    } else {
+      tool_feed(ready, d, false);
+    }
+  }
+
+  // ---- tool stage ----------------------------------------------------------
+
+  void fail(const std::string& reason, ParserDelta& d) {
+    if (!msg.tool_call_error) msg.tool_call_error = reason;
+    if (!msg.tool_calls.empty()) msg.stream_error = true;
+    tstate = ToolState::Failed;
+    // The block could not be parsed: it is ordinary text after all.
+    std::string text = std::move(raw_block);
+    raw_block.clear();
+    tbuf.clear();
+    emit_content(text, d, false);
+  }
+
+  void tool_feed(std::string_view text, ParserDelta& d, bool final) {
+    switch (tstate) {
+      case ToolState::Disabled:
+      case ToolState::Failed:
+        emit_content(text, d, final);
+        return;
+      case ToolState::Done:
+        if (cfg.options.keep_text_after_tool_calls) {
+          emit_content(text, d, final);
+        } else if (final) {
+          emit_content("", d, true);
+        }
+        return;
+      case ToolState::Text:
+        tbuf.append(text);
+        text_step(d, final);
+        return;
+      case ToolState::Block:
+        tbuf.append(text);
+        raw_block.append(text);
+        block_step(d, final);
+        return;
+    }
+  }
+
+  void text_step(ParserDelta& d, bool final) {
+    const Found f = find_first(tbuf, openers);
+    if (f.pos != std::string::npos) {
+      std::string_view before(tbuf.data(), f.pos);
+      std::string sep;
+      if (before.size() >= 2 && before.substr(before.size() - 2) == "\n\n") {
+        sep = "\n\n";
+        before.remove_suffix(2);
+      }
+      emit_content(before, d, true);
+      const std::string& opener = openers[f.marker];
+      implicit_block = f.marker >= tags.block_open.size();
+      raw_block = sep + tbuf.substr(f.pos);
+      tbuf = implicit_block ? tbuf.substr(f.pos) : tbuf.substr(f.pos + opener.size());
+      tstate = ToolState::Block;
+      block_step(d, final);
+      return;
+    }
+    if (final) {
+      emit_content(tbuf, d, true);
+      tbuf.clear();
+      return;
+    }
+    const size_t hold = pending_marker_suffix(tbuf, opener_patterns);
+    emit_content(std::string_view(tbuf.data(), tbuf.size() - hold), d, false);
+    tbuf.erase(0, tbuf.size() - hold);
+  }
+
+  void block_step(ParserDelta& d, bool final) {
+    while (tstate == ToolState::Block) {
+      size_t i = 0;
+      while (i < tbuf.size() && is_ws(tbuf[i])) ++i;
+      std::string_view rest(tbuf.data() + i, tbuf.size() - i);
+      size_t len = 0;
+      if (rest.empty()) break;
+      if (starts_with_any(rest, tags.block_close, &len)) {
+        tstate = ToolState::Done;
+        std::string after = tbuf.substr(i + len);
+        tbuf.clear();
+        raw_block.clear();
+        if (cfg.options.keep_text_after_tool_calls) emit_content(after, d, false);
+        break;
+      }
+      if (starts_with_any(rest, tags.invoke_open, &len)) {
+        size_t close_len = 0;
+        size_t close_pos = std::string::npos;
+        for (const auto& c : tags.invoke_close) {
+          const size_t p = rest.find(c, len);
+          if (p != std::string::npos && p < close_pos) {
+            close_pos = p;
+            close_len = c.size();
+          }
+        }
+        for (const auto& c : tags.block_close) {
+          const size_t p = rest.find(c, len);
+          if (p != std::string::npos && p < close_pos) {
+            fail("invalid tool call", d);  // the block closed inside an invoke
+            return;
+          }
+        }
+        if (close_pos == std::string::npos) break;  // wait for the rest of the invoke
+        if (!parse_invoke(rest.substr(len, close_pos - len), d)) return;
+        tbuf.erase(0, i + close_pos + close_len);
+        continue;
+      }
+      if (implicit_block && !msg.tool_calls.empty()) {
+        // No wrapper: the invokes ended; what follows is not part of a block.
+        tstate = ToolState::Done;
+        tbuf.clear();
+        raw_block.clear();
+        break;
+      }
+      if (is_proper_prefix_of_any(rest, tags.block_close) || is_proper_prefix_of_any(rest, tags.invoke_open)) break;
+      fail("invalid tool call", d);
+      return;
+    }
+    if (final && tstate == ToolState::Block) {
+      bool only_ws = std::all_of(tbuf.begin(), tbuf.end(), is_ws);
+      if (!msg.tool_calls.empty() && only_ws) {
+        tstate = ToolState::Done;  // a missing final close tag is tolerated
+        raw_block.clear();
+        tbuf.clear();
+      } else {
+        fail("unterminated tool call", d);
+      }
+    }
+  }
+
+  bool parse_invoke(std::string_view body, ParserDelta& d) {
+    const bool ent = cfg.options.decode_dsml_entities;
+    std::vector<std::pair<std::string, std::string>> attrs;
+    if (body.empty() || !(is_ws(body[0]) || body[0] == '>')) {
+      fail("invalid tool call", d);
+      return false;
+    }
+    const size_t hdr = parse_attributes(body, attrs);
+    const std::string* name_attr = hdr == std::string_view::npos ? nullptr : attr(attrs, "name");
+    if (!name_attr || name_attr->empty()) {
+      fail("invalid tool call", d);
+      return false;
+    }
+    const std::string name = ent ? decode_entities(*name_attr) : *name_attr;
+    std::string_view params = body.substr(hdr);
+    std::vector<std::string> keys;
+    std::string args;
+    size_t i = 0;
+    bool json_body = false;
+    while (true) {
+      while (i < params.size() && is_ws(params[i])) ++i;
+      if (i >= params.size()) break;
+      std::string_view rest = params.substr(i);
+      size_t len = 0;
+      if (starts_with_any(rest, tags.param_open, &len)) {
+        std::vector<std::pair<std::string, std::string>> pattrs;
+        std::string_view after = rest.substr(len);
+        if (after.empty() || !is_ws(after[0])) {
+          fail("invalid tool call", d);
+          return false;
+        }
+        const size_t ph = parse_attributes(after, pattrs);
+        const std::string* key = ph == std::string_view::npos ? nullptr : attr(pattrs, "name");
+        if (!key) {
+          fail("invalid tool call", d);
+          return false;
+        }
+        const std::string* is_str = attr(pattrs, "string");
+        size_t vend = std::string::npos, vclose = 0;
+        for (const auto& c : tags.param_close) {
+          const size_t p = after.find(c, ph);
+          if (p != std::string::npos && p < vend) {
+            vend = p;
+            vclose = c.size();
+          }
+        }
+        if (vend == std::string::npos) {
+          fail("invalid tool call", d);
+          return false;
+        }
+        std::string value(after.substr(ph, vend - ph));
+        if (ent) value = decode_entities(value);
+        const std::string k = ent ? decode_entities(*key) : *key;
+        if (std::find(keys.begin(), keys.end(), k) != keys.end()) {
+          fail("duplicate parameter name", d);
+          return false;
+        }
+        keys.push_back(k);
+        if (!args.empty()) args += ", ";
+        args += python_json_dumps(utf8::to_valid_lossy(k)) + ": ";
+        const bool string_param = !is_str || *is_str != "false";
+        bool verbatim = false;
+        if (!string_param) {
+          try {
+            (void)nlohmann::json::parse(value);
+            verbatim = utf8::is_valid(value);
+          } catch (const std::exception&) {
+            verbatim = false;  // lenient: keep the raw text as a string
+          }
+        }
+        args += verbatim ? value : python_json_dumps(utf8::to_valid_lossy(value));
+        i += len + vend + vclose;
+        continue;
+      }
+      if (keys.empty() && rest[0] == '{') {
+        // A JSON object body instead of parameter tags (SGLang V4.1 grammar mode).
+        try {
+          auto obj = ojson::parse(rest);
+          if (!obj.is_object()) throw std::runtime_error("not an object");
+          args = python_json_dumps(obj);
+          args = args.substr(1, args.size() - 2);
+          json_body = true;
+        } catch (const std::exception&) {
+          fail("invalid tool call", d);
+          return false;
+        }
+        break;
+      }
+      fail("invalid tool call", d);
+      return false;
+    }
+    (void)json_body;
+    if (!cfg.options.forward_unknown_tools && !cfg.tool_names.empty() &&
+        std::find(cfg.tool_names.begin(), cfg.tool_names.end(), name) == cfg.tool_names.end()) {
+      fail("unknown tool", d);
+      return false;
+    }
+    ToolCall call{new_call_id(), utf8::to_valid_lossy(name), "{" + args + "}"};
+    const int index = static_cast<int>(msg.tool_calls.size());
+    ToolCallDelta header;
+    header.index = index;
+    header.id = call.id;
+    header.name = call.name;
+    d.tool_calls.push_back(std::move(header));
+    ToolCallDelta body_delta;
+    body_delta.index = index;
+    body_delta.arguments = call.arguments;
+    d.tool_calls.push_back(std::move(body_delta));
+    msg.tool_calls.push_back(std::move(call));
+    return true;
+  }
+
+  void settle(StopReason reason) {
+    msg.reasoning_content = reasoning_all.empty() ? std::nullopt : std::optional<std::string>(reasoning_all);
+    if (msg.stream_error) {
+      // Non-streamed view of a block that failed after headers went out:
+      // no calls, the text as it was generated (policy 2).
+      msg.tool_calls.clear();
+    }
+    msg.content = content_all.empty() ? std::nullopt : std::optional<std::string>(content_all);
+    switch (reason) {
+      case StopReason::Abort: msg.finish_reason = "abort"; break;
+      case StopReason::Length: msg.finish_reason = msg.tool_calls.empty() ? "length" : "tool_calls"; break;
+      case StopReason::Stop: msg.finish_reason = msg.tool_calls.empty() ? "stop" : "tool_calls"; break;
+    }
+  }
+};
+
+OutputParser::OutputParser(ParserConfig config) : impl_(std::make_unique<Impl>(std::move(config))) {}
+OutputParser::~OutputParser() = default;
+OutputParser::OutputParser(OutputParser&&) noexcept = default;
+OutputParser& OutputParser::operator=(OutputParser&&) noexcept = default;
+
+ParserDelta OutputParser::feed(std::string_view text) noexcept {
+  ParserDelta d;
+  if (impl_->finished) return d;
+  try {
+    impl_->reasoning_feed(text, d, false);
+  } catch (...) {
+    // Allocation failure is the only thing that can get here; keep the text.
+    d.content.append(text);
+  }
+  return d;
+}
+
+ParserDelta OutputParser::finish(StopReason reason) noexcept {
+  ParserDelta d;
+  if (impl_->finished) return d;
+  try {
+    impl_->reasoning_feed("", d, true);
+    impl_->emit_reasoning("", d, true);
+    impl_->emit_content("", d, true);
+    impl_->settle(reason);
+  } catch (...) {
+  }
+  impl_->finished = true;
+  return d;
+}
+
+const ParsedMessage& OutputParser::message() const noexcept { return impl_->msg; }
+
+ParsedMessage parse_output(const ParserConfig& config, std::string_view text, StopReason reason) {
+  OutputParser p(config);
+  p.feed(text);
+  p.finish(reason);
+  return p.message();
+}
+
+}  // namespace dsv4::text

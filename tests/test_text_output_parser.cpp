@@ -1,0 +1,277 @@
+// Output-parsing goldens (tests/data/text/parsing/cases) and the streaming
+// property: every chunking of the generated text yields deltas whose
+// concatenation equals the non-streamed message.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <sstream>
+
+#include "text/output_parser.h"
+
+using namespace dsv4::text;
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+std::vector<json> load_cases() {
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(fs::path(DSV4_TEST_DATA) / "text" / "parsing" / "cases")) {
+    files.push_back(e.path());
+  }
+  std::sort(files.begin(), files.end());
+  std::vector<json> out;
+  for (const auto& f : files) {
+    std::ifstream in(f);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    out.push_back(json::parse(ss.str()));
+  }
+  return out;
+}
+
+const std::vector<json>& cases() {
+  static const auto c = load_cases();
+  return c;
+}
+
+ParserConfig config_for(const json& c, const std::string& alternative = {}) {
+  ParserConfig cfg;
+  const bool v41 = c.at("dialect") == "v41";
+  cfg.reasoning = v41 ? ReasoningParserKind::DeepSeekV41 : ReasoningParserKind::DeepSeekV4;
+  cfg.tools = v41 ? ToolParserKind::DeepSeekV41 : ToolParserKind::DeepSeekV4;
+  cfg.starts_in_reasoning = c.at("prompt_ends_with") == "<think>";
+  cfg.tools_enabled = c.value("tools_enabled", false);
+  if (c.contains("tools")) cfg.tool_names = c["tools"].get<std::vector<std::string>>();
+  cfg.id_seed = 7;
+  if (c.contains("settings")) {
+    const auto& s = c["settings"];
+    cfg.options.dsml_ends_reasoning = s.value("dsml_ends_reasoning", cfg.options.dsml_ends_reasoning);
+    cfg.options.accept_short_dsml_dialect = s.value("accept_short_dsml_dialect", cfg.options.accept_short_dsml_dialect);
+    cfg.options.decode_dsml_entities = s.value("decode_dsml_entities", cfg.options.decode_dsml_entities);
+    cfg.options.forward_unknown_tools = s.value("forward_unknown_tools", cfg.options.forward_unknown_tools);
+  }
+  if (alternative.find("short dialect not accepted") != std::string::npos) cfg.options.accept_short_dsml_dialect = false;
+  if (alternative.find("dsml_ends_reasoning=false") != std::string::npos) cfg.options.dsml_ends_reasoning = false;
+  if (alternative.find("append trailing text") != std::string::npos) cfg.options.keep_text_after_tool_calls = true;
+  if (alternative.find("forward-unknown-tools") != std::string::npos) cfg.options.forward_unknown_tools = true;
+  return cfg;
+}
+
+StopReason stop_of(const json& c) { return c.value("stop", "eos") == "length" ? StopReason::Length : StopReason::Stop; }
+
+json opt(const std::optional<std::string>& s) { return s ? json(*s) : json(nullptr); }
+
+void expect_message(const ParsedMessage& m, const json& e, const std::string& what) {
+  EXPECT_EQ(opt(m.reasoning_content), e.at("reasoning_content")) << what;
+  EXPECT_EQ(opt(m.content), e.at("content")) << what;
+  EXPECT_EQ(m.finish_reason, e.at("finish_reason").get<std::string>()) << what;
+  if (e.at("tool_calls").is_null()) {
+    EXPECT_TRUE(m.tool_calls.empty()) << what;
+  } else {
+    ASSERT_EQ(m.tool_calls.size(), e["tool_calls"].size()) << what;
+    for (size_t i = 0; i < m.tool_calls.size(); ++i) {
+      EXPECT_EQ(m.tool_calls[i].name, e["tool_calls"][i]["name"].get<std::string>()) << what;
+      json args;
+      ASSERT_NO_THROW(args = json::parse(m.tool_calls[i].arguments)) << what << ": " << m.tool_calls[i].arguments;
+      EXPECT_EQ(args, e["tool_calls"][i]["arguments"]) << what;
+      EXPECT_EQ(m.tool_calls[i].id.rfind("call_", 0), 0u);
+      EXPECT_EQ(m.tool_calls[i].id.size(), 29u);
+    }
+  }
+  EXPECT_EQ(m.tool_call_error.has_value(), e.contains("tool_call_error")) << what;
+}
+
+bool has_markup(const std::string& s) {
+  return s.find("｜DSML｜") != std::string::npos || s.find("DSML｜") != std::string::npos ||
+         s.find("<think>") != std::string::npos || s.find("</think>") != std::string::npos;
+}
+
+struct StreamResult {
+  std::string reasoning, content;
+  std::map<int, std::string> args;
+  std::map<int, std::string> names;
+  ParsedMessage message;
+  bool headers_ok = true;
+  bool fragments_clean = true;
+};
+
+StreamResult run_stream(const ParserConfig& cfg, const std::vector<std::string>& chunks, StopReason stop) {
+  OutputParser p(cfg);
+  StreamResult r;
+  auto absorb = [&](const ParserDelta& d) {
+    r.reasoning += d.reasoning_content;
+    r.content += d.content;
+    if (has_markup(d.reasoning_content) || has_markup(d.content)) r.fragments_clean = false;
+    for (const auto& t : d.tool_calls) {
+      if (t.name) {
+        if (r.names.count(t.index) || !t.id) r.headers_ok = false;
+        r.names[t.index] = *t.name;
+      } else if (!r.names.count(t.index)) {
+        r.headers_ok = false;  // argument fragment before the header
+      }
+      r.args[t.index] += t.arguments;
+    }
+  };
+  for (const auto& c : chunks) absorb(p.feed(c));
+  absorb(p.finish(stop));
+  r.message = p.message();
+  return r;
+}
+
+std::vector<std::string> chunk(const std::string& s, size_t n) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < s.size(); i += n) out.push_back(s.substr(i, n));
+  return out;
+}
+
+void check_stream_equals(const ParserConfig& cfg, const std::string& raw, StopReason stop, const ParsedMessage& whole,
+                         const std::vector<std::string>& chunks, const std::string& what) {
+  const auto r = run_stream(cfg, chunks, stop);
+  EXPECT_EQ(opt(r.message.reasoning_content), opt(whole.reasoning_content)) << what;
+  EXPECT_EQ(opt(r.message.content), opt(whole.content)) << what;
+  EXPECT_EQ(r.message.finish_reason, whole.finish_reason) << what;
+  EXPECT_EQ(r.message.tool_call_error, whole.tool_call_error) << what;
+  ASSERT_EQ(r.message.tool_calls.size(), whole.tool_calls.size()) << what;
+  if (!whole.stream_error) {
+    EXPECT_EQ(r.reasoning, whole.reasoning_content.value_or("")) << what;
+    EXPECT_EQ(r.content, whole.content.value_or("")) << what;
+    for (size_t i = 0; i < whole.tool_calls.size(); ++i) {
+      EXPECT_EQ(r.names.at(static_cast<int>(i)), whole.tool_calls[i].name) << what;
+      EXPECT_EQ(r.args.at(static_cast<int>(i)), whole.tool_calls[i].arguments) << what;
+    }
+  }
+  EXPECT_TRUE(r.headers_ok) << what;
+  const bool expected_markup = has_markup(whole.content.value_or("")) || has_markup(whole.reasoning_content.value_or(""));
+  if (!expected_markup) EXPECT_TRUE(r.fragments_clean) << what;
+}
+
+}  // namespace
+
+TEST(TextOutputParser, GoldenCases) {
+  int passed = 0;
+  for (const auto& c : cases()) {
+    const std::string id = c["id"];
+    const auto m = parse_output(config_for(c), c["raw"].get<std::string>(), stop_of(c));
+    const int failures_before = ::testing::UnitTest::GetInstance()->current_test_info()->result()->total_part_count();
+    expect_message(m, c["expected"], id);
+    if (::testing::UnitTest::GetInstance()->current_test_info()->result()->total_part_count() == failures_before) ++passed;
+    // The exact text of the official parser where it produced valid JSON.
+    if (c.contains("official_parser") && c["official_parser"].contains("result") && !m.tool_calls.empty()) {
+      const auto& off = c["official_parser"]["result"]["tool_calls"];
+      for (size_t i = 0; i < off.size() && i < m.tool_calls.size(); ++i) {
+        const std::string text = off[i].value("arguments_text", "");
+        if (json::accept(text)) EXPECT_EQ(m.tool_calls[i].arguments, text) << id;
+      }
+    }
+  }
+  std::printf("parsing goldens: %d/%zu\n", passed, cases().size());
+}
+
+TEST(TextOutputParser, PolicyAlternatives) {
+  for (const auto& c : cases()) {
+    if (!c.contains("alternatives")) continue;
+    for (auto it = c["alternatives"].begin(); it != c["alternatives"].end(); ++it) {
+      if (it.key().find("strict") != std::string::npos) continue;  // strict SGLang detector: not offered
+      const auto m = parse_output(config_for(c, it.key()), c["raw"].get<std::string>(), stop_of(c));
+      expect_message(m, it.value(), c["id"].get<std::string>() + " / " + it.key());
+    }
+  }
+}
+
+// Chunk sizes used upstream, plus every two-piece split and a random chunking.
+TEST(TextOutputParser, StreamingEqualsNonStreamingForEveryChunking) {
+  std::mt19937 rng(42);
+  for (const auto& c : cases()) {
+    const std::string id = c["id"];
+    const std::string raw = c["raw"];
+    const auto cfg = config_for(c);
+    const auto whole = parse_output(cfg, raw, stop_of(c));
+    for (size_t n : {1, 2, 3, 5, 7, 11, 23, 1000}) {
+      check_stream_equals(cfg, raw, stop_of(c), whole, chunk(raw, n), id + " chunk " + std::to_string(n));
+    }
+    for (size_t split = 1; split < raw.size(); ++split) {
+      check_stream_equals(cfg, raw, stop_of(c), whole, {raw.substr(0, split), raw.substr(split)},
+                          id + " split " + std::to_string(split));
+    }
+    for (int round = 0; round < 20; ++round) {
+      std::vector<std::string> chunks;
+      for (size_t i = 0; i < raw.size();) {
+        const size_t n = 1 + rng() % 9;
+        chunks.push_back(raw.substr(i, n));
+        i += n;
+      }
+      check_stream_equals(cfg, raw, stop_of(c), whole, chunks, id + " random");
+    }
+  }
+}
+
+TEST(TextOutputParser, ThinkTagsInsideToolArgumentsAreData) {
+  ParserConfig cfg;
+  cfg.starts_in_reasoning = true;
+  cfg.tools_enabled = true;
+  const std::string raw =
+      "r</think>\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"edit\">\n<｜DSML｜parameter name=\"text\" "
+      "string=\"true\">a <think> b </think> c</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+  const auto m = parse_output(cfg, raw, StopReason::Stop);
+  ASSERT_EQ(m.tool_calls.size(), 1u);
+  EXPECT_EQ(json::parse(m.tool_calls[0].arguments)["text"], "a <think> b </think> c");
+  EXPECT_EQ(m.finish_reason, "tool_calls");
+}
+
+TEST(TextOutputParser, JsonBodyAndImplicitWrapper) {
+  ParserConfig cfg;
+  cfg.reasoning = ReasoningParserKind::DeepSeekV41;
+  cfg.tools = ToolParserKind::DeepSeekV41;
+  cfg.tools_enabled = true;
+  auto m = parse_output(cfg, "\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"f\">{\"a\": [1, 2], \"b\": \"x\"}</｜DSML｜ invoke>\n</｜DSML｜ calls>",
+                        StopReason::Stop);
+  ASSERT_EQ(m.tool_calls.size(), 1u);
+  EXPECT_EQ(m.tool_calls[0].arguments, "{\"a\": [1, 2], \"b\": \"x\"}");
+  m = parse_output(cfg, "ok\n\n<｜DSML｜ invoke name=\"g\">\n<｜DSML｜ parameter name=\"k\" string=\"false\">3</｜DSML｜ parameter>\n</｜DSML｜ invoke>",
+                   StopReason::Stop);
+  ASSERT_EQ(m.tool_calls.size(), 1u);
+  EXPECT_EQ(m.content.value_or(""), "ok");
+  EXPECT_EQ(m.tool_calls[0].arguments, "{\"k\": 3}");
+}
+
+TEST(TextOutputParser, FailureAfterHeaderIsAStreamError) {
+  ParserConfig cfg;
+  cfg.tools_enabled = true;
+  cfg.tool_names = {"ok"};
+  const std::string raw =
+      "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"ok\">\n</｜DSML｜invoke>\n<｜DSML｜invoke name=\"bad\">\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+  const auto m = parse_output(cfg, raw, StopReason::Stop);
+  EXPECT_TRUE(m.stream_error);
+  EXPECT_TRUE(m.tool_calls.empty());
+  EXPECT_EQ(m.content.value_or(""), raw);
+  EXPECT_EQ(m.finish_reason, "stop");
+  EXPECT_EQ(m.tool_call_error.value_or(""), "unknown tool");
+}
+
+TEST(TextOutputParser, SeparateReasoningOffKeepsEverything) {
+  ParserConfig cfg;
+  cfg.starts_in_reasoning = true;
+  cfg.options.separate_reasoning = false;
+  const auto m = parse_output(cfg, "a</think>b", StopReason::Stop);
+  EXPECT_EQ(m.content.value_or(""), "a</think>b");
+  EXPECT_FALSE(m.reasoning_content.has_value());
+}
+
+TEST(TextOutputParser, ToJsonShape) {
+  ParserConfig cfg;
+  cfg.tools_enabled = true;
+  cfg.id_seed = 1;
+  const auto m = parse_output(cfg, "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"ls\">\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>",
+                              StopReason::Stop);
+  const auto j = m.to_json();
+  EXPECT_TRUE(j["reasoning_content"].is_null());
+  EXPECT_TRUE(j["content"].is_null());
+  EXPECT_EQ(j["tool_calls"][0]["type"], "function");
+  EXPECT_EQ(j["tool_calls"][0]["function"]["name"], "ls");
+  EXPECT_EQ(j["tool_calls"][0]["function"]["arguments"], "{}");
+  EXPECT_EQ(j["finish_reason"], "tool_calls");
+}
