@@ -1,0 +1,155 @@
+// The stable text-layer CLI (`dsv4 tokenize|detokenize|render|parse`) run as a
+// subprocess over the golden cases, the way external harnesses use it.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+const fs::path kData = fs::path(DSV4_TEST_DATA) / "text";
+const std::string kTokenizer = std::string(DSV4_SOURCE_DIR) + "/assets/dsv4-tokenizer/tokenizer.json";
+
+struct Run {
+  int rc;
+  std::string out;
+};
+
+Run run(const std::string& args) {
+  const std::string cmd = std::string("'") + DSV4_BINARY + "' " + args + " 2>/dev/null";
+  FILE* p = popen(cmd.c_str(), "r");
+  Run r{-1, {}};
+  if (!p) return r;
+  char buf[65536];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
+  const int status = pclose(p);
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::string quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) {
+    if (c == '\'') {
+      q += "'\\''";
+    } else {
+      q += c;
+    }
+  }
+  return q + "'";
+}
+
+fs::path model_dir(const std::string& model_type) {
+  const fs::path dir = fs::temp_directory_path() / ("dsv4_text_cli_" + model_type + "_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "config.json") << json{{"architectures", {"DeepseekV4ForCausalLM"}}, {"model_type", model_type}}.dump();
+  fs::copy_file(kTokenizer, dir / "tokenizer.json", fs::copy_options::overwrite_existing);
+  return dir;
+}
+
+std::string profile_flag(const std::string& profile) {
+  if (profile == "v4_preview") return "v4";
+  if (profile == "v4_0731") return "v4-0731";
+  if (profile == "v41") return "v41";
+  return "v41-tiers";
+}
+
+}  // namespace
+
+TEST(TextCli, TokenizeAndDetokenize) {
+  auto r = run("tokenize --tokenizer " + quote(kTokenizer) + " --text " + quote("Hello, world! <think>"));
+  ASSERT_EQ(r.rc, 0);
+  EXPECT_EQ(json::parse(r.out), json({19923, 14, 2058, 3, 223, 128821}));
+  r = run("detokenize --tokenizer " + quote(kTokenizer) + " --ids 19923,14,2058,3");
+  ASSERT_EQ(r.rc, 0);
+  EXPECT_EQ(r.out, "Hello, world!");
+  r = run("tokenize --tokenizer /nonexistent.json --text x");
+  EXPECT_NE(r.rc, 0);
+}
+
+TEST(TextCli, RenderGoldenEncodingCases) {
+  const auto dir = model_dir("deepseek_v4");
+  int checked = 0;
+  for (const auto& e : fs::directory_iterator(kData / "encoding" / "generated")) {
+    std::ifstream in(e.path());
+    const json c = json::parse(in);
+    const std::string profile = c["profile"];
+    const auto r = run("render --model " + quote(dir.string()) + " --request " + quote(e.path().string()) +
+                       " --profile " + profile_flag(profile));
+    ++checked;
+    if (c["expected"].contains("error")) {
+      EXPECT_NE(r.rc, 0) << c["id"];
+      continue;
+    }
+    ASSERT_EQ(r.rc, 0) << c["id"];
+    EXPECT_EQ(r.out, c["expected"]["prompt"].get<std::string>()) << c["id"];
+    if (profile.rfind("v4", 0) == 0 && profile.find("v41") == std::string::npos && checked % 7 == 0) {
+      const auto ids = run("render --ids --model " + quote(dir.string()) + " --request " + quote(e.path().string()) +
+                           " --profile " + profile_flag(profile));
+      ASSERT_EQ(ids.rc, 0);
+      EXPECT_EQ(json::parse(ids.out), c["expected"]["token_ids"]) << c["id"];
+    }
+  }
+  EXPECT_GT(checked, 100);
+  fs::remove_all(dir);
+}
+
+TEST(TextCli, ProfileFromConfig) {
+  const auto dir = model_dir("deepseek_v41");
+  const fs::path req = dir / "req.json";
+  std::ofstream(req) << R"({"messages":[{"role":"system","content":"s"},{"role":"user","content":"q"}]})";
+  const auto r = run("render --model " + quote(dir.string()) + " --request " + quote(req.string()));
+  ASSERT_EQ(r.rc, 0);
+  EXPECT_EQ(r.out, "<｜begin▁of▁sentence｜><｜System｜>s<｜User｜>q<｜Assistant｜></think>");
+  fs::remove(dir / "tokenizer.json");
+  EXPECT_NE(run("render --ids --model " + quote(dir.string()) + " --request " + quote(req.string())).rc, 0);
+  fs::remove_all(dir);
+}
+
+TEST(TextCli, ParseGoldenParsingCases) {
+  const auto dir = model_dir("deepseek_v4");
+  for (const auto& e : fs::directory_iterator(kData / "parsing" / "cases")) {
+    std::ifstream in(e.path());
+    const json c = json::parse(in);
+    const auto r = run("parse --model " + quote(dir.string()) + " --request " + quote(e.path().string()));
+    ASSERT_EQ(r.rc, 0) << c["id"];
+    const json got = json::parse(r.out);
+    const json& exp = c["expected"];
+    EXPECT_EQ(got["reasoning_content"], exp["reasoning_content"]) << c["id"];
+    EXPECT_EQ(got["content"], exp["content"]) << c["id"];
+    EXPECT_EQ(got["finish_reason"], exp["finish_reason"]) << c["id"];
+    EXPECT_EQ(got["tool_calls"].is_null(), exp["tool_calls"].is_null()) << c["id"];
+    if (!exp["tool_calls"].is_null()) {
+      ASSERT_EQ(got["tool_calls"].size(), exp["tool_calls"].size());
+      for (size_t i = 0; i < exp["tool_calls"].size(); ++i) {
+        EXPECT_EQ(got["tool_calls"][i]["function"]["name"], exp["tool_calls"][i]["name"]);
+        EXPECT_EQ(json::parse(got["tool_calls"][i]["function"]["arguments"].get<std::string>()),
+                  exp["tool_calls"][i]["arguments"]);
+      }
+    }
+  }
+  // A chat request plus a text file, as the server would parse it.
+  const fs::path req = dir / "req.json";
+  const fs::path gen = dir / "gen.txt";
+  std::ofstream(req) << R"({"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"ls"}}],"chat_template_kwargs":{"thinking":true}})";
+  std::ofstream(gen) << "hmm</think>ok\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"ls\">\n<｜DSML｜parameter name=\"d\" "
+                        "string=\"false\">[1]</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls><｜end▁of▁sentence｜>";
+  const auto r = run("parse --model " + quote(dir.string()) + " --request " + quote(req.string()) + " --text " + quote(gen.string()));
+  ASSERT_EQ(r.rc, 0);
+  const json got = json::parse(r.out);
+  EXPECT_EQ(got["reasoning_content"], "hmm");
+  EXPECT_EQ(got["content"], "ok");
+  EXPECT_EQ(got["tool_calls"][0]["function"]["arguments"], "{\"d\": [1]}");
+  EXPECT_EQ(got["finish_reason"], "tool_calls");
+  fs::remove_all(dir);
+}
