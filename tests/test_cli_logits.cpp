@@ -1,0 +1,97 @@
+// `dsv4 logits`, the stable interface of external test harnesses: flags,
+// token files, output layout, and clean failures.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "golden_util.h"
+
+namespace dsv4::test {
+namespace {
+namespace fs = std::filesystem;
+
+struct CommandResult {
+  int exit_code;
+  std::string output;  // stdout and stderr
+};
+
+CommandResult run(const std::string& args) {
+  std::string cmd = std::string(DSV4_BINARY) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128, out};
+}
+
+fs::path temp_path(const std::string& name) {
+  return fs::temp_directory_path() / ("dsv4_cli_" + std::to_string(::getpid()) + "_" + name);
+}
+
+TEST(CliLogits, PrefillChunksDecodeAndMtpMatchLibrary) {
+  const std::string model = model_dir("tiny-pro-fp8");
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 150; ++i) tokens.push_back(int32_t((i * 37 + 11) % 512));
+  tokens[0] = 0;
+  fs::path ids = temp_path("ids.txt"), out = temp_path("out.safetensors");
+  {
+    std::ofstream f(ids);
+    for (size_t i = 0; i < tokens.size(); ++i) f << tokens[i] << (i % 10 == 9 ? "\n" : ",");
+  }
+  CommandResult r = run("logits --model " + model + " --tokens @" + ids.string() + " --out " +
+                        out.string() + " --prefill 130 --chunk-size 7 --threads 2 --mtp");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  TensorStore s = TensorStore::open(out.string());
+  const TensorInfo& logits = s.get("logits");
+  EXPECT_EQ(logits.dtype, DType::F32);
+  EXPECT_EQ(logits.shape, (std::vector<int64_t>{150, 512}));
+  EXPECT_EQ(s.get("mtp_logits").shape, (std::vector<int64_t>{150, 512}));
+
+  auto m = Model::load(model);
+  RunResult expected = run_schedule(*m, tokens, 150, 150, true);
+  EXPECT_EQ(read_f32(s, "logits"), expected.logits);
+  EXPECT_EQ(read_f32(s, "mtp_logits"), expected.mtp_logits);
+  fs::remove(ids);
+  fs::remove(out);
+}
+
+TEST(CliLogits, InlineTokensWithoutMtpHaveOnlyLogits) {
+  fs::path out = temp_path("inline.safetensors");
+  CommandResult r = run("logits --model " + model_dir("tiny-flash-bf16") +
+                        " --tokens 0,5,6,7 --out " + out.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  TensorStore s = TensorStore::open(out.string());
+  EXPECT_EQ(s.get("logits").shape, (std::vector<int64_t>{4, 512}));
+  EXPECT_EQ(s.find("mtp_logits"), nullptr);
+  fs::remove(out);
+}
+
+TEST(CliLogits, FailuresAreOneClearLineAndNonZeroExit) {
+  fs::path out = temp_path("never.safetensors");
+  CommandResult missing = run("logits --model /nonexistent --tokens 1,2 --out " + out.string());
+  EXPECT_NE(missing.exit_code, 0);
+  EXPECT_NE(missing.output.find("error"), std::string::npos);
+  EXPECT_EQ(std::count(missing.output.begin(), missing.output.end(), '\n'), 1) << missing.output;
+
+  CommandResult bad_token = run("logits --model " + model_dir("tiny-flash-bf16") +
+                                " --tokens 1,x --out " + out.string());
+  EXPECT_NE(bad_token.exit_code, 0);
+  EXPECT_NE(bad_token.output.find("invalid token id \"x\""), std::string::npos) << bad_token.output;
+
+  CommandResult oov = run("logits --model " + model_dir("tiny-flash-bf16") +
+                          " --tokens 1,9999 --out " + out.string());
+  EXPECT_NE(oov.exit_code, 0);
+  EXPECT_NE(oov.output.find("outside the vocabulary"), std::string::npos) << oov.output;
+
+  CommandResult unknown_flag = run("logits --model x --tokens 1 --out y --bogus");
+  EXPECT_NE(unknown_flag.exit_code, 0);
+  EXPECT_FALSE(fs::exists(out));
+}
+
+}  // namespace
+}  // namespace dsv4::test

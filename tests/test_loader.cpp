@@ -1,0 +1,274 @@
+// Bad checkpoints must stop the load with one clear message naming the
+// tensor, file or field, never a crash; the CLI exits non-zero.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/error.h"
+#include "golden_util.h"
+#include "io/config.h"
+
+namespace dsv4::test {
+namespace {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void write_file(const fs::path& p, const std::string& data) {
+  std::ofstream out(p, std::ios::binary | std::ios::trunc);
+  out.write(data.data(), std::streamsize(data.size()));
+}
+
+// A scratch copy of tiny-flash-fp8 whose header or config can be edited.
+class BrokenCheckpoint : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("dsv4_loader_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+    fs::path src = model_dir("tiny-flash-fp8");
+    fs::copy_file(src / "config.json", dir_ / "config.json", fs::copy_options::overwrite_existing);
+    std::string bytes = read_file(src / "model.safetensors");
+    uint64_t n;
+    std::memcpy(&n, bytes.data(), 8);
+    header_ = json::parse(bytes.substr(8, n));
+    data_ = bytes.substr(8 + n);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  void write_checkpoint() {
+    std::string h = header_.dump();
+    while (h.size() % 8) h.push_back(' ');
+    uint64_t n = h.size();
+    std::string out(reinterpret_cast<const char*>(&n), 8);
+    write_file(dir_ / "model.safetensors", out + h + data_);
+  }
+
+  void edit_config(const std::function<void(json&)>& edit) {
+    json c = json::parse(read_file(dir_ / "config.json"));
+    edit(c);
+    write_file(dir_ / "config.json", c.dump(2));
+  }
+
+  // Loads and returns the error message ("" if the load succeeded).
+  std::string load_error() {
+    try {
+      Model::load(dir_.string());
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  }
+
+  fs::path dir_;
+  json header_;
+  std::string data_;
+};
+
+TEST_F(BrokenCheckpoint, UnchangedCopyLoads) {
+  write_checkpoint();
+  EXPECT_EQ(load_error(), "");
+}
+
+TEST_F(BrokenCheckpoint, MissingTensorIsNamed) {
+  header_["layers.2.attn.wq_b.weight_renamed"] = header_["layers.2.attn.wq_b.weight"];
+  header_.erase("layers.2.attn.wq_b.weight");
+  write_checkpoint();
+  std::string e = load_error();
+  EXPECT_NE(e.find("missing tensor layers.2.attn.wq_b.weight"), std::string::npos) << e;
+}
+
+TEST_F(BrokenCheckpoint, WrongShapeIsNamed) {
+  // Same byte count, transposed shape.
+  header_["layers.0.attn.wkv.weight"]["shape"] = {256, 512};
+  write_checkpoint();
+  std::string e = load_error();
+  EXPECT_NE(e.find("layers.0.attn.wkv.weight"), std::string::npos) << e;
+  EXPECT_NE(e.find("expected [512, 256]"), std::string::npos) << e;
+}
+
+TEST_F(BrokenCheckpoint, WrongDtypeIsNamed) {
+  header_["layers.1.attn.wq_a.scale"]["dtype"] = "U8";
+  write_checkpoint();
+  std::string e = load_error();
+  EXPECT_NE(e.find("layers.1.attn.wq_a.scale"), std::string::npos) << e;
+  EXPECT_NE(e.find("F8_E8M0"), std::string::npos) << e;
+}
+
+TEST_F(BrokenCheckpoint, UnknownDtypeIsNamed) {
+  header_["norm.weight"]["dtype"] = "F4_WHATEVER";
+  write_checkpoint();
+  std::string e = load_error();
+  EXPECT_NE(e.find("norm.weight"), std::string::npos) << e;
+  EXPECT_NE(e.find("unsupported dtype F4_WHATEVER"), std::string::npos) << e;
+}
+
+TEST_F(BrokenCheckpoint, TruncatedFileIsReported) {
+  data_.resize(data_.size() / 2);
+  write_checkpoint();
+  std::string e = load_error();
+  EXPECT_NE(e.find("truncated"), std::string::npos) << e;
+  EXPECT_NE(e.find("model.safetensors"), std::string::npos) << e;
+}
+
+TEST_F(BrokenCheckpoint, TruncatedHeaderIsReported) {
+  write_checkpoint();
+  std::string bytes = read_file(dir_ / "model.safetensors");
+  write_file(dir_ / "model.safetensors", bytes.substr(0, 100));
+  std::string e = load_error();
+  EXPECT_NE(e.find("truncated or corrupt"), std::string::npos) << e;
+}
+
+TEST_F(BrokenCheckpoint, CorruptHeaderJsonIsReported) {
+  write_checkpoint();
+  std::string bytes = read_file(dir_ / "model.safetensors");
+  bytes[8] = '#';  // the opening brace of the JSON header
+  write_file(dir_ / "model.safetensors", bytes);
+  std::string e = load_error();
+  EXPECT_NE(e.find("corrupt safetensors header"), std::string::npos) << e;
+}
+
+TEST_F(BrokenCheckpoint, DuplicateHashExpertIsRejected) {
+  // tid2eid row 0 of layer 0 gets the same expert twice.
+  auto& entry = header_["layers.0.ffn.gate.tid2eid"];
+  int64_t begin = entry["data_offsets"][0];
+  int64_t first;
+  std::memcpy(&first, data_.data() + begin, 8);
+  std::memcpy(data_.data() + begin + 8, &first, 8);
+  write_checkpoint();
+  std::string e = load_error();
+  EXPECT_NE(e.find("layers.0.ffn.gate.tid2eid row 0 repeats an expert id"), std::string::npos) << e;
+}
+
+TEST_F(BrokenCheckpoint, UnsupportedModelTypeIsNamed) {
+  write_checkpoint();
+  edit_config([](json& c) { c["model_type"] = "deepseek_v3"; });
+  EXPECT_NE(load_error().find("unsupported model_type \"deepseek_v3\""), std::string::npos);
+}
+
+TEST_F(BrokenCheckpoint, UnsupportedFeatureIsNamed) {
+  write_checkpoint();
+  edit_config([](json& c) { c["dspark_block_size"] = 5; });
+  EXPECT_NE(load_error().find("dspark_block_size"), std::string::npos);
+  edit_config([](json& c) {
+    c.erase("dspark_block_size");
+    c["scoring_func"] = "softmax";
+  });
+  EXPECT_NE(load_error().find("scoring_func \"softmax\""), std::string::npos);
+}
+
+TEST_F(BrokenCheckpoint, MissingConfigFieldIsNamed) {
+  write_checkpoint();
+  edit_config([](json& c) { c.erase("o_lora_rank"); });
+  EXPECT_NE(load_error().find("missing field \"o_lora_rank\""), std::string::npos);
+}
+
+TEST_F(BrokenCheckpoint, ConfigThatDisagreesWithTensorsIsCaught) {
+  write_checkpoint();
+  edit_config([](json& c) { c["q_lora_rank"] = 256; });
+  std::string e = load_error();
+  EXPECT_NE(e.find("layers.0.attn.wq_a.weight has shape [128, 256], expected [256, 256]"),
+            std::string::npos) << e;
+}
+
+TEST_F(BrokenCheckpoint, Fp8TensorInUnquantizedConfigIsRefused) {
+  write_checkpoint();
+  edit_config([](json& c) { c.erase("quantization_config"); });
+  std::string e = load_error();
+  EXPECT_NE(e.find("has dtype F8_E4M3"), std::string::npos) << e;
+}
+
+TEST_F(BrokenCheckpoint, ShardedIndexWithMissingShardIsNamed) {
+  write_checkpoint();
+  fs::rename(dir_ / "model.safetensors", dir_ / "model-00001-of-00002.safetensors");
+  json index = {{"metadata", json::object()}, {"weight_map", json::object()}};
+  for (auto& [name, _] : header_.items())
+    if (name != "__metadata__")
+      index["weight_map"][name] = name.rfind("mtp.", 0) == 0 ? "model-00002-of-00002.safetensors"
+                                                             : "model-00001-of-00002.safetensors";
+  write_file(dir_ / "model.safetensors.index.json", index.dump());
+  std::string e = load_error();
+  EXPECT_NE(e.find("missing shard"), std::string::npos) << e;
+  EXPECT_NE(e.find("model-00002-of-00002.safetensors"), std::string::npos) << e;
+}
+
+TEST_F(BrokenCheckpoint, ShardedCheckpointLoadsAndMatches) {
+  // Split the tensors over two shards: the forward pass must not notice.
+  json h1 = json::object(), h2 = json::object();
+  std::string d1, d2;
+  for (auto& [name, entry] : header_.items()) {
+    if (name == "__metadata__") continue;
+    bool second = name.rfind("layers.3", 0) == 0 || name.rfind("mtp.", 0) == 0;
+    std::string& d = second ? d2 : d1;
+    json& h = second ? h2 : h1;
+    int64_t b = entry["data_offsets"][0], e = entry["data_offsets"][1];
+    while (d.size() % 8) d.push_back('\0');
+    json copy = entry;
+    copy["data_offsets"] = {int64_t(d.size()), int64_t(d.size()) + (e - b)};
+    d += data_.substr(size_t(b), size_t(e - b));
+    h[name] = copy;
+  }
+  auto write_shard = [&](const std::string& file, const json& h, const std::string& d) {
+    std::string text = h.dump();
+    while (text.size() % 8) text.push_back(' ');
+    uint64_t n = text.size();
+    write_file(dir_ / file, std::string(reinterpret_cast<const char*>(&n), 8) + text + d);
+  };
+  write_shard("model-00001-of-00002.safetensors", h1, d1);
+  write_shard("model-00002-of-00002.safetensors", h2, d2);
+  json index = {{"weight_map", json::object()}};
+  for (auto& [name, _] : h1.items()) index["weight_map"][name] = "model-00001-of-00002.safetensors";
+  for (auto& [name, _] : h2.items()) index["weight_map"][name] = "model-00002-of-00002.safetensors";
+  write_file(dir_ / "model.safetensors.index.json", index.dump());
+
+  auto sharded = Model::load(dir_.string());
+  auto single = Model::load(model_dir("tiny-flash-fp8"));
+  std::vector<int32_t> tokens = {0, 17, 99, 3, 250, 511, 42, 7, 8, 9};
+  RunResult a = run_schedule(*sharded, tokens, 10, 10, true);
+  RunResult b = run_schedule(*single, tokens, 10, 10, true);
+  EXPECT_EQ(a.logits, b.logits);
+  EXPECT_EQ(a.mtp_logits, b.mtp_logits);
+}
+
+TEST(Config, ParsesFlashShapes) {
+  ModelConfig c = load_config(model_dir("tiny-pro-fp8"));
+  EXPECT_EQ(c.dim, 256);
+  EXPECT_EQ(c.n_layers, 5);
+  EXPECT_EQ(c.n_mtp_layers, 1);
+  EXPECT_EQ(c.compress_ratios, (std::vector<int64_t>{128, 128, 4, 128, 4, 0}));
+  EXPECT_TRUE(c.fp8_weights);
+  EXPECT_EQ(c.expert_dtype, "fp4");
+  EXPECT_DOUBLE_EQ(c.route_scale, 2.5);
+}
+
+TEST(Config, MalformedJsonIsReported) {
+  EXPECT_THROW(parse_config("{\"model_type\": ", "x/config.json"), Error);
+  try {
+    parse_config("[1,2]", "x/config.json");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("x/config.json"), std::string::npos);
+  }
+}
+
+TEST(TokenIds, OutOfVocabularyIsAnError) {
+  auto model = Model::load(model_dir("tiny-flash-bf16"));
+  SequenceState s = model->new_state();
+  std::vector<int32_t> bad = {0, 512};
+  std::vector<float> logits(2 * 512);
+  EXPECT_THROW(model->forward(s, bad.data(), 2, logits.data()), Error);
+}
+
+}  // namespace
+}  // namespace dsv4::test
