@@ -116,6 +116,36 @@ TEST_P(GoldenModel, ThreadCountDoesNotChangeBits) {
   EXPECT_EQ(0, std::memcmp(three.mtp_logits.data(), c.one_shot.mtp_logits.data(), three.mtp_logits.size() * 4));
 }
 
+// Sequences batched together (continuous batching: a long prefill chunk next
+// to decode steps of other sequences) get exactly the bits they get alone.
+TEST_P(GoldenModel, BatchingDoesNotChangeBits) {
+  Case& c = load_case(GetParam());
+  const Model& m = *c.model;
+  const int64_t V = m.config().vocab_size, N = int64_t(c.all_tokens.size());
+  std::vector<int32_t> other(c.all_tokens.rbegin(), c.all_tokens.rend());
+  other[0] = 0;
+  // Sequence A: the golden tokens in chunks of 50. Sequence B: other tokens,
+  // one at a time. Sequence C joins later with chunks of 33.
+  SequenceState a = m.new_state(), b = m.new_state(), cs = m.new_state();
+  std::vector<float> la(size_t(N * V)), lb(size_t(N * V)), lc(size_t(N * V));
+  int64_t pa = 0, pb = 0, pc = 0;
+  while (pa < N || pb < N || pc < N) {
+    std::vector<BatchItem> items;
+    int64_t na = std::min<int64_t>(50, N - pa), nc = pb >= 20 ? std::min<int64_t>(33, N - pc) : 0;
+    if (na > 0) items.push_back({&a, c.all_tokens.data() + pa, na, la.data() + pa * V});
+    if (pb < N) items.push_back({&b, other.data() + pb, 1, lb.data() + pb * V});
+    if (nc > 0) items.push_back({&cs, other.data() + pc, nc, lc.data() + pc * V});
+    m.forward_batch(items);
+    pa += std::max<int64_t>(na, 0);
+    pb += pb < N ? 1 : 0;
+    pc += nc;
+  }
+  EXPECT_EQ(0, std::memcmp(la.data(), c.one_shot.logits.data(), la.size() * 4));
+  RunResult alone = run_schedule(m, other, N, N, false);
+  EXPECT_EQ(0, std::memcmp(lb.data(), alone.logits.data(), lb.size() * 4));
+  EXPECT_EQ(0, std::memcmp(lc.data(), alone.logits.data(), lc.size() * 4));
+}
+
 // A snapshot taken mid-sequence restores a state that continues with the
 // same bits, and snapshots of equal states are equal bytes.
 TEST_P(GoldenModel, SnapshotRestoresByteExactly) {

@@ -27,44 +27,55 @@ inline float dot(const float* a, const float* b, int64_t n) {
   return acc[0];
 }
 
-// Lightning indexer: picks, for every query, the compressed rows it attends to.
+// Lightning indexer: for every row, the compressed rows its query attends
+// to (ascending ids). Projections run over the whole batch; scoring per
+// sequence against that sequence's index keys.
 std::vector<std::vector<int32_t>> indexer_select(const ModelConfig& c, const IndexerWeights& w,
-                                                 const RopeTable& rope, LayerState& state,
-                                                 const float* x, const float* qr, int64_t start,
-                                                 int64_t n) {
+                                                 const RopeTable& rope,
+                                                 const std::vector<Segment>& segments,
+                                                 const float* x, const float* qr, int64_t n_rows) {
   const int64_t heads = c.index_n_heads, hd = c.index_head_dim;
-  std::vector<float> q(size_t(n * heads * hd)), head_weights(size_t(n * heads));
-  linear_forward(w.wq_b, qr, n, q.data());
-  linear_forward(w.weights_proj, x, n, head_weights.data());
+  std::vector<float> q(size_t(n_rows * heads * hd)), head_weights(size_t(n_rows * heads));
+  linear_forward(w.wq_b, qr, n_rows, q.data());
+  linear_forward(w.weights_proj, x, n_rows, head_weights.data());
+  std::vector<int64_t> position(static_cast<size_t>(n_rows));
+  std::vector<const Segment*> owner(static_cast<size_t>(n_rows));
+  for (const Segment& s : segments)
+    for (int64_t t = 0; t < s.n; ++t) {
+      position[size_t(s.row0 + t)] = s.start + t;
+      owner[size_t(s.row0 + t)] = &s;
+    }
   const float weight_scale = 1.0f / std::sqrt(float(hd)) * (1.0f / std::sqrt(float(heads)));
-#pragma omp parallel for schedule(static) if (n > 1)
-  for (int64_t t = 0; t < n; ++t) {
+#pragma omp parallel for schedule(static) if (n_rows > 1)
+  for (int64_t r = 0; r < n_rows; ++r) {
     for (int64_t h = 0; h < heads; ++h) {
-      float* qh = q.data() + (t * heads + h) * hd;
-      rope.apply(qh + hd - c.rope_dim, start + t);
+      float* qh = q.data() + (r * heads + h) * hd;
+      rope.apply(qh + hd - c.rope_dim, position[size_t(r)]);
       hadamard_transform(qh, hd);
       fp4_round_trip(qh, hd, 32);
     }
-    for (int64_t h = 0; h < heads; ++h) head_weights[size_t(t * heads + h)] *= weight_scale;
+    for (int64_t h = 0; h < heads; ++h) head_weights[size_t(r * heads + h)] *= weight_scale;
   }
-  compressor_forward(c, w.compressor, rope, true, state.index_compressor, x, start, n,
-                     state.index_keys);
+  CompressorProjections proj = compressor_project(w.compressor, x, n_rows);
+  for (const Segment& s : segments)
+    compressor_push(c, w.compressor, rope, true, s.state->index_compressor, proj, s.row0, s.start,
+                    s.n, s.state->index_keys);
 
-  std::vector<std::vector<int32_t>> selected(static_cast<size_t>(n));
-#pragma omp parallel for schedule(dynamic, 1) if (n > 1)
-  for (int64_t t = 0; t < n; ++t) {
-    const int64_t visible = (start + t + 1) / 4;
+  std::vector<std::vector<int32_t>> selected(static_cast<size_t>(n_rows));
+#pragma omp parallel for schedule(dynamic, 1) if (n_rows > 1)
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const int64_t visible = (position[size_t(r)] + 1) / 4;
+    const float* keys = owner[size_t(r)]->state->index_keys.data();
     std::vector<float> scores(static_cast<size_t>(visible));
     for (int64_t i = 0; i < visible; ++i) {
-      const float* key = state.index_keys.data() + i * hd;
       float s = 0.0f;
       for (int64_t h = 0; h < heads; ++h) {
-        float d = dot(q.data() + (t * heads + h) * hd, key, hd);
-        s += std::max(d, 0.0f) * head_weights[size_t(t * heads + h)];
+        float d = dot(q.data() + (r * heads + h) * hd, keys + i * hd, hd);
+        s += std::max(d, 0.0f) * head_weights[size_t(r * heads + h)];
       }
       scores[size_t(i)] = s;
     }
-    selected[size_t(t)] = top_k_indices(scores.data(), visible, c.index_topk);
+    selected[size_t(r)] = top_k_indices(scores.data(), visible, c.index_topk);
   }
   return selected;
 }
@@ -72,17 +83,24 @@ std::vector<std::vector<int32_t>> indexer_select(const ModelConfig& c, const Ind
 }  // namespace
 
 void attention_forward(const ModelConfig& c, const AttentionWeights& w, const RopeTable& rope,
-                       int64_t ratio, LayerState& state, const float* x, int64_t start, int64_t n,
-                       float* out) {
+                       int64_t ratio, const std::vector<Segment>& segments, const float* x,
+                       int64_t n_rows, float* out) {
   const int64_t H = c.n_heads, hd = c.head_dim, rd = c.rope_dim, nope = hd - rd;
-  const int64_t win = c.window;
+  const int64_t win = c.window, n = n_rows;
+  std::vector<int64_t> position(static_cast<size_t>(n));
+  std::vector<const Segment*> owner(static_cast<size_t>(n));
+  for (const Segment& s : segments)
+    for (int64_t t = 0; t < s.n; ++t) {
+      position[size_t(s.row0 + t)] = s.start + t;
+      owner[size_t(s.row0 + t)] = &s;
+    }
 
   // Query path; qr is shared with the indexer.
   std::vector<float> qr(size_t(n * c.q_lora_rank)), q(size_t(n * H * hd));
   linear_forward(w.wq_a, x, n, qr.data());
   for (int64_t t = 0; t < n; ++t) rms_norm(qr.data() + t * c.q_lora_rank, w.q_norm.data(), c.q_lora_rank, c.norm_eps);
   linear_forward(w.wq_b, qr.data(), n, q.data());
-  // Window rows of this chunk.
+  // Window rows of this batch.
   std::vector<float> kv(size_t(n * hd));
   linear_forward(w.wkv, x, n, kv.data());
 #pragma omp parallel for schedule(static) if (n > 1)
@@ -90,26 +108,33 @@ void attention_forward(const ModelConfig& c, const AttentionWeights& w, const Ro
     for (int64_t h = 0; h < H; ++h) {
       float* qh = q.data() + (t * H + h) * hd;
       rms_norm(qh, nullptr, hd, c.norm_eps);
-      rope.apply(qh + nope, start + t);
+      rope.apply(qh + nope, position[size_t(t)]);
     }
     float* row = kv.data() + t * hd;
     rms_norm(row, w.kv_norm.data(), hd, c.norm_eps);
-    rope.apply(row + nope, start + t);
+    rope.apply(row + nope, position[size_t(t)]);
     fp8_round_trip(row, nope, 64);
   }
 
   std::vector<std::vector<int32_t>> selected;
-  if (w.has_indexer) selected = indexer_select(c, w.indexer, rope, state, x, qr.data(), start, n);
-  if (w.has_compressor)
-    compressor_forward(c, w.compressor, rope, false, state.compressor, x, start, n, state.compressed);
+  if (w.has_indexer) selected = indexer_select(c, w.indexer, rope, segments, x, qr.data(), n);
+  if (w.has_compressor) {
+    CompressorProjections proj = compressor_project(w.compressor, x, n);
+    for (const Segment& s : segments)
+      compressor_push(c, w.compressor, rope, false, s.state->compressor, proj, s.row0, s.start, s.n,
+                      s.state->compressed);
+  }
 
   // Sink attention. Keys are visited in a fixed order (compressed rows by id,
-  // then window rows by position) so the result is independent of chunking.
+  // then window rows by position) so the result is independent of chunking
+  // and batching.
   std::vector<float> o(size_t(n * H * hd));
   const float scale = 1.0f / std::sqrt(float(hd));
 #pragma omp parallel for schedule(dynamic, 1) if (n * H > 1)
   for (int64_t th = 0; th < n * H; ++th) {
-    const int64_t t = th / H, h = th % H, pos = start + t;
+    const int64_t t = th / H, h = th % H, pos = position[size_t(t)];
+    const Segment& seg = *owner[size_t(t)];
+    const LayerState& state = *seg.state;
     std::vector<const float*> keys;
     if (ratio > 0) {
       const int64_t visible = (pos + 1) / ratio;
@@ -120,7 +145,8 @@ void attention_forward(const ModelConfig& c, const AttentionWeights& w, const Ro
       }
     }
     for (int64_t p = std::max<int64_t>(0, pos - win + 1); p <= pos; ++p)
-      keys.push_back(p >= start ? kv.data() + (p - start) * hd : state.window.data() + (p % win) * hd);
+      keys.push_back(p >= seg.start ? kv.data() + (seg.row0 + p - seg.start) * hd
+                                    : state.window.data() + (p % win) * hd);
 
     const float* qh = q.data() + th * hd;
     std::vector<float> logits(keys.size());
@@ -142,9 +168,11 @@ void attention_forward(const ModelConfig& c, const AttentionWeights& w, const Ro
     rope.apply(oh + nope, pos, /*inverse=*/true);
   }
 
-  // The ring keeps the last `win` window rows for later chunks.
-  for (int64_t t = std::max<int64_t>(0, n - win); t < n; ++t)
-    std::memcpy(state.window.data() + ((start + t) % win) * hd, kv.data() + t * hd, size_t(hd) * 4);
+  // The ring keeps the last `win` window rows of each sequence.
+  for (const Segment& s : segments)
+    for (int64_t t = std::max<int64_t>(0, s.n - win); t < s.n; ++t)
+      std::memcpy(s.state->window.data() + ((s.start + t) % win) * hd, kv.data() + (s.row0 + t) * hd,
+                  size_t(hd) * 4);
 
   // Grouped low-rank output: group g of heads goes through rows
   // [g*R, (g+1)*R) of wo_a; the concatenation goes through wo_b.

@@ -13,16 +13,24 @@
 
 namespace dsv4 {
 
-void compressor_forward(const ModelConfig& c, const CompressorWeights& w, const RopeTable& rope,
-                        bool indexer_keys, CompressorState& state, const float* x, int64_t start,
-                        int64_t n, std::vector<float>& rows) {
+CompressorProjections compressor_project(const CompressorWeights& w, const float* x, int64_t n_rows) {
+  // Projections in fp32 on the unrounded input.
+  const int64_t slot_width = (w.overlap ? 2 : 1) * w.width;
+  CompressorProjections p;
+  p.kv.resize(size_t(n_rows * slot_width));
+  p.score.resize(size_t(n_rows * slot_width));
+  linear_forward(w.wkv, x, n_rows, p.kv.data());
+  linear_forward(w.wgate, x, n_rows, p.score.data());
+  return p;
+}
+
+void compressor_push(const ModelConfig& c, const CompressorWeights& w, const RopeTable& rope,
+                     bool indexer_keys, CompressorState& state, const CompressorProjections& proj,
+                     int64_t row0, int64_t start, int64_t n, std::vector<float>& rows) {
   const int64_t m = w.ratio, width = w.width;
   const int64_t slot_width = (w.overlap ? 2 : 1) * width;
-  // Projections in fp32 on the unrounded input.
-  std::vector<float> kv(size_t(n * slot_width)), score(size_t(n * slot_width));
-  linear_forward(w.wkv, x, n, kv.data());
-  linear_forward(w.wgate, x, n, score.data());
-
+  const std::vector<float>& kv = proj.kv;
+  const std::vector<float>& score = proj.score;
   std::vector<float> pooled(static_cast<size_t>(width));
   const int64_t candidates = w.overlap ? 2 * m : m;
   std::vector<float> weights(static_cast<size_t>(candidates));
@@ -31,9 +39,9 @@ void compressor_forward(const ModelConfig& c, const CompressorWeights& w, const 
     const int64_t slot = w.overlap ? m + r : r;
     float* kv_slot = state.kv.data() + slot * slot_width;
     float* score_slot = state.score.data() + slot * slot_width;
-    std::memcpy(kv_slot, kv.data() + t * slot_width, size_t(slot_width) * 4);
+    std::memcpy(kv_slot, kv.data() + (row0 + t) * slot_width, size_t(slot_width) * 4);
     const float* ape = w.ape.data() + r * slot_width;
-    for (int64_t i = 0; i < slot_width; ++i) score_slot[i] = score[size_t(t * slot_width + i)] + ape[i];
+    for (int64_t i = 0; i < slot_width; ++i) score_slot[i] = score[size_t((row0 + t) * slot_width + i)] + ape[i];
     if ((pos + 1) % m != 0) continue;
 
     // Window complete: softmax-pool each channel over its candidates. With

@@ -22,16 +22,31 @@ void hc_post(const ModelConfig& c, const HcMix& mix, const float* y, float* x_hc
 void hc_head_collapse(const ModelConfig& c, const HyperConnectionWeights& w, const float* x_hc,
                       int64_t n, float* y);
 
-// Gated pooling compressor: feeds the tokens' projections through `state` and
-// appends every completed row (normed, rotated at its first position and
-// rounded like the reference) to `rows`.
-void compressor_forward(const ModelConfig& c, const CompressorWeights& w, const RopeTable& rope,
-                        bool indexer_keys, CompressorState& state, const float* x, int64_t start,
-                        int64_t n, std::vector<float>& rows);
+// Rows of one sequence inside a batch of rows: rows [row0, row0+n) of every
+// activation matrix belong to positions start .. start+n-1 of that sequence.
+struct Segment {
+  LayerState* state;
+  int64_t start;
+  int64_t row0;
+  int64_t n;
+};
 
+// Gated pooling compressor, in two steps: the projections of all rows of a
+// batch at once, then, per sequence, the tokens pushed in order through the
+// partial-window state; every completed row (normed, rotated at its first
+// position, rounded like the reference) is appended to `rows`.
+struct CompressorProjections {
+  std::vector<float> kv, score;  // [n_rows, slot_width]
+};
+CompressorProjections compressor_project(const CompressorWeights& w, const float* x, int64_t n_rows);
+void compressor_push(const ModelConfig& c, const CompressorWeights& w, const RopeTable& rope,
+                     bool indexer_keys, CompressorState& state, const CompressorProjections& proj,
+                     int64_t row0, int64_t start, int64_t n, std::vector<float>& rows);
+
+// Attention over a batch of rows from one or more sequences.
 void attention_forward(const ModelConfig& c, const AttentionWeights& w, const RopeTable& rope,
-                       int64_t ratio, LayerState& state, const float* x, int64_t start, int64_t n,
-                       float* out);
+                       int64_t ratio, const std::vector<Segment>& segments, const float* x,
+                       int64_t n_rows, float* out);
 
 void moe_forward(const ModelConfig& c, const MoeWeights& w, const float* x, const int32_t* tokens,
                  int64_t n, float* out);

@@ -24,8 +24,8 @@ SequenceState Model::new_state() const {
   return s;
 }
 
-void Model::block_forward(const BlockWeights& b, LayerState& state, float* x_hc,
-                          const int32_t* tokens, int64_t start, int64_t n) const {
+void Model::block_forward(const BlockWeights& b, const std::vector<Segment>& segments, float* x_hc,
+                          const int32_t* tokens, int64_t n) const {
   const ModelConfig& c = config_;
   const RopeTable& rope = b.ratio > 0 ? rope_compressed_ : rope_window_;
   std::vector<float> y(size_t(n * c.dim)), sub(size_t(n * c.dim));
@@ -33,7 +33,7 @@ void Model::block_forward(const BlockWeights& b, LayerState& state, float* x_hc,
 
   hc_pre(c, b.hc_attn, x_hc, n, y.data(), &mix);
   for (int64_t t = 0; t < n; ++t) rms_norm(y.data() + t * c.dim, b.attn_norm.data(), c.dim, c.norm_eps);
-  attention_forward(c, b.attn, rope, b.ratio, state, y.data(), start, n, sub.data());
+  attention_forward(c, b.attn, rope, b.ratio, segments, y.data(), n, sub.data());
   hc_post(c, mix, sub.data(), x_hc, n);
 
   hc_pre(c, b.hc_ffn, x_hc, n, y.data(), &mix);
@@ -59,53 +59,111 @@ static void check_tokens(const ModelConfig& c, const int32_t* tokens, int64_t n)
 
 void Model::forward(SequenceState& state, const int32_t* tokens, int64_t n, float* logits,
                     float* final_hc) const {
+  forward_batch({BatchItem{&state, tokens, n, logits, final_hc}});
+}
+
+void Model::forward_batch(const std::vector<BatchItem>& items) const {
   const ModelConfig& c = config_;
-  if (n <= 0) return;
-  check_tokens(c, tokens, n);
-  if (int64_t(state.layers.size()) != c.n_layers) throw Error("sequence state does not match the model");
+  int64_t rows = 0;
+  for (const BatchItem& it : items) {
+    if (it.n < 0) throw Error("negative token count");
+    check_tokens(c, it.tokens, it.n);
+    if (int64_t(it.state->layers.size()) != c.n_layers) throw Error("sequence state does not match the model");
+    rows += it.n;
+  }
+  if (rows == 0) return;
   const int64_t width = c.hc_mult * c.dim;
-  std::vector<float> x_hc(size_t(n * width));
+  std::vector<int32_t> tokens;
+  tokens.reserve(size_t(rows));
+  for (const BatchItem& it : items) tokens.insert(tokens.end(), it.tokens, it.tokens + it.n);
+  std::vector<float> x_hc(size_t(rows * width));
   std::vector<float> row(size_t(c.dim));
-  for (int64_t t = 0; t < n; ++t) {
-    linear_decode_row(weights_.embed, tokens[t], row.data());
+  for (int64_t t = 0; t < rows; ++t) {
+    linear_decode_row(weights_.embed, tokens[size_t(t)], row.data());
     for (int64_t k = 0; k < c.hc_mult; ++k)
       std::copy(row.begin(), row.end(), x_hc.begin() + t * width + k * c.dim);
   }
-  const int64_t start = state.n_tokens;
-  if (hc_observer_) hc_observer_(0, x_hc.data(), start, n);
+  auto segments_for = [&](int64_t layer) {
+    std::vector<Segment> segments;
+    int64_t row0 = 0;
+    for (const BatchItem& it : items) {
+      if (it.n > 0) segments.push_back({&it.state->layers[size_t(layer)], it.state->n_tokens, row0, it.n});
+      row0 += it.n;
+    }
+    return segments;
+  };
+  const bool observe = hc_observer_ && items.size() == 1;
+  if (observe) hc_observer_(0, x_hc.data(), items[0].state->n_tokens, rows);
   for (int64_t l = 0; l < c.n_layers; ++l) {
-    block_forward(weights_.layers[size_t(l)], state.layers[size_t(l)], x_hc.data(), tokens, start, n);
-    if (hc_observer_) hc_observer_(l + 1, x_hc.data(), start, n);
+    block_forward(weights_.layers[size_t(l)], segments_for(l), x_hc.data(), tokens.data(), rows);
+    if (observe) hc_observer_(l + 1, x_hc.data(), items[0].state->n_tokens, rows);
   }
-  state.n_tokens += n;
-  if (final_hc) std::copy(x_hc.begin(), x_hc.end(), final_hc);
-  if (logits) head_forward(weights_.hc_head, weights_.norm, x_hc.data(), n, logits);
+  std::vector<float> logits;
+  bool any_logits = false;
+  for (const BatchItem& it : items) any_logits |= it.logits != nullptr;
+  if (any_logits) {
+    logits.resize(size_t(rows * c.vocab_size));
+    head_forward(weights_.hc_head, weights_.norm, x_hc.data(), rows, logits.data());
+  }
+  int64_t row0 = 0;
+  for (const BatchItem& it : items) {
+    it.state->n_tokens += it.n;
+    if (it.final_hc) std::copy_n(x_hc.begin() + row0 * width, it.n * width, it.final_hc);
+    if (it.logits) std::copy_n(logits.begin() + row0 * c.vocab_size, it.n * c.vocab_size, it.logits);
+    row0 += it.n;
+  }
 }
 
 void Model::forward_mtp(SequenceState& state, const float* hc, const int32_t* next_tokens,
                         int64_t n, float* logits) const {
+  forward_mtp_batch({MtpBatchItem{&state, hc, next_tokens, n, logits}});
+}
+
+void Model::forward_mtp_batch(const std::vector<MtpBatchItem>& items) const {
   const ModelConfig& c = config_;
   if (weights_.mtp.empty()) throw Error("this checkpoint has no MTP block");
-  if (n <= 0) return;
-  check_tokens(c, next_tokens, n);
+  int64_t n = 0;
+  for (const MtpBatchItem& it : items) {
+    check_tokens(c, it.next_tokens, it.n);
+    n += it.n;
+  }
+  if (n == 0) return;
   const MtpWeights& m = weights_.mtp[0];
   const int64_t D = c.dim, H = c.hc_mult;
+  std::vector<int32_t> next;
+  std::vector<float> h;
+  for (const MtpBatchItem& it : items) {
+    next.insert(next.end(), it.next_tokens, it.next_tokens + it.n);
+    h.insert(h.end(), it.hc, it.hc + it.n * H * D);
+  }
   // x[k] = e_proj(enorm(embed(next))) + h_proj(hnorm(hc[k])) for each copy k.
   std::vector<float> e(size_t(n * D)), e_out(size_t(n * D));
   for (int64_t t = 0; t < n; ++t) {
-    linear_decode_row(weights_.embed, next_tokens[t], e.data() + t * D);
+    linear_decode_row(weights_.embed, next[size_t(t)], e.data() + t * D);
     rms_norm(e.data() + t * D, m.enorm.data(), D, c.norm_eps);
   }
   linear_forward(m.e_proj, e.data(), n, e_out.data());
-  std::vector<float> h(hc, hc + n * H * D), x_hc(size_t(n * H * D));
+  std::vector<float> x_hc(size_t(n * H * D));
   for (int64_t r = 0; r < n * H; ++r) rms_norm(h.data() + r * D, m.hnorm.data(), D, c.norm_eps);
   linear_forward(m.h_proj, h.data(), n * H, x_hc.data());
   for (int64_t t = 0; t < n; ++t)
     for (int64_t k = 0; k < H; ++k)
       for (int64_t d = 0; d < D; ++d) x_hc[size_t((t * H + k) * D + d)] += e_out[size_t(t * D + d)];
-  block_forward(m.block, state.mtp_layers[0], x_hc.data(), next_tokens, state.mtp_tokens, n);
-  state.mtp_tokens += n;
-  head_forward(m.hc_head, m.norm, x_hc.data(), n, logits);
+  std::vector<Segment> segments;
+  int64_t row0 = 0;
+  for (const MtpBatchItem& it : items) {
+    if (it.n > 0) segments.push_back({&it.state->mtp_layers[0], it.state->mtp_tokens, row0, it.n});
+    row0 += it.n;
+  }
+  block_forward(m.block, segments, x_hc.data(), next.data(), n);
+  std::vector<float> logits(size_t(n * c.vocab_size));
+  head_forward(m.hc_head, m.norm, x_hc.data(), n, logits.data());
+  row0 = 0;
+  for (const MtpBatchItem& it : items) {
+    it.state->mtp_tokens += it.n;
+    std::copy_n(logits.begin() + row0 * c.vocab_size, it.n * c.vocab_size, it.logits);
+    row0 += it.n;
+  }
 }
 
 int64_t Model::decode_weight_bytes_per_token() const {

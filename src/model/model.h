@@ -16,6 +16,26 @@
 
 namespace dsv4 {
 
+struct Segment;  // model/layers.h
+
+// One sequence's share of a batched forward call.
+struct BatchItem {
+  SequenceState* state;
+  const int32_t* tokens;  // n tokens at positions state->n_tokens ...
+  int64_t n;
+  float* logits = nullptr;    // [n, vocab] or null
+  float* final_hc = nullptr;  // [n, hc_mult, dim] or null
+};
+
+// One sequence's share of a batched MTP call (see forward_mtp).
+struct MtpBatchItem {
+  SequenceState* state;
+  const float* hc;
+  const int32_t* next_tokens;
+  int64_t n;
+  float* logits;
+};
+
 struct LoadOptions {
   // progress(done, total) while tensors are validated and bound.
   std::function<void(int64_t, int64_t)> progress;
@@ -35,12 +55,16 @@ class Model {
   // chunked.
   void forward(SequenceState& state, const int32_t* tokens, int64_t n, float* logits,
                float* final_hc = nullptr) const;
+  // Several sequences in one pass: every weight is read once for all their
+  // tokens. Each sequence gets exactly the bits it would get alone.
+  void forward_batch(const std::vector<BatchItem>& items) const;
 
   // MTP block over positions state.mtp_tokens ... +n-1: row i uses the main
   // model's final HC state of that position (hc [n, hc_mult, dim]) and the
   // token that follows it (next_tokens), and predicts the token after that.
   void forward_mtp(SequenceState& state, const float* hc, const int32_t* next_tokens, int64_t n,
                    float* logits) const;
+  void forward_mtp_batch(const std::vector<MtpBatchItem>& items) const;
   bool has_mtp() const { return !weights_.mtp.empty(); }
 
   // Observer of the HC residual state: called with layer index 0 after the
@@ -54,8 +78,8 @@ class Model {
 
  private:
   Model() = default;
-  void block_forward(const BlockWeights& block, LayerState& state, float* x_hc,
-                     const int32_t* tokens, int64_t start, int64_t n) const;
+  void block_forward(const BlockWeights& block, const std::vector<Segment>& segments,
+                     float* x_hc, const int32_t* tokens, int64_t n_rows) const;
   void head_forward(const HyperConnectionWeights& hc_head, const std::vector<float>& norm,
                     const float* x_hc, int64_t n, float* logits) const;
 
