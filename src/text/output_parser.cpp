@@ -443,14 +443,16 @@ struct OutputParser::Impl {
         tbuf.erase(0, i + close_pos + close_len);
         continue;
       }
+      if (is_proper_prefix_of_any(rest, tags.block_close) || is_proper_prefix_of_any(rest, tags.invoke_open)) break;
       if (implicit_block && !msg.tool_calls.empty()) {
         // No wrapper: the invokes ended; what follows is not part of a block.
         tstate = ToolState::Done;
+        std::string after = std::move(tbuf);
         tbuf.clear();
         raw_block.clear();
+        if (cfg.options.keep_text_after_tool_calls) emit_content(after, d, false);
         break;
       }
-      if (is_proper_prefix_of_any(rest, tags.block_close) || is_proper_prefix_of_any(rest, tags.invoke_open)) break;
       fail("invalid tool call", d);
       return;
     }
@@ -527,15 +529,9 @@ struct OutputParser::Impl {
         if (!args.empty()) args += ", ";
         args += python_json_dumps(utf8::to_valid_lossy(k)) + ": ";
         const bool string_param = !is_str || *is_str != "false";
-        bool verbatim = false;
-        if (!string_param) {
-          try {
-            (void)nlohmann::json::parse(value);
-            verbatim = utf8::is_valid(value);
-          } catch (const std::exception&) {
-            verbatim = false;  // lenient: keep the raw text as a string
-          }
-        }
+        // Non-string values are inserted as written when they are JSON (the
+        // official parser does so); otherwise, leniently, as a string.
+        const bool verbatim = !string_param && utf8::is_valid(value) && nlohmann::json::accept(value);
         args += verbatim ? value : python_json_dumps(utf8::to_valid_lossy(value));
         i += len + vend + vclose;
         continue;
