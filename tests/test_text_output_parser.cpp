@@ -275,3 +275,22 @@ TEST(TextOutputParser, ToJsonShape) {
   EXPECT_EQ(j["tool_calls"][0]["function"]["arguments"], "{}");
   EXPECT_EQ(j["finish_reason"], "tool_calls");
 }
+
+// Regressions found by fuzz_output_parser: a split inside the second invoke
+// opener of an unwrapped block, and kept text after an unwrapped block.
+TEST(TextOutputParser, ImplicitWrapperEveryChunkingRegression) {
+  const std::string raw =
+      "ok\n\n<｜DSML｜invoke name=\"ls\">\n</｜DSML｜invoke>\n<｜DSML｜invoke name=\"bad\">\n<x</｜DSML｜invoke>\ntail <think>t</think> end";
+  for (bool keep : {false, true}) {
+    ParserConfig cfg;
+    cfg.tools_enabled = true;
+    cfg.options.keep_text_after_tool_calls = keep;
+    cfg.id_seed = 3;
+    const auto whole = parse_output(cfg, raw, StopReason::Stop);
+    for (size_t split = 1; split < raw.size(); ++split) {
+      check_stream_equals(cfg, raw, StopReason::Stop, whole, {raw.substr(0, split), raw.substr(split)},
+                          "split " + std::to_string(split) + (keep ? " keep" : ""));
+    }
+    for (size_t n : {1, 2, 3, 5, 7}) check_stream_equals(cfg, raw, StopReason::Stop, whole, chunk(raw, n), "chunks");
+  }
+}
