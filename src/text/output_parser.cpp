@@ -209,6 +209,7 @@ struct OutputParser::Impl {
   std::vector<std::string> opener_patterns;  // with and without the "\n\n" separator
   std::vector<std::string> openers;
   bool implicit_block = false;
+  size_t invoke_scanned = 0;  // bytes of the pending invoke already searched for its close tag
 
   // Emission.
   std::string pending_reasoning_utf8, pending_content_utf8;
@@ -422,23 +423,30 @@ struct OutputParser::Impl {
         break;
       }
       if (starts_with_any(rest, tags.invoke_open, &len)) {
+        // Resume the close-tag search where the previous feed stopped, so a
+        // long argument streamed in small chunks is scanned once, not per chunk.
+        const size_t from = std::max(len, invoke_scanned > 64 ? invoke_scanned - 64 : size_t{0});
         size_t close_len = 0;
         size_t close_pos = std::string::npos;
         for (const auto& c : tags.invoke_close) {
-          const size_t p = rest.find(c, len);
+          const size_t p = rest.find(c, from);
           if (p != std::string::npos && p < close_pos) {
             close_pos = p;
             close_len = c.size();
           }
         }
         for (const auto& c : tags.block_close) {
-          const size_t p = rest.find(c, len);
+          const size_t p = rest.find(c, from);
           if (p != std::string::npos && p < close_pos) {
             fail("invalid tool call", d);  // the block closed inside an invoke
             return;
           }
         }
-        if (close_pos == std::string::npos) break;  // wait for the rest of the invoke
+        if (close_pos == std::string::npos) {
+          invoke_scanned = rest.size();
+          break;  // wait for the rest of the invoke
+        }
+        invoke_scanned = 0;
         if (!parse_invoke(rest.substr(len, close_pos - len), d)) return;
         tbuf.erase(0, i + close_pos + close_len);
         continue;
