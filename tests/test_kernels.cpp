@@ -3,6 +3,8 @@
 #include <omp.h>
 
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -157,7 +159,8 @@ TEST_P(LinearFormats, DotMatchesScalarReference) {
     std::vector<float> row(static_cast<size_t>(cols));
     linear_decode_row(w.lin, r, row.data());
     for (int64_t i = 0; i < cols; ++i) mag += std::fabs(double(row[size_t(i)]) * x[size_t(i)]);
-    EXPECT_NEAR(linear_dot(w.lin, r, x.data()), ref, 1e-6 * mag + 1e-30) << "row " << r;
+    std::vector<double> xd(x.begin(), x.end());
+    EXPECT_NEAR(linear_dot(w.lin, r, xd.data()), ref, 1e-12 * mag + 1e-30) << "row " << r;
   }
 }
 
@@ -175,6 +178,31 @@ TEST_P(LinearFormats, BatchAndThreadsDoNotChangeBits) {
   omp_set_num_threads(1);
   for (int64_t t = 0; t < n; ++t) linear_forward(w.lin, x.data() + t * cols, 1, single.data() + t * rows);
   EXPECT_EQ(0, std::memcmp(batched.data(), single.data(), batched.size() * 4));
+}
+
+// The SIMD paths follow the canonical reduction order exactly: same bits.
+TEST_P(LinearFormats, SimdPathsGiveScalarBits) {
+  const int64_t rows = 64, cols = 512, n = 3;
+  RandomLinear w(GetParam(), rows, cols, 21);
+  std::mt19937 rng(4);
+  std::normal_distribution<float> nd;
+  std::vector<float> x(size_t(n * cols));
+  for (auto& v : x) v = nd(rng);
+  KernelIsa saved = active_kernel_isa();
+  set_kernel_isa(KernelIsa::Scalar);
+  std::vector<float> scalar(size_t(n * rows));
+  linear_forward(w.lin, x.data(), n, scalar.data());
+  for (KernelIsa isa : {KernelIsa::Avx2, KernelIsa::Avx512}) {
+    if (!kernel_isa_supported(isa)) {
+      std::printf("skipping %s: not supported by this CPU\n", kernel_isa_name(isa));
+      continue;
+    }
+    set_kernel_isa(isa);
+    std::vector<float> simd(size_t(n * rows));
+    linear_forward(w.lin, x.data(), n, simd.data());
+    EXPECT_EQ(0, std::memcmp(simd.data(), scalar.data(), simd.size() * 4)) << kernel_isa_name(isa);
+  }
+  set_kernel_isa(saved);
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, LinearFormats,

@@ -10,5 +10,7 @@ namespace dsv4::tools {
 // stores its exit status into `exit_code`.
 void register_model_commands(CLI::App& app, int& exit_code);
 void register_text_commands(CLI::App& app, int& exit_code);
+void register_bench_command(CLI::App& app, int& exit_code);
+void register_make_model_command(CLI::App& app, int& exit_code);
 
 }  // namespace dsv4::tools

@@ -1,10 +1,14 @@
 #include "kernels/cpu/linear.h"
 
+#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
+#include "core/error.h"
 #include "core/numeric.h"
 
 namespace dsv4 {
@@ -31,131 +35,275 @@ int64_t Linear::weight_bytes() const {
 
 namespace {
 
-constexpr int kLanes = 16;
+// ---------------------------------------------------------------- scalar ---
 
-// Accumulation is in double. With fp32 lanes, the summation-order noise of a
-// GEMM is enough to flip the FP8 rounding of a downstream activation now and
-// then (on tiny-flash-fp8 one flip at position 95 moved 12% of the next 128
-// logits rows by up to 0.06); double sums make the engine agree with a
-// float64 evaluation of the reference math, which the golden data are
-// stabilised against.
+// Decodes weights [i0, i0+16) of a row into floats with the scale applied.
+inline void decode16(const Linear& w, int64_t row, int64_t i0, float* out) {
+  const int64_t n = w.cols;
+  switch (w.format) {
+    case WeightFormat::F32:
+      std::memcpy(out, reinterpret_cast<const float*>(w.data) + row * n + i0, 64);
+      return;
+    case WeightFormat::BF16: {
+      const uint16_t* p = reinterpret_cast<const uint16_t*>(w.data) + row * n + i0;
+      for (int l = 0; l < 16; ++l) out[l] = bf16_to_float(p[l]);
+      return;
+    }
+    case WeightFormat::FP8_BLOCK128: {
+      const uint8_t* p = w.data + row * n + i0;
+      float s = e8m0_to_float(w.scale[(row / 128) * w.scale_cols + i0 / 128]);
+      for (int l = 0; l < 16; ++l) out[l] = e4m3_to_float(p[l]) * s;
+      return;
+    }
+    case WeightFormat::FP4_BLOCK32: {
+      const uint8_t* p = w.data + row * (n / 2) + i0 / 2;
+      float s = e8m0_to_float(w.scale[row * w.scale_cols + i0 / 32]);
+      for (int l = 0; l < 8; ++l) {
+        out[2 * l] = e2m1_to_float(p[l] & 15) * s;
+        out[2 * l + 1] = e2m1_to_float(p[l] >> 4) * s;
+      }
+      return;
+    }
+  }
+}
 
-// Sum of lanes in a fixed pairwise tree.
-inline float reduce_lanes(const double* acc) {
+// The canonical fold of the 16 lanes.
+inline double fold16(const double* acc) {
   double s8[8], s4[4];
   for (int l = 0; l < 8; ++l) s8[l] = acc[l] + acc[l + 8];
   for (int l = 0; l < 4; ++l) s4[l] = s8[l] + s8[l + 4];
   return (s4[0] + s4[2]) + (s4[1] + s4[3]);
 }
 
-// All formats go through the same shape: decode a span of weights into
-// floats, multiply-accumulate lane by lane, reduce in a fixed tree.
-inline float dot_f32(const float* w, const float* x, int64_t n) {
-  double acc[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int l = 0; l < kLanes; ++l) acc[l] += w[i + l] * x[i + l];
-  for (int l = 0; i < n; ++i, ++l) acc[l] += w[i] * x[i];
-  return reduce_lanes(acc);
+double dot_scalar(const Linear& w, int64_t row, const double* x) {
+  double acc[16] = {};
+  float wv[16];
+  for (int64_t i = 0; i < w.cols; i += 16) {
+    decode16(w, row, i, wv);
+    for (int l = 0; l < 16; ++l) acc[l] += double(wv[l]) * x[i + l];
+  }
+  return fold16(acc);
 }
 
-inline float dot_bf16(const uint16_t* w, const float* x, int64_t n) {
-  double acc[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int l = 0; l < kLanes; ++l) acc[l] += bf16_to_float(w[i + l]) * x[i + l];
-  for (int l = 0; i < n; ++i, ++l) acc[l] += bf16_to_float(w[i]) * x[i];
-  return reduce_lanes(acc);
+// ------------------------------------------------------------------ AVX2 ---
+
+__attribute__((target("avx2,fma"))) inline __m256 e4m3_to_ps_avx2(__m128i bytes8, __m256 scale) {
+  // e4m3 bits placed at float bits [26:20] give 2^-120 times the value, for
+  // normals and subnormals alike; the sign goes to bit 31.
+  __m256i b = _mm256_cvtepu8_epi32(bytes8);
+  __m256i mag = _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x7f)), 20);
+  __m256i sign = _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x80)), 24);
+  __m256 v = _mm256_castsi256_ps(_mm256_or_si256(mag, sign));
+  v = _mm256_mul_ps(v, _mm256_set1_ps(0x1p120f));
+  return _mm256_mul_ps(v, scale);
 }
 
-inline float dot_e4m3(const uint8_t* w, const float* x, int64_t n) {
-  const float* lut = kNumericTables.e4m3;
-  double acc[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int l = 0; l < kLanes; ++l) acc[l] += lut[w[i + l]] * x[i + l];
-  for (int l = 0; i < n; ++i, ++l) acc[l] += lut[w[i]] * x[i];
-  return reduce_lanes(acc);
+__attribute__((target("avx2,fma"))) inline __m256 e2m1_to_ps_avx2(__m256i nibbles, __m256 scale) {
+  const __m256 mags = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
+  __m256 v = _mm256_permutevar8x32_ps(mags, _mm256_and_si256(nibbles, _mm256_set1_epi32(7)));
+  __m256i sign = _mm256_slli_epi32(_mm256_and_si256(nibbles, _mm256_set1_epi32(8)), 28);
+  v = _mm256_castsi256_ps(_mm256_or_si256(_mm256_castps_si256(v), sign));
+  return _mm256_mul_ps(v, scale);
 }
 
-inline float dot_e2m1_32(const uint8_t* w, const float* x) {
-  const float* lut = kNumericTables.e2m1;
-  double acc[kLanes] = {};
-  for (int k = 0; k < 16; k += 8)
-    for (int l = 0; l < 8; ++l) {
-      uint8_t b = w[k + l];
-      acc[2 * l] += lut[b & 15] * x[2 * (k + l)];
-      acc[2 * l + 1] += lut[b >> 4] * x[2 * (k + l) + 1];
+// acc0..acc3 hold lanes 0-3, 4-7, 8-11, 12-15.
+__attribute__((target("avx2,fma"))) inline void fma16_avx2(__m256 lo, __m256 hi, const double* x,
+                                                           __m256d& a0, __m256d& a1, __m256d& a2,
+                                                           __m256d& a3) {
+  a0 = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(lo)), _mm256_loadu_pd(x), a0);
+  a1 = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(lo, 1)), _mm256_loadu_pd(x + 4), a1);
+  a2 = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(hi)), _mm256_loadu_pd(x + 8), a2);
+  a3 = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(hi, 1)), _mm256_loadu_pd(x + 12), a3);
+}
+
+__attribute__((target("avx2,fma"))) double dot_avx2(const Linear& w, int64_t row, const double* x) {
+  __m256d a0 = _mm256_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
+  const int64_t n = w.cols;
+  switch (w.format) {
+    case WeightFormat::F32: {
+      const float* p = reinterpret_cast<const float*>(w.data) + row * n;
+      for (int64_t i = 0; i < n; i += 16)
+        fma16_avx2(_mm256_loadu_ps(p + i), _mm256_loadu_ps(p + i + 8), x + i, a0, a1, a2, a3);
+      break;
     }
-  return reduce_lanes(acc);
+    case WeightFormat::BF16: {
+      const uint16_t* p = reinterpret_cast<const uint16_t*>(w.data) + row * n;
+      for (int64_t i = 0; i < n; i += 16) {
+        __m256i lo = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(p + i))), 16);
+        __m256i hi = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(p + i + 8))), 16);
+        fma16_avx2(_mm256_castsi256_ps(lo), _mm256_castsi256_ps(hi), x + i, a0, a1, a2, a3);
+      }
+      break;
+    }
+    case WeightFormat::FP8_BLOCK128: {
+      const uint8_t* p = w.data + row * n;
+      const uint8_t* s = w.scale + (row / 128) * w.scale_cols;
+      for (int64_t i = 0; i < n; i += 16) {
+        __m256 sc = _mm256_set1_ps(e8m0_to_float(s[i / 128]));
+        __m128i b = _mm_loadu_si128((const __m128i*)(p + i));
+        fma16_avx2(e4m3_to_ps_avx2(b, sc), e4m3_to_ps_avx2(_mm_srli_si128(b, 8), sc), x + i, a0, a1, a2, a3);
+      }
+      break;
+    }
+    case WeightFormat::FP4_BLOCK32: {
+      const uint8_t* p = w.data + row * (n / 2);
+      const uint8_t* s = w.scale + row * w.scale_cols;
+      for (int64_t i = 0; i < n; i += 16) {
+        __m256 sc = _mm256_set1_ps(e8m0_to_float(s[i / 32]));
+        // 8 bytes -> 16 nibbles in element order (low nibble first).
+        __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(p + i / 2)));
+        __m256i lo_n = _mm256_and_si256(b, _mm256_set1_epi32(15));
+        __m256i hi_n = _mm256_srli_epi32(b, 4);
+        // Interleave: elements 2k = lo_n[k], 2k+1 = hi_n[k].
+        __m256i e0 = _mm256_unpacklo_epi32(lo_n, hi_n);  // k=0,1 | k=4,5
+        __m256i e1 = _mm256_unpackhi_epi32(lo_n, hi_n);  // k=2,3 | k=6,7
+        __m256i first = _mm256_permute2x128_si256(e0, e1, 0x20);   // elements 0..7
+        __m256i second = _mm256_permute2x128_si256(e0, e1, 0x31);  // elements 8..15
+        fma16_avx2(e2m1_to_ps_avx2(first, sc), e2m1_to_ps_avx2(second, sc), x + i, a0, a1, a2, a3);
+      }
+      break;
+    }
+  }
+  double acc[16];
+  _mm256_storeu_pd(acc, a0);
+  _mm256_storeu_pd(acc + 4, a1);
+  _mm256_storeu_pd(acc + 8, a2);
+  _mm256_storeu_pd(acc + 12, a3);
+  return fold16(acc);
+}
+
+// --------------------------------------------------------------- AVX-512 ---
+
+#define DSV4_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+
+DSV4_AVX512 inline void fma16_avx512(__m512 v, const double* x, __m512d& a0, __m512d& a1) {
+  a0 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(v)), _mm512_loadu_pd(x), a0);
+  a1 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))),
+                       _mm512_loadu_pd(x + 8), a1);
+}
+
+DSV4_AVX512 double dot_avx512(const Linear& w, int64_t row, const double* x) {
+  __m512d a0 = _mm512_setzero_pd(), a1 = a0;
+  const int64_t n = w.cols;
+  switch (w.format) {
+    case WeightFormat::F32: {
+      const float* p = reinterpret_cast<const float*>(w.data) + row * n;
+      for (int64_t i = 0; i < n; i += 16) fma16_avx512(_mm512_loadu_ps(p + i), x + i, a0, a1);
+      break;
+    }
+    case WeightFormat::BF16: {
+      const uint16_t* p = reinterpret_cast<const uint16_t*>(w.data) + row * n;
+      for (int64_t i = 0; i < n; i += 16) {
+        __m512i v = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(p + i))), 16);
+        fma16_avx512(_mm512_castsi512_ps(v), x + i, a0, a1);
+      }
+      break;
+    }
+    case WeightFormat::FP8_BLOCK128: {
+      const uint8_t* p = w.data + row * n;
+      const uint8_t* s = w.scale + (row / 128) * w.scale_cols;
+      const __m512i mask7f = _mm512_set1_epi32(0x7f), mask80 = _mm512_set1_epi32(0x80);
+      const __m512 two120 = _mm512_set1_ps(0x1p120f);
+      for (int64_t i = 0; i < n; i += 16) {
+        __m512 sc = _mm512_set1_ps(e8m0_to_float(s[i / 128]));
+        __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(p + i)));
+        __m512i bits = _mm512_or_si512(_mm512_slli_epi32(_mm512_and_si512(b, mask7f), 20),
+                                       _mm512_slli_epi32(_mm512_and_si512(b, mask80), 24));
+        __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_castsi512_ps(bits), two120), sc);
+        fma16_avx512(v, x + i, a0, a1);
+      }
+      break;
+    }
+    case WeightFormat::FP4_BLOCK32: {
+      const uint8_t* p = w.data + row * (n / 2);
+      const uint8_t* s = w.scale + row * w.scale_cols;
+      const __m512 table = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                                          -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
+      const __m512i shifts = _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
+      const __m512i pick = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+      for (int64_t i = 0; i < n; i += 16) {
+        __m512 sc = _mm512_set1_ps(e8m0_to_float(s[i / 32]));
+        __m512i b = _mm512_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(p + i / 2)));
+        __m512i dup = _mm512_permutexvar_epi32(pick, b);  // byte k at elements 2k, 2k+1
+        __m512i nib = _mm512_and_si512(_mm512_srlv_epi32(dup, shifts), _mm512_set1_epi32(15));
+        __m512 v = _mm512_mul_ps(_mm512_permutexvar_ps(nib, table), sc);
+        fma16_avx512(v, x + i, a0, a1);
+      }
+      break;
+    }
+  }
+  // Lanes 0-7 in a0, 8-15 in a1: the first fold step is a0 + a1.
+  double acc[16];
+  _mm512_storeu_pd(acc, a0);
+  _mm512_storeu_pd(acc + 8, a1);
+  return fold16(acc);
+}
+
+// ------------------------------------------------------------- dispatch ---
+
+using DotFn = double (*)(const Linear&, int64_t, const double*);
+
+KernelIsa detect_best() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+    return KernelIsa::Avx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return KernelIsa::Avx2;
+  return KernelIsa::Scalar;
+}
+
+KernelIsa initial_isa() {
+  KernelIsa best = detect_best();
+  if (const char* env = std::getenv("DSV4_KERNELS")) {
+    std::string v = env;
+    KernelIsa want = v == "scalar" ? KernelIsa::Scalar : v == "avx2" ? KernelIsa::Avx2 : KernelIsa::Avx512;
+    if (int(want) <= int(best)) return want;
+  }
+  return best;
+}
+
+KernelIsa g_isa = initial_isa();
+
+DotFn dot_for(KernelIsa isa) {
+  switch (isa) {
+    case KernelIsa::Avx512: return dot_avx512;
+    case KernelIsa::Avx2: return dot_avx2;
+    default: return dot_scalar;
+  }
 }
 
 }  // namespace
 
-float linear_dot(const Linear& w, int64_t row, const float* x) {
-  const int64_t n = w.cols;
-  switch (w.format) {
-    case WeightFormat::F32:
-      return dot_f32(reinterpret_cast<const float*>(w.data) + row * n, x, n);
-    case WeightFormat::BF16:
-      return dot_bf16(reinterpret_cast<const uint16_t*>(w.data) + row * n, x, n);
-    case WeightFormat::FP8_BLOCK128: {
-      const uint8_t* wr = w.data + row * n;
-      const uint8_t* sr = w.scale + (row / 128) * w.scale_cols;
-      float sum = 0.0f;
-      for (int64_t b = 0; b * 128 < n; ++b) {
-        int64_t len = std::min<int64_t>(128, n - b * 128);
-        sum += e8m0_to_float(sr[b]) * dot_e4m3(wr + b * 128, x + b * 128, len);
-      }
-      return sum;
-    }
-    case WeightFormat::FP4_BLOCK32: {
-      const uint8_t* wr = w.data + row * (n / 2);
-      const uint8_t* sr = w.scale + row * w.scale_cols;
-      float sum = 0.0f;
-      for (int64_t b = 0; b * 32 < n; ++b)
-        sum += e8m0_to_float(sr[b]) * dot_e2m1_32(wr + b * 16, x + b * 32);
-      return sum;
-    }
+KernelIsa active_kernel_isa() { return g_isa; }
+bool kernel_isa_supported(KernelIsa isa) { return int(isa) <= int(detect_best()); }
+void set_kernel_isa(KernelIsa isa) {
+  if (!kernel_isa_supported(isa)) throw Error(std::string("CPU does not support ") + kernel_isa_name(isa));
+  g_isa = isa;
+}
+const char* kernel_isa_name(KernelIsa isa) {
+  switch (isa) {
+    case KernelIsa::Avx512: return "avx512";
+    case KernelIsa::Avx2: return "avx2";
+    default: return "scalar";
   }
-  return 0.0f;
 }
 
+double linear_dot(const Linear& w, int64_t row, const double* x) { return dot_for(g_isa)(w, row, x); }
+
 void linear_decode_row(const Linear& w, int64_t row, float* out) {
-  const int64_t n = w.cols;
-  switch (w.format) {
-    case WeightFormat::F32:
-      std::copy_n(reinterpret_cast<const float*>(w.data) + row * n, n, out);
-      return;
-    case WeightFormat::BF16: {
-      const uint16_t* wr = reinterpret_cast<const uint16_t*>(w.data) + row * n;
-      for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_float(wr[i]);
-      return;
-    }
-    case WeightFormat::FP8_BLOCK128: {
-      const uint8_t* wr = w.data + row * n;
-      const uint8_t* sr = w.scale + (row / 128) * w.scale_cols;
-      for (int64_t i = 0; i < n; ++i) out[i] = e4m3_to_float(wr[i]) * e8m0_to_float(sr[i / 128]);
-      return;
-    }
-    case WeightFormat::FP4_BLOCK32: {
-      const uint8_t* wr = w.data + row * (n / 2);
-      const uint8_t* sr = w.scale + row * w.scale_cols;
-      for (int64_t i = 0; i < n; ++i) {
-        uint8_t b = wr[i / 2];
-        out[i] = e2m1_to_float((i & 1) ? (b >> 4) : (b & 15)) * e8m0_to_float(sr[i / 32]);
-      }
-      return;
-    }
+  float tmp[16];
+  for (int64_t i = 0; i < w.cols; i += 16) {
+    decode16(w, row, i, tmp);
+    std::copy_n(tmp, std::min<int64_t>(16, w.cols - i), out + i);
   }
 }
 
 double linear_dot_reference(const Linear& w, int64_t row, const float* x) {
   std::vector<float> wr(static_cast<size_t>(w.cols));
   linear_decode_row(w, row, wr.data());
-  double sum = 0.0;
-  for (int64_t i = 0; i < w.cols; ++i) sum += double(wr[size_t(i)]) * double(x[i]);
-  return sum;
+  long double sum = 0.0L;
+  for (int64_t i = 0; i < w.cols; ++i) sum += (long double)wr[size_t(i)] * (long double)x[i];
+  return double(sum);
 }
 
 void linear_forward(const Linear& w, const float* x, int64_t n, float* y, int64_t row_begin,
@@ -164,12 +312,20 @@ void linear_forward(const Linear& w, const float* x, int64_t n, float* y, int64_
   const int64_t out = row_end - row_begin;
   if (y_stride < 0) y_stride = out;
   const int64_t cols = w.cols;
-  std::vector<float> quantized;
-  if (w.quantize_input) {
-    quantized.assign(x, x + n * cols);
-    for (int64_t t = 0; t < n; ++t) fp8_round_trip(quantized.data() + t * cols, cols, 128);
-    x = quantized.data();
+  if (cols % 16) throw Error("linear input width " + std::to_string(cols) + " is not a multiple of 16");
+  // Inputs in double, once per token (rounded through FP8 first if asked).
+  std::vector<double> xd(size_t(n * cols));
+  std::vector<float> row(static_cast<size_t>(cols));
+  for (int64_t t = 0; t < n; ++t) {
+    const float* src = x + t * cols;
+    if (w.quantize_input) {
+      std::copy_n(src, cols, row.data());
+      fp8_round_trip(row.data(), cols, 128);
+      src = row.data();
+    }
+    for (int64_t i = 0; i < cols; ++i) xd[size_t(t * cols + i)] = src[i];
   }
+  const DotFn dot = dot_for(g_isa);
   // Tiles of rows so that each weight tile is read once for all n tokens.
   const int64_t tile = 16;
   const int64_t n_tiles = (out + tile - 1) / tile;
@@ -179,7 +335,7 @@ void linear_forward(const Linear& w, const float* x, int64_t n, float* y, int64_
     int64_t o0 = k * tile, o1 = std::min(out, o0 + tile);
     for (int64_t t = 0; t < n; ++t)
       for (int64_t o = o0; o < o1; ++o)
-        y[t * y_stride + o] = linear_dot(w, row_begin + o, x + t * cols);
+        y[t * y_stride + o] = float(dot(w, row_begin + o, xd.data() + t * cols));
   }
 }
 

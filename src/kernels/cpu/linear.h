@@ -1,9 +1,19 @@
 // Weight matrices in their checkpoint formats and the products with them.
 //
-// Every output element y[t][o] is produced by one call of the same dot-product
-// routine with a fixed reduction order, and threads only split the (t, o)
-// space. So a token's result does not depend on the batch it is in, on the
-// chunk size or on the thread count: a product promise of this engine.
+// Every output element y[t][o] is one dot product with a canonical reduction
+// order: each weight is decoded with its block scale applied (exact in fp32),
+// multiplied by the input in double (exact: at most 8 x 24 significant bits),
+// and summed in 16 double lanes (lane l takes the elements i = l mod 16) that
+// are folded in a fixed tree. Threads only split the (t, o) space. So a
+// token's result depends neither on its batch, nor on the chunk size, nor on
+// the thread count, nor on which SIMD path (scalar, AVX2, AVX-512) ran it.
+//
+// Why double: with fp32 sums, the summation-order noise of a GEMM is enough
+// to flip the FP8 rounding of a downstream activation now and then (on
+// tiny-flash-fp8 one flip at position 95 moved 12% of the following logits
+// rows by up to 0.06). Exact products summed in double agree with a float64
+// evaluation of the reference math, which the golden data are stabilised
+// against.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -34,9 +44,17 @@ struct Linear {
   int64_t weight_bytes() const;  // bytes read for one full pass over the weight
 };
 
-// y[o] = sum_i W[o][i] * x[i] for one row o, fixed reduction order.
-float linear_dot(const Linear& w, int64_t row, const float* x);
-// Scalar reference: dequantize each weight and sum left to right in double.
+// Which SIMD implementation linear_forward uses (chosen from the CPU at start,
+// overridable with DSV4_KERNELS=scalar|avx2|avx512 for testing).
+enum class KernelIsa { Scalar, Avx2, Avx512 };
+KernelIsa active_kernel_isa();
+void set_kernel_isa(KernelIsa isa);  // must be supported by the CPU
+bool kernel_isa_supported(KernelIsa isa);
+const char* kernel_isa_name(KernelIsa isa);
+
+// y = W[row] . x, with x given in double (see above).
+double linear_dot(const Linear& w, int64_t row, const double* x);
+// Scalar reference: dequantize each weight and sum left to right in long double.
 double linear_dot_reference(const Linear& w, int64_t row, const float* x);
 
 // Y[t][o] = W[o] . X[t] for rows [row_begin, row_end) of W, n tokens.

@@ -1,0 +1,22 @@
+// Facts about the machine that benchmarks print beside their numbers: the
+// measured memory read bandwidth (the decode roofline) and CPU features.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace dsv4 {
+
+// Streams a buffer much larger than the caches with all threads and returns
+// the best of `repeats` runs, in bytes per second.
+double measure_read_bandwidth(int64_t bytes = int64_t(1) << 30, int repeats = 5);
+
+struct CpuFeatures {
+  bool avx2 = false, fma = false, avx512f = false, avx512bw = false, avx512_bf16 = false,
+       amx_tile = false, amx_bf16 = false;
+  std::string describe() const;
+};
+CpuFeatures detect_cpu_features();
+
+double now_seconds();
+
+}  // namespace dsv4

@@ -1,0 +1,31 @@
+// Synthetic DeepSeek-V4 checkpoints in the official format (config.json +
+// safetensors with FP8 128x128 / FP4 1x32 weights): the embedded smoke-test
+// model of `dsv4 serve`, and real-shaped layer slices for benchmarks.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace dsv4 {
+
+struct SyntheticSpec {
+  std::string preset = "smoke";  // smoke | flash | pro
+  int64_t layers = -1;           // main layers; -1 = the preset's default
+  bool fp8 = true;               // FP8 weights + FP4 experts, else all BF16
+  uint64_t seed = 1234;
+};
+
+// The config.json of a preset (HF root-style keys, as the official files).
+nlohmann::json synthetic_config(const SyntheticSpec& spec);
+
+// Writes config.json, the safetensors shard(s) (+ index when sharded) and,
+// when `tokenizer_dir` is given, tokenizer.json / tokenizer_config.json into
+// `dir`. Weights are random but deterministic for a seed, scaled so that
+// activations keep unit size through the layers.
+void write_synthetic_checkpoint(const SyntheticSpec& spec, const std::string& dir,
+                                const std::string& tokenizer_dir,
+                                const std::function<void(int64_t, int64_t)>& progress = {});
+
+}  // namespace dsv4
