@@ -98,18 +98,33 @@ void Model::forward_batch(const std::vector<BatchItem>& items) const {
     block_forward(weights_.layers[size_t(l)], segments_for(l), x_hc.data(), tokens.data(), rows);
     if (observe) hc_observer_(l + 1, x_hc.data(), items[0].state->n_tokens, rows);
   }
-  std::vector<float> logits;
-  bool any_logits = false;
-  for (const BatchItem& it : items) any_logits |= it.logits != nullptr;
-  if (any_logits) {
-    logits.resize(size_t(rows * c.vocab_size));
-    head_forward(weights_.hc_head, weights_.norm, x_hc.data(), rows, logits.data());
+  // The head runs only on the rows whose logits someone asked for.
+  std::vector<int64_t> head_rows;
+  {
+    int64_t r0 = 0;
+    for (const BatchItem& it : items) {
+      if (it.logits && it.n > 0) {
+        for (int64_t t = it.last_logits_only ? it.n - 1 : 0; t < it.n; ++t) head_rows.push_back(r0 + t);
+      }
+      r0 += it.n;
+    }
   }
-  int64_t row0 = 0;
+  std::vector<float> logits(head_rows.size() * size_t(c.vocab_size));
+  if (!head_rows.empty()) {
+    std::vector<float> selected(head_rows.size() * size_t(width));
+    for (size_t i = 0; i < head_rows.size(); ++i)
+      std::copy_n(x_hc.begin() + head_rows[i] * width, width, selected.begin() + int64_t(i) * width);
+    head_forward(weights_.hc_head, weights_.norm, selected.data(), int64_t(head_rows.size()), logits.data());
+  }
+  int64_t row0 = 0, head_index = 0;
   for (const BatchItem& it : items) {
     it.state->n_tokens += it.n;
     if (it.final_hc) std::copy_n(x_hc.begin() + row0 * width, it.n * width, it.final_hc);
-    if (it.logits) std::copy_n(logits.begin() + row0 * c.vocab_size, it.n * c.vocab_size, it.logits);
+    if (it.logits && it.n > 0) {
+      int64_t rows_out = it.last_logits_only ? 1 : it.n;
+      std::copy_n(logits.begin() + head_index * c.vocab_size, rows_out * c.vocab_size, it.logits);
+      head_index += rows_out;
+    }
     row0 += it.n;
   }
 }

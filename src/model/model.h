@@ -23,8 +23,11 @@ struct BatchItem {
   SequenceState* state;
   const int32_t* tokens;  // n tokens at positions state->n_tokens ...
   int64_t n;
-  float* logits = nullptr;    // [n, vocab] or null
+  float* logits = nullptr;    // [n, vocab] (or [vocab] with last_logits_only) or null
   float* final_hc = nullptr;  // [n, hc_mult, dim] or null
+  // Only the last token's logits: what generation needs after a prefill
+  // chunk; saves the vocabulary-sized head for the other rows.
+  bool last_logits_only = false;
 };
 
 // One sequence's share of a batched MTP call (see forward_mtp).

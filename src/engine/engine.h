@@ -1,0 +1,132 @@
+// The generation engine: a scheduler thread that batches many sequences
+// through the model (continuous batching), interleaves chunked prefill with
+// decode, samples, and streams tokens to request handles. Callers pass the
+// full token prompt; the engine owns the decode states.
+#pragma once
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/prefix_cache.h"
+#include "engine/sampler.h"
+#include "model/model.h"
+
+namespace dsv4 {
+
+enum class FinishReason { None, Stop, Length, Abort, Error };
+const char* finish_reason_name(FinishReason r);
+
+struct TokenEvent {
+  SampledToken sampled;
+  bool has_token = false;
+  bool is_stop_token = false;  // EOS / stop_token_ids: counted, not shown as text
+  bool finished = false;
+  FinishReason reason = FinishReason::None;
+  std::string error;
+};
+
+struct RequestTimes {
+  double submitted = 0, first_token = 0, finished = 0;
+};
+
+class Engine;
+
+// The caller's side of one request: a queue of token events.
+class RequestHandle {
+ public:
+  const std::string& id() const { return id_; }
+  // Waits up to timeout_s for events; appends them to `out`. Returns false on
+  // timeout with nothing new.
+  bool wait(std::vector<TokenEvent>& out, double timeout_s);
+  // Stops generation (client disconnected, stop string matched, abort); the
+  // engine frees the sequence's state before its next step.
+  void cancel();
+  bool cancelled() const { return cancelled_.load(); }
+  int64_t prompt_tokens() const { return prompt_tokens_; }
+  int64_t cached_tokens() const { return cached_tokens_.load(); }
+  RequestTimes times() const;
+
+ private:
+  friend class Engine;
+  void push(TokenEvent event);
+  std::string id_;
+  int64_t prompt_tokens_ = 0;
+  std::atomic<int64_t> cached_tokens_{0};
+  std::atomic<bool> cancelled_{false};
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<TokenEvent> events_;
+  RequestTimes times_;
+};
+
+struct EngineOptions {
+  int64_t max_running_requests = 64;
+  int64_t max_queued_requests = 1024;
+  int64_t chunked_prefill_size = 2048;  // prefill tokens per step (all requests)
+  int64_t context_length = 0;           // 0 = model maximum
+  int64_t max_total_tokens = 0;         // admission budget over running requests; 0 = unlimited
+  int64_t prefix_cache_bytes = int64_t(1) << 30;  // 0 disables the prefix cache
+};
+
+struct EngineMetrics {
+  int64_t running = 0, queued = 0, used_tokens = 0;
+  int64_t prompt_tokens_total = 0, generation_tokens_total = 0, cached_tokens_total = 0;
+  int64_t requests_total = 0, aborted_total = 0;
+  int64_t prefix_cache_entries = 0, prefix_cache_bytes = 0;
+  double gen_throughput = 0;  // tokens/s over the last few seconds
+};
+
+class QueueFullError : public std::runtime_error {
+ public:
+  QueueFullError() : std::runtime_error("the server is at capacity: waiting queue is full") {}
+};
+
+class Engine {
+ public:
+  Engine(std::shared_ptr<const Model> model, EngineOptions options);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Queues a request. Throws QueueFullError when the waiting queue is full and
+  // dsv4::Error for a request that can never run (too long, bad ids).
+  std::shared_ptr<RequestHandle> submit(const std::string& id, std::vector<int32_t> prompt,
+                                        SamplingParams params);
+  bool abort(const std::string& id);
+  int64_t abort_all();
+  // Drops the prefix cache; refused (false) while requests run or wait.
+  bool flush_cache();
+  EngineMetrics metrics() const;
+  const Model& model() const { return *model_; }
+  const EngineOptions& options() const { return options_; }
+  int64_t context_length() const { return options_.context_length; }
+
+ private:
+  struct Sequence;
+  void loop();
+  void step(std::vector<std::unique_ptr<Sequence>>& running);
+  void finish(Sequence& s, FinishReason reason, const std::string& error = "");
+
+  std::shared_ptr<const Model> model_;
+  EngineOptions options_;
+  PrefixCache cache_;
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<Sequence>> waiting_;
+  std::map<std::string, std::weak_ptr<RequestHandle>> live_;
+  int64_t running_count_ = 0, used_tokens_ = 0;
+  bool stop_ = false;
+  std::thread thread_;
+  // Counters (under mutex_).
+  EngineMetrics totals_;
+  std::deque<std::pair<double, int64_t>> recent_tokens_;
+};
+
+}  // namespace dsv4

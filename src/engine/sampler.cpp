@@ -1,0 +1,115 @@
+#include "engine/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+namespace dsv4 {
+
+void PenaltyState::add(int32_t token) {
+  auto it = std::lower_bound(counts.begin(), counts.end(), std::make_pair(token, INT32_MIN));
+  if (it != counts.end() && it->first == token) ++it->second;
+  else counts.insert(it, {token, 1});
+}
+
+int32_t PenaltyState::count(int32_t token) const {
+  auto it = std::lower_bound(counts.begin(), counts.end(), std::make_pair(token, INT32_MIN));
+  return it != counts.end() && it->first == token ? it->second : 0;
+}
+
+double counter_uniform(uint64_t seed, uint64_t step) {
+  // splitmix64 over the pair: good enough statistically, and stateless.
+  uint64_t z = seed ^ (step + 0x9E3779B97F4A7C15ull) * 0xBF58476D1CE4E5B9ull;
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return double(z >> 11) * 0x1.0p-53;
+}
+
+SampledToken sample_token(const float* logits, int64_t vocab, const SamplingParams& p,
+                          const PenaltyState& penalties, const std::vector<int32_t>& prompt,
+                          int64_t step, const std::vector<int32_t>& blocked) {
+  SampledToken out;
+  // Log-softmax of the raw logits, for logprobs.
+  double mx = -std::numeric_limits<double>::infinity();
+  for (int64_t v = 0; v < vocab; ++v) mx = std::max(mx, double(logits[v]));
+  double sum = 0;
+  for (int64_t v = 0; v < vocab; ++v) sum += std::exp(double(logits[v]) - mx);
+  const double log_z = mx + std::log(sum);
+
+  // Processed scores: penalties, blocked tokens, temperature.
+  std::vector<float> s(logits, logits + vocab);
+  if (p.repetition_penalty != 1.0f) {
+    std::vector<int32_t> seen = prompt;
+    for (auto& [tok, n] : penalties.counts) seen.push_back(tok);
+    std::sort(seen.begin(), seen.end());
+    seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
+    for (int32_t t : seen)
+      if (t >= 0 && t < vocab) s[size_t(t)] = s[size_t(t)] > 0 ? s[size_t(t)] / p.repetition_penalty
+                                                                : s[size_t(t)] * p.repetition_penalty;
+  }
+  for (auto& [tok, n] : penalties.counts)
+    if (tok >= 0 && tok < vocab)
+      s[size_t(tok)] -= p.frequency_penalty * float(n) + p.presence_penalty;
+  for (int32_t t : blocked)
+    if (t >= 0 && t < vocab) s[size_t(t)] = -std::numeric_limits<float>::infinity();
+
+  int32_t chosen = 0;
+  if (p.temperature <= 0.0f) {
+    chosen = int32_t(std::max_element(s.begin(), s.end()) - s.begin());  // first maximum
+  } else {
+    std::vector<int32_t> order(static_cast<size_t>(vocab));
+    std::iota(order.begin(), order.end(), 0);
+    int64_t keep = vocab;
+    if (p.top_k > 0 && p.top_k < vocab) keep = p.top_k;
+    auto by_score = [&](int32_t a, int32_t b) { return s[size_t(a)] > s[size_t(b)] || (s[size_t(a)] == s[size_t(b)] && a < b); };
+    std::partial_sort(order.begin(), order.begin() + keep, order.end(), by_score);
+    order.resize(size_t(keep));
+    double m = double(s[size_t(order[0])]) / p.temperature;
+    std::vector<double> prob(order.size());
+    double total = 0;
+    for (size_t i = 0; i < order.size(); ++i) total += (prob[i] = std::exp(double(s[size_t(order[i])]) / p.temperature - m));
+    for (auto& v : prob) v /= total;
+    // min_p relative to the most likely token, then nucleus.
+    size_t n = prob.size();
+    if (p.min_p > 0)
+      while (n > 1 && prob[n - 1] < p.min_p * prob[0]) --n;
+    if (p.top_p < 1.0f) {
+      double cum = 0;
+      for (size_t i = 0; i < n; ++i) {
+        cum += prob[i];
+        if (cum >= p.top_p) {
+          n = i + 1;
+          break;
+        }
+      }
+    }
+    double mass = 0;
+    for (size_t i = 0; i < n; ++i) mass += prob[i];
+    double u = counter_uniform(p.seed, uint64_t(step)) * mass;
+    chosen = order[n - 1];
+    for (size_t i = 0; i < n; ++i) {
+      u -= prob[i];
+      if (u < 0) {
+        chosen = order[i];
+        break;
+      }
+    }
+  }
+  out.token = chosen;
+  out.logprob = float(double(logits[chosen]) - log_z);
+  if (p.top_logprobs > 0) {
+    int64_t k = std::min<int64_t>(p.top_logprobs, vocab);
+    std::vector<int32_t> idx(static_cast<size_t>(vocab));
+    std::iota(idx.begin(), idx.end(), 0);
+    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
+    for (int64_t i = 0; i < k; ++i) out.top.push_back({idx[size_t(i)], float(double(logits[idx[size_t(i)]]) - log_z)});
+  }
+  return out;
+}
+
+}  // namespace dsv4

@@ -1,0 +1,50 @@
+// Token sampling with seeded, counter-based randomness: the draw for the k-th
+// generated token of a request depends only on (seed, k), so a request samples
+// the same tokens alone or in any batch.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace dsv4 {
+
+struct SamplingParams {
+  float temperature = 1.0f;  // 0 = greedy
+  float top_p = 1.0f;
+  int64_t top_k = -1;        // <= 0: off
+  float min_p = 0.0f;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  float repetition_penalty = 1.0f;
+  int64_t max_new_tokens = 128;
+  int64_t min_new_tokens = 0;
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;
+  uint64_t seed = 0;
+  int64_t top_logprobs = 0;  // alternatives to report per token (0..20)
+};
+
+struct SampledToken {
+  int32_t token = 0;
+  float logprob = 0;  // log-softmax of the raw logits
+  std::vector<std::pair<int32_t, float>> top;  // top_logprobs alternatives
+};
+
+// Counts of tokens already generated, for the penalties.
+struct PenaltyState {
+  std::vector<std::pair<int32_t, int32_t>> counts;  // (token, count), sorted by token
+  void add(int32_t token);
+  int32_t count(int32_t token) const;
+};
+
+// logits: [vocab] raw model output (not modified). `step` is the index of the
+// token being generated (0 for the first). min_tokens_block suppresses EOS ids.
+SampledToken sample_token(const float* logits, int64_t vocab, const SamplingParams& params,
+                          const PenaltyState& penalties, const std::vector<int32_t>& prompt,
+                          int64_t step, const std::vector<int32_t>& blocked_tokens);
+
+// Uniform double in [0, 1) from (seed, step); a pure function.
+double counter_uniform(uint64_t seed, uint64_t step);
+
+}  // namespace dsv4

@@ -1,0 +1,201 @@
+// `dsv4 serve`: the OpenAI-compatible server, launched with SGLang's flags.
+#include <omp.h>
+
+#include <csignal>
+#include <cstdio>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "core/error.h"
+#include "engine/engine.h"
+#include "model/synthetic.h"
+#include "server/server.h"
+#include "text/chat_encoder.h"
+#include "text/tokenizer.h"
+
+namespace dsv4::tools {
+namespace fs = std::filesystem;
+
+void load_progress(int64_t done, int64_t total);
+std::string default_tokenizer_dir();
+std::string default_model_dir();
+
+namespace {
+
+Server* g_server = nullptr;
+void on_signal(int) {
+  if (g_server) g_server->stop();
+}
+
+struct ServeArgs {
+  std::string model_path, tokenizer_path, host = "127.0.0.1", api_key, served_model_name;
+  int port = 30000;
+  int64_t context_length = 0, max_running_requests = 64, max_total_tokens = 0, chunked_prefill_size = 2048;
+  int64_t max_prefill_tokens = 0, max_queued_requests = 1024;
+  std::string reasoning_parser, tool_call_parser, log_level = "info", schedule_policy = "fcfs";
+  bool deterministic = false, disable_radix_cache = false, hierarchical_cache = false;
+  double hicache_size_gb = 0, hicache_ratio = 0;
+  uint64_t random_seed = 0;
+  int threads = 0;
+  double prefix_cache_gb = 1.0;
+  std::string speculative_algorithm, hicache_storage_backend;
+  std::vector<std::string> argv;
+};
+
+// The embedded smoke-test model: generated once, deterministically.
+std::string ensure_default_model() {
+  std::string dir = default_model_dir();
+  if (fs::exists(fs::path(dir) / "config.json") && fs::exists(fs::path(dir) / "model.safetensors")) return dir;
+  std::fprintf(stderr, "creating the embedded smoke-test model in %s (random weights, real tokenizer)\n", dir.c_str());
+  std::string tmp = dir + ".partial";
+  fs::remove_all(tmp);
+  SyntheticSpec spec;  // preset "smoke"
+  write_synthetic_checkpoint(spec, tmp, default_tokenizer_dir(), load_progress);
+  fs::remove_all(dir);
+  fs::create_directories(fs::path(dir).parent_path());
+  fs::rename(tmp, dir);
+  return dir;
+}
+
+int run_serve(ServeArgs& a) {
+  if (!a.speculative_algorithm.empty())
+    throw Error("--speculative-algorithm " + a.speculative_algorithm +
+                " is not supported by this build yet (speculative decoding is not implemented)");
+  if (!a.hicache_storage_backend.empty())
+    throw Error("--hicache-storage-backend is not supported yet: the prefix cache has a host-RAM tier only");
+  if (a.schedule_policy != "fcfs")
+    throw Error("--schedule-policy " + a.schedule_policy + " is not supported (fcfs only)");
+  if (a.threads > 0) omp_set_num_threads(a.threads);
+  const bool embedded = a.model_path.empty();
+  std::string model_dir = embedded ? ensure_default_model() : a.model_path;
+  if (embedded)
+    std::fprintf(stderr, "serving the embedded SMOKE-TEST model: random weights, output is gibberish; "
+                         "pass --model-path for a real checkpoint\n");
+  auto model = std::shared_ptr<Model>(Model::load(model_dir, {load_progress}));
+  std::string tok_path = a.tokenizer_path.empty() ? (fs::path(model_dir) / "tokenizer.json").string()
+                                                  : (fs::is_directory(a.tokenizer_path) ? (fs::path(a.tokenizer_path) / "tokenizer.json").string()
+                                                                                        : a.tokenizer_path);
+  if (!fs::exists(tok_path)) throw Error("no tokenizer.json in " + model_dir + " (use --tokenizer-path)");
+  auto tokenizer = text::Tokenizer::from_file(tok_path);
+  nlohmann::ordered_json config;
+  {
+    std::ifstream in(fs::path(model_dir) / "config.json");
+    config = nlohmann::ordered_json::parse(in);
+  }
+  auto profile = text::select_profile(config, a.tool_call_parser, model_dir);
+
+  EngineOptions eo;
+  eo.max_running_requests = a.max_running_requests;
+  eo.max_queued_requests = a.max_queued_requests;
+  eo.chunked_prefill_size = a.chunked_prefill_size;
+  if (a.max_prefill_tokens > 0 && (eo.chunked_prefill_size <= 0 || a.max_prefill_tokens < eo.chunked_prefill_size))
+    eo.chunked_prefill_size = a.max_prefill_tokens;
+  eo.context_length = a.context_length;
+  eo.max_total_tokens = a.max_total_tokens;
+  double cache_gb = a.prefix_cache_gb;
+  if (a.hicache_size_gb > 0) cache_gb = a.hicache_size_gb;
+  eo.prefix_cache_bytes = a.disable_radix_cache ? 0 : int64_t(cache_gb * double(int64_t(1) << 30));
+  auto engine = std::make_shared<Engine>(model, eo);
+
+  ServerOptions so;
+  so.host = a.host;
+  so.port = a.port;
+  so.api_key = a.api_key;
+  so.served_model_name = a.served_model_name.empty() ? (embedded ? "dsv4-smoke" : fs::path(model_dir).filename().string())
+                                                     : a.served_model_name;
+  so.model_path = model_dir;
+  so.reasoning_parser = a.reasoning_parser;
+  so.tool_call_parser = a.tool_call_parser;
+  so.random_seed = a.random_seed;
+  so.deterministic = a.deterministic;
+  so.log_level = a.log_level;
+  so.server_args = a.argv;
+  Server server(engine, tokenizer, profile, so);
+  g_server = &server;
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  std::signal(SIGPIPE, SIG_IGN);
+  if (!server.run()) throw Error("cannot listen on " + a.host + ":" + std::to_string(a.port) + " (port in use?)");
+  g_server = nullptr;
+  return 0;
+}
+
+}  // namespace
+
+void register_serve_command(CLI::App& app, int& exit_code) {
+  auto a = std::make_shared<ServeArgs>();
+  CLI::App* cmd = app.add_subcommand("serve", "OpenAI-compatible server (SGLang-style flags)");
+  cmd->add_option("--model-path,--model", a->model_path, "Checkpoint directory (default: the embedded smoke-test model)");
+  cmd->add_option("--tokenizer-path", a->tokenizer_path, "tokenizer.json or its directory (default: in the model directory)");
+  cmd->add_option("--host", a->host, "Address to listen on");
+  cmd->add_option("--port", a->port, "Port (0 picks a free one)")->check(CLI::Range(0, 65535));
+  cmd->add_option("--api-key", a->api_key, "Require Authorization: Bearer KEY");
+  cmd->add_option("--served-model-name", a->served_model_name, "Model name reported by the API");
+  cmd->add_option("--context-length", a->context_length, "Maximum prompt + output tokens per request")->check(CLI::PositiveNumber);
+  cmd->add_option("--max-running-requests", a->max_running_requests, "Requests decoded concurrently")->check(CLI::PositiveNumber);
+  cmd->add_option("--max-queued-requests", a->max_queued_requests, "Waiting requests before 503 + Retry-After")->check(CLI::PositiveNumber);
+  cmd->add_option("--max-total-tokens", a->max_total_tokens, "Token budget (prompt + max output) of the running requests")->check(CLI::PositiveNumber);
+  cmd->add_option("--chunked-prefill-size", a->chunked_prefill_size, "Prefill tokens per scheduler step (-1: no chunking)");
+  cmd->add_option("--max-prefill-tokens", a->max_prefill_tokens, "Upper bound of prefill tokens per step")->check(CLI::PositiveNumber);
+  cmd->add_option("--reasoning-parser", a->reasoning_parser, "deepseek-v4 | deepseek-v41 | none")
+      ->check(CLI::IsMember({"deepseek-v4", "deepseek-v41", "none", "auto"}));
+  cmd->add_option("--tool-call-parser", a->tool_call_parser, "deepseekv4 | deepseekv41 | none")
+      ->check(CLI::IsMember({"deepseekv4", "deepseekv41", "none", "auto"}));
+  cmd->add_flag("--enable-deterministic-inference", a->deterministic,
+                "Requests without a seed use seed 42 (outputs are batch-invariant in any case)");
+  cmd->add_option("--random-seed", a->random_seed, "Base of the per-request seeds");
+  cmd->add_option("--log-level", a->log_level, "debug | info | warning | error")
+      ->check(CLI::IsMember({"debug", "info", "warning", "error"}));
+  cmd->add_option("--schedule-policy", a->schedule_policy, "fcfs");
+  cmd->add_flag("--disable-radix-cache", a->disable_radix_cache, "Disable prefix reuse");
+  cmd->add_flag("--enable-hierarchical-cache", a->hierarchical_cache,
+                "Accepted: the prefix cache already lives in host RAM (size with --hicache-size)");
+  cmd->add_option("--hicache-size", a->hicache_size_gb, "Host-RAM prefix cache size in GB");
+  cmd->add_option("--hicache-ratio", a->hicache_ratio, "Accepted for compatibility (no device tier here)");
+  cmd->add_option("--prefix-cache-gb", a->prefix_cache_gb, "Prefix cache size in GB (default 1)");
+  cmd->add_option("--hicache-storage-backend", a->hicache_storage_backend, "Not supported yet (refused)");
+  cmd->add_option("--speculative-algorithm", a->speculative_algorithm, "Not supported yet (refused)");
+  cmd->add_option("--threads", a->threads, "Compute threads (default: all cores)")->check(CLI::PositiveNumber);
+
+  // GPU-only flags of the seed recipes: accepted with a warning, no effect.
+  auto gpu_flags = std::make_shared<std::vector<std::string>>();
+  auto ignored_values = std::make_shared<std::deque<std::string>>();  // stable addresses for CLI11
+  for (const char* name : {"--tp", "--tp-size", "--tensor-parallel-size", "--dp", "--dp-size", "--ep", "--ep-size",
+                           "--mem-fraction-static", "--cuda-graph-max-bs", "--cuda-graph-bs", "--moe-runner-backend",
+                           "--attention-backend", "--kv-cache-dtype", "--page-size", "--swa-full-tokens-ratio",
+                           "--moe-a2a-backend", "--deepep-mode", "--hicache-write-policy", "--hicache-io-backend",
+                           "--hicache-mem-layout", "--disaggregation-transfer-backend", "--speculative-num-steps",
+                           "--speculative-eagle-topk", "--speculative-num-draft-tokens", "--speculative-dspark-block-size",
+                           "--nnodes", "--node-rank", "--dist-init-addr"}) {
+    std::string& value = ignored_values->emplace_back();
+    cmd->add_option(name, value, "GPU-only: accepted and ignored")->group("GPU-only (no effect)")
+        ->each([gpu_flags, n = std::string(name)](const std::string&) { gpu_flags->push_back(n); });
+  }
+  for (const char* name : {"--disable-cuda-graph", "--enable-dp-attention", "--enable-dp-lm-head", "--trust-remote-code",
+                           "--enable-metrics", "--enable-cache-report", "--enable-prefill-delayer", "--enable-mixed-chunk",
+                           "--disable-overlap-schedule"}) {
+    cmd->add_flag_callback(name, [gpu_flags, n = std::string(name)] { gpu_flags->push_back(n); },
+                           "accepted; no effect here")->group("Accepted (no effect)");
+  }
+  cmd->callback([a, gpu_flags, ignored_values, &exit_code, cmd] {
+    for (auto& f : *gpu_flags)
+      std::fprintf(stderr, "warning: %s has no effect on the dsv4.cpp CPU backend\n", f.c_str());
+    if (a->hierarchical_cache)
+      std::fprintf(stderr, "note: --enable-hierarchical-cache: the prefix cache is kept in host RAM\n");
+    a->argv.clear();
+    for (auto* o : cmd->get_options())
+      if (o->count() > 0) a->argv.push_back(o->get_name(false, true) + "=" + o->as<std::string>());
+    try {
+      exit_code = run_serve(*a);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "dsv4 serve: error: %s\n", e.what());
+      exit_code = 1;
+    }
+  });
+}
+
+}  // namespace dsv4::tools
