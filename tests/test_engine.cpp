@@ -1,0 +1,174 @@
+// The engine's promises: a seeded request gives the same tokens and logprobs
+// alone, in a crowded batch, with chunked prefill and from the prefix cache;
+// cancellation frees the sequence; limits give clear errors.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "core/error.h"
+#include "engine/engine.h"
+#include "golden_util.h"
+
+namespace dsv4::test {
+namespace {
+
+std::shared_ptr<const Model> shared_model() {
+  static std::shared_ptr<const Model> m(Model::load(model_dir("tiny-flash-fp8")).release());
+  return m;
+}
+
+std::vector<int32_t> prompt_of(int64_t n, int32_t salt) {
+  std::vector<int32_t> p = {0};
+  for (int64_t i = 1; i < n; ++i) p.push_back(int32_t((i * 131 + salt * 17) % 511 + 1));
+  return p;
+}
+
+struct Outcome {
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  FinishReason reason = FinishReason::None;
+  int64_t cached = 0;
+};
+
+Outcome drain(const std::shared_ptr<RequestHandle>& h) {
+  Outcome o;
+  std::vector<TokenEvent> ev;
+  for (;;) {
+    h->wait(ev, 5.0);
+    bool done = false;
+    for (auto& e : ev) {
+      if (e.has_token) o.tokens.push_back(e.sampled.token), o.logprobs.push_back(e.sampled.logprob);
+      if (e.finished) done = true, o.reason = e.reason;
+    }
+    ev.clear();
+    if (done) break;
+  }
+  o.cached = h->cached_tokens();
+  return o;
+}
+
+SamplingParams sampled(uint64_t seed, int64_t max_new) {
+  SamplingParams p;
+  p.temperature = 0.9f;
+  p.top_p = 0.95f;
+  p.top_k = 50;
+  p.seed = seed;
+  p.max_new_tokens = max_new;
+  p.ignore_eos = true;
+  p.top_logprobs = 3;
+  return p;
+}
+
+TEST(Engine, SeededRequestIsIdenticalAloneAndUnderLoad) {
+  EngineOptions opt;
+  opt.chunked_prefill_size = 64;
+  opt.prefix_cache_bytes = 0;
+  Outcome alone;
+  {
+    Engine e(shared_model(), opt);
+    alone = drain(e.submit("alone", prompt_of(300, 1), sampled(7, 24)));
+  }
+  ASSERT_EQ(alone.tokens.size(), 24u);
+  Engine e(shared_model(), opt);
+  std::vector<std::shared_ptr<RequestHandle>> others;
+  for (int i = 0; i < 12; ++i) others.push_back(e.submit("other" + std::to_string(i), prompt_of(20 + 37 * i, i + 2), sampled(100 + i, 16 + i)));
+  auto target = e.submit("target", prompt_of(300, 1), sampled(7, 24));
+  for (int i = 0; i < 6; ++i) others.push_back(e.submit("late" + std::to_string(i), prompt_of(150, 50 + i), sampled(9, 10)));
+  Outcome crowded = drain(target);
+  for (auto& h : others) drain(h);
+  EXPECT_EQ(crowded.tokens, alone.tokens);
+  EXPECT_EQ(crowded.logprobs, alone.logprobs);  // bitwise
+}
+
+TEST(Engine, PrefixCacheHitGivesTheSameBits) {
+  EngineOptions opt;
+  opt.chunked_prefill_size = 50;
+  Engine e(shared_model(), opt);
+  Outcome first = drain(e.submit("a", prompt_of(200, 3), sampled(11, 12)));
+  EXPECT_EQ(first.cached, 0);
+  Outcome again = drain(e.submit("b", prompt_of(200, 3), sampled(11, 12)));
+  EXPECT_EQ(again.cached, 200);
+  EXPECT_EQ(again.tokens, first.tokens);
+  EXPECT_EQ(again.logprobs, first.logprobs);
+  // A longer prompt sharing the prefix reuses it and matches a cold run.
+  std::vector<int32_t> longer = prompt_of(200, 3);
+  for (int i = 0; i < 77; ++i) longer.push_back(int32_t(5 + i));
+  Outcome warm = drain(e.submit("c", longer, sampled(12, 8)));
+  EXPECT_EQ(warm.cached, 200);
+  EngineOptions cold_opt = opt;
+  cold_opt.prefix_cache_bytes = 0;
+  Engine cold(shared_model(), cold_opt);
+  Outcome fresh = drain(cold.submit("d", longer, sampled(12, 8)));
+  EXPECT_EQ(warm.tokens, fresh.tokens);
+  EXPECT_EQ(warm.logprobs, fresh.logprobs);
+  EXPECT_TRUE(e.flush_cache());
+  EXPECT_EQ(e.metrics().prefix_cache_entries, 0);
+}
+
+TEST(Engine, CancelFreesTheSequence) {
+  EngineOptions opt;
+  Engine e(shared_model(), opt);
+  auto h = e.submit("long", prompt_of(10, 4), sampled(1, 100000));
+  std::vector<TokenEvent> ev;
+  while (ev.empty()) h->wait(ev, 5.0);
+  h->cancel();
+  Outcome o = drain(h);
+  EXPECT_EQ(o.reason, FinishReason::Abort);
+  for (int i = 0; i < 100 && e.metrics().running > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(e.metrics().running, 0);
+  EXPECT_EQ(e.metrics().aborted_total, 1);
+  EXPECT_TRUE(e.abort("nonexistent") == false);
+}
+
+TEST(Engine, LimitsAreEnforced) {
+  EngineOptions opt;
+  opt.context_length = 64;
+  opt.max_running_requests = 1;
+  opt.max_queued_requests = 1;
+  Engine e(shared_model(), opt);
+  try {
+    e.submit("too-long", prompt_of(64, 1), sampled(1, 4));
+    FAIL();
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("The input (64 tokens) is longer than the model's context length (64 tokens)"), std::string::npos);
+  }
+  EXPECT_THROW(e.submit("bad-id", {0, 9999}, sampled(1, 4)), Error);
+  // Output is capped by the context: 60 prompt tokens leave room for 4.
+  Outcome capped = drain(e.submit("capped", prompt_of(60, 1), sampled(1, 1000)));
+  EXPECT_EQ(capped.tokens.size(), 4u);
+  EXPECT_EQ(capped.reason, FinishReason::Length);
+  // One running, one waiting: the third is refused.
+  auto a = e.submit("a", prompt_of(8, 1), sampled(1, 50));
+  std::vector<TokenEvent> first;
+  while (first.empty()) a->wait(first, 5.0);  // a is running now
+  auto b = e.submit("b", prompt_of(8, 2), sampled(1, 50));
+  bool refused = false;
+  try {
+    auto c = e.submit("c", prompt_of(8, 3), sampled(1, 50));
+    drain(c);
+  } catch (const QueueFullError&) {
+    refused = true;
+  }
+  drain(a);
+  drain(b);
+  EXPECT_TRUE(refused);
+}
+
+TEST(Engine, GreedyStopsAtStopTokenAndCountsIt) {
+  EngineOptions opt;
+  Engine e(shared_model(), opt);
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_new_tokens = 20;
+  p.ignore_eos = true;
+  Outcome free_run = drain(e.submit("free", prompt_of(30, 9), p));
+  ASSERT_EQ(free_run.tokens.size(), 20u);
+  p.stop_token_ids = {free_run.tokens[5]};
+  Outcome stopped = drain(e.submit("stop", prompt_of(30, 9), p));
+  size_t first = std::find(free_run.tokens.begin(), free_run.tokens.end(), free_run.tokens[5]) - free_run.tokens.begin();
+  EXPECT_EQ(stopped.tokens.size(), first + 1);
+  EXPECT_EQ(stopped.reason, FinishReason::Stop);
+}
+
+}  // namespace
+}  // namespace dsv4::test
