@@ -88,13 +88,19 @@ double dot_scalar(const Linear& w, int64_t row, const double* x) {
 // ------------------------------------------------------------------ AVX2 ---
 
 __attribute__((target("avx2,fma"))) inline __m256 e4m3_to_ps_avx2(__m128i bytes8, __m256 scale) {
-  // e4m3 bits placed at float bits [26:20] give 2^-120 times the value, for
-  // normals and subnormals alike; the sign goes to bit 31.
+  // Normal codes: the e4m3 exponent and mantissa land in a float whose
+  // exponent field is rebiased by +120. Subnormal codes (exponent 0) are built
+  // as 1.m * 2^-6 minus 2^-6. No float subnormals are ever touched (they
+  // would cost microcode assists).
   __m256i b = _mm256_cvtepu8_epi32(bytes8);
-  __m256i mag = _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x7f)), 20);
+  __m256i em = _mm256_and_si256(b, _mm256_set1_epi32(0x7f));
+  __m256i is_sub = _mm256_cmpeq_epi32(_mm256_and_si256(em, _mm256_set1_epi32(0x78)), _mm256_setzero_si256());
+  __m256i bits = _mm256_add_epi32(_mm256_slli_epi32(em, 20), _mm256_set1_epi32(120 << 23));
+  bits = _mm256_add_epi32(bits, _mm256_and_si256(is_sub, _mm256_set1_epi32(1 << 23)));
+  __m256 v = _mm256_castsi256_ps(bits);
+  v = _mm256_sub_ps(v, _mm256_and_ps(_mm256_castsi256_ps(is_sub), _mm256_set1_ps(0x1p-6f)));
   __m256i sign = _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x80)), 24);
-  __m256 v = _mm256_castsi256_ps(_mm256_or_si256(mag, sign));
-  v = _mm256_mul_ps(v, _mm256_set1_ps(0x1p120f));
+  v = _mm256_castsi256_ps(_mm256_or_si256(_mm256_castps_si256(v), sign));
   return _mm256_mul_ps(v, scale);
 }
 
@@ -182,6 +188,20 @@ DSV4_AVX512 inline void fma16_avx512(__m512 v, const double* x, __m512d& a0, __m
                        _mm512_loadu_pd(x + 8), a1);
 }
 
+// See e4m3_to_ps_avx2: rebiased exponent, subnormal codes as 1.m*2^-6 - 2^-6.
+DSV4_AVX512 inline __m512 e4m3_to_ps_avx512(__m128i bytes16, __m512 scale) {
+  __m512i b = _mm512_cvtepu8_epi32(bytes16);
+  __m512i em = _mm512_and_si512(b, _mm512_set1_epi32(0x7f));
+  __mmask16 sub = _mm512_testn_epi32_mask(em, _mm512_set1_epi32(0x78));
+  __m512i bits = _mm512_add_epi32(_mm512_slli_epi32(em, 20), _mm512_set1_epi32(120 << 23));
+  bits = _mm512_mask_add_epi32(bits, sub, bits, _mm512_set1_epi32(1 << 23));
+  __m512 v = _mm512_castsi512_ps(bits);
+  v = _mm512_mask_sub_ps(v, sub, v, _mm512_set1_ps(0x1p-6f));
+  v = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(v),
+                                          _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x80)), 24)));
+  return _mm512_mul_ps(v, scale);
+}
+
 DSV4_AVX512 double dot_avx512(const Linear& w, int64_t row, const double* x) {
   __m512d a0 = _mm512_setzero_pd(), a1 = a0;
   const int64_t n = w.cols;
@@ -202,15 +222,9 @@ DSV4_AVX512 double dot_avx512(const Linear& w, int64_t row, const double* x) {
     case WeightFormat::FP8_BLOCK128: {
       const uint8_t* p = w.data + row * n;
       const uint8_t* s = w.scale + (row / 128) * w.scale_cols;
-      const __m512i mask7f = _mm512_set1_epi32(0x7f), mask80 = _mm512_set1_epi32(0x80);
-      const __m512 two120 = _mm512_set1_ps(0x1p120f);
       for (int64_t i = 0; i < n; i += 16) {
         __m512 sc = _mm512_set1_ps(e8m0_to_float(s[i / 128]));
-        __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(p + i)));
-        __m512i bits = _mm512_or_si512(_mm512_slli_epi32(_mm512_and_si512(b, mask7f), 20),
-                                       _mm512_slli_epi32(_mm512_and_si512(b, mask80), 24));
-        __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_castsi512_ps(bits), two120), sc);
-        fma16_avx512(v, x + i, a0, a1);
+        fma16_avx512(e4m3_to_ps_avx512(_mm_loadu_si128((const __m128i*)(p + i)), sc), x + i, a0, a1);
       }
       break;
     }
@@ -237,6 +251,83 @@ DSV4_AVX512 double dot_avx512(const Linear& w, int64_t row, const double* x) {
   _mm512_storeu_pd(acc, a0);
   _mm512_storeu_pd(acc + 8, a1);
   return fold16(acc);
+}
+
+// Decodes a whole weight row to floats (scale applied), 16 at a time.
+DSV4_AVX512 void decode_row_avx512(const Linear& w, int64_t row, float* out) {
+  const int64_t n = w.cols;
+  switch (w.format) {
+    case WeightFormat::F32:
+      std::memcpy(out, reinterpret_cast<const float*>(w.data) + row * n, size_t(n) * 4);
+      return;
+    case WeightFormat::BF16: {
+      const uint16_t* p = reinterpret_cast<const uint16_t*>(w.data) + row * n;
+      for (int64_t i = 0; i < n; i += 16)
+        _mm512_storeu_ps(out + i, _mm512_castsi512_ps(_mm512_slli_epi32(
+                                      _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(p + i))), 16)));
+      return;
+    }
+    case WeightFormat::FP8_BLOCK128: {
+      const uint8_t* p = w.data + row * n;
+      const uint8_t* s = w.scale + (row / 128) * w.scale_cols;
+      for (int64_t i = 0; i < n; i += 16)
+        _mm512_storeu_ps(out + i, e4m3_to_ps_avx512(_mm_loadu_si128((const __m128i*)(p + i)),
+                                                    _mm512_set1_ps(e8m0_to_float(s[i / 128]))));
+      return;
+    }
+    case WeightFormat::FP4_BLOCK32: {
+      const uint8_t* p = w.data + row * (n / 2);
+      const uint8_t* s = w.scale + row * w.scale_cols;
+      const __m512 table = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                                          -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
+      const __m512i shifts = _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
+      const __m512i pick = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+      for (int64_t i = 0; i < n; i += 16) {
+        __m512i b = _mm512_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(p + i / 2)));
+        __m512i nib = _mm512_and_si512(_mm512_srlv_epi32(_mm512_permutexvar_epi32(pick, b), shifts), _mm512_set1_epi32(15));
+        _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_permutexvar_ps(nib, table), _mm512_set1_ps(e8m0_to_float(s[i / 32]))));
+      }
+      return;
+    }
+  }
+}
+
+// Several tokens against one decoded weight row: the row is converted once
+// per 16 columns and reused for up to 4 tokens. Each token keeps its own 16
+// lanes in the canonical order, so the bits equal dot_avx512's.
+DSV4_AVX512 void row_times_tokens_avx512(const float* wrow, int64_t cols, const double* xd, int64_t n_tok,
+                                         double* out) {
+  int64_t t = 0;
+  for (; t + 4 <= n_tok; t += 4) {
+    __m512d a[4][2];
+    for (int k = 0; k < 4; ++k) a[k][0] = a[k][1] = _mm512_setzero_pd();
+    const double* x0 = xd + t * cols;
+    for (int64_t i = 0; i < cols; i += 16) {
+      __m512 v = _mm512_loadu_ps(wrow + i);
+      __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
+      __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+      for (int k = 0; k < 4; ++k) {
+        const double* x = x0 + k * cols + i;
+        a[k][0] = _mm512_fmadd_pd(lo, _mm512_loadu_pd(x), a[k][0]);
+        a[k][1] = _mm512_fmadd_pd(hi, _mm512_loadu_pd(x + 8), a[k][1]);
+      }
+    }
+    for (int k = 0; k < 4; ++k) {
+      double acc[16];
+      _mm512_storeu_pd(acc, a[k][0]);
+      _mm512_storeu_pd(acc + 8, a[k][1]);
+      out[t + k] = fold16(acc);
+    }
+  }
+  for (; t < n_tok; ++t) {
+    __m512d a0 = _mm512_setzero_pd(), a1 = a0;
+    const double* x = xd + t * cols;
+    for (int64_t i = 0; i < cols; i += 16) fma16_avx512(_mm512_loadu_ps(wrow + i), x + i, a0, a1);
+    double acc[16];
+    _mm512_storeu_pd(acc, a0);
+    _mm512_storeu_pd(acc + 8, a1);
+    out[t] = fold16(acc);
+  }
 }
 
 // ------------------------------------------------------------- dispatch ---
@@ -330,6 +421,24 @@ void linear_forward(const Linear& w, const float* x, int64_t n, float* y, int64_
   const int64_t tile = 16;
   const int64_t n_tiles = (out + tile - 1) / tile;
   const bool parallel = out * cols * std::max<int64_t>(n, 1) >= (1 << 15);
+  if (n >= 2 && g_isa == KernelIsa::Avx512) {
+    // Batches: decode each weight row once, then reuse it for every token.
+#pragma omp parallel if (parallel)
+    {
+      std::vector<float> wrow(static_cast<size_t>(cols));
+      std::vector<double> res(static_cast<size_t>(n));
+#pragma omp for schedule(static)
+      for (int64_t k = 0; k < n_tiles; ++k) {
+        int64_t o0 = k * tile, o1 = std::min(out, o0 + tile);
+        for (int64_t o = o0; o < o1; ++o) {
+          decode_row_avx512(w, row_begin + o, wrow.data());
+          row_times_tokens_avx512(wrow.data(), cols, xd.data(), n, res.data());
+          for (int64_t t = 0; t < n; ++t) y[t * y_stride + o] = float(res[size_t(t)]);
+        }
+      }
+    }
+    return;
+  }
 #pragma omp parallel for schedule(static) if (parallel)
   for (int64_t k = 0; k < n_tiles; ++k) {
     int64_t o0 = k * tile, o1 = std::min(out, o0 + tile);

@@ -1,0 +1,149 @@
+// Microbenchmarks of the CPU kernels, each beside its scalar reference and
+// checked against it before timing. Bytes/s counts weight bytes streamed.
+#include <benchmark/benchmark.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/numeric.h"
+#include "kernels/cpu/linear.h"
+#include "model/ops.h"
+
+namespace dsv4 {
+namespace {
+
+struct Weights {
+  std::vector<uint8_t> data, scale;
+  Linear lin;
+};
+
+Weights make_weights(WeightFormat f, int64_t rows, int64_t cols) {
+  Weights w;
+  std::mt19937 rng(1);
+  w.lin.format = f;
+  w.lin.rows = rows;
+  w.lin.cols = cols;
+  switch (f) {
+    case WeightFormat::BF16:
+      w.data.resize(size_t(rows * cols * 2));
+      for (size_t i = 0; i < w.data.size(); i += 2) w.data[i] = uint8_t(rng()), w.data[i + 1] = uint8_t(0x3c + rng() % 4);
+      break;
+    case WeightFormat::FP8_BLOCK128:
+      w.data.resize(size_t(rows * cols));
+      for (auto& b : w.data) b = uint8_t(rng() % 0x7e);
+      w.lin.scale_cols = (cols + 127) / 128;
+      w.scale.assign(size_t(((rows + 127) / 128) * w.lin.scale_cols), 120);
+      w.lin.quantize_input = true;
+      break;
+    case WeightFormat::FP4_BLOCK32:
+      w.data.resize(size_t(rows * cols / 2));
+      for (auto& b : w.data) b = uint8_t(rng());
+      w.lin.scale_cols = cols / 32;
+      w.scale.assign(size_t(rows * w.lin.scale_cols), 122);
+      w.lin.quantize_input = true;
+      break;
+    default:
+      w.data.resize(size_t(rows * cols * 4));
+      for (size_t i = 0; i < w.data.size(); i += 4) {
+        float v = float(rng() % 1000) / 1000.0f - 0.5f;
+        std::memcpy(&w.data[i], &v, 4);
+      }
+  }
+  w.lin.data = w.data.data();
+  w.lin.scale = w.scale.empty() ? nullptr : w.scale.data();
+  return w;
+}
+
+// state.range: 0 = format, 1 = isa, 2 = tokens.
+void BM_Linear(benchmark::State& state) {
+  const auto format = WeightFormat(state.range(0));
+  const auto isa = KernelIsa(state.range(1));
+  const int64_t n = state.range(2), rows = 2048, cols = 4096;
+  if (!kernel_isa_supported(isa)) {
+    state.SkipWithError("ISA not supported by this CPU");
+    return;
+  }
+  Weights w = make_weights(format, rows, cols);
+  std::vector<float> x(size_t(n * cols)), y(size_t(n * rows));
+  std::mt19937 rng(2);
+  std::normal_distribution<float> nd;
+  for (auto& v : x) v = nd(rng);
+  set_kernel_isa(isa);
+  // Correctness against the scalar reference (on the rounded input).
+  linear_forward(w.lin, x.data(), n, y.data());
+  std::vector<float> xr(x.begin(), x.begin() + cols);
+  if (w.lin.quantize_input) fp8_round_trip(xr.data(), cols, 128);
+  for (int64_t o = 0; o < rows; o += 97) {
+    double ref = linear_dot_reference(w.lin, o, xr.data());
+    if (std::fabs(ref - y[size_t(o)]) > 1e-5 * (std::fabs(ref) + 1)) {
+      state.SkipWithError("mismatch against the scalar reference");
+      return;
+    }
+  }
+  for (auto _ : state) {
+    linear_forward(w.lin, x.data(), n, y.data());
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetBytesProcessed(int64_t(state.iterations()) * w.lin.weight_bytes());
+  state.counters["MAC/s"] = benchmark::Counter(double(rows * cols * n) * double(state.iterations()), benchmark::Counter::kIsRate);
+  state.SetLabel(std::string(weight_format_name(format)) + " / " + kernel_isa_name(isa));
+}
+
+void linear_args(benchmark::internal::Benchmark* b) {
+  for (int f : {int(WeightFormat::BF16), int(WeightFormat::FP8_BLOCK128), int(WeightFormat::FP4_BLOCK32)})
+    for (int isa : {int(KernelIsa::Scalar), int(KernelIsa::Avx2), int(KernelIsa::Avx512)})
+      for (int n : {1, 16}) b->Args({f, isa, n});
+}
+BENCHMARK(BM_Linear)->Apply(linear_args)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_Fp8RoundTrip(benchmark::State& state) {
+  const bool reference = state.range(0);
+  std::vector<float> x(4096), y;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd;
+  for (auto& v : x) v = nd(rng);
+  std::vector<float> a = x, b = x;
+  fp8_round_trip(a.data(), 4096, 128);
+  fp8_round_trip_reference(b.data(), 4096, 128);
+  if (a != b) {
+    state.SkipWithError("fast and reference round trips differ");
+    return;
+  }
+  for (auto _ : state) {
+    y = x;
+    if (reference) fp8_round_trip_reference(y.data(), 4096, 128);
+    else fp8_round_trip(y.data(), 4096, 128);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetItemsProcessed(int64_t(state.iterations()) * 4096);
+  state.SetLabel(reference ? "exhaustive reference" : "fast");
+}
+BENCHMARK(BM_Fp8RoundTrip)->Arg(0)->Arg(1);
+
+void BM_Hadamard128(benchmark::State& state) {
+  std::vector<float> x(128, 0.5f);
+  for (auto _ : state) {
+    hadamard_transform(x.data(), 128);
+    benchmark::DoNotOptimize(x.data());
+  }
+  state.SetItemsProcessed(int64_t(state.iterations()) * 128);
+}
+BENCHMARK(BM_Hadamard128);
+
+void BM_RmsNorm4096(benchmark::State& state) {
+  std::vector<float> x(4096, 0.25f), w(4096, 1.0f);
+  for (auto _ : state) {
+    rms_norm(x.data(), w.data(), 4096, 1e-6f);
+    benchmark::DoNotOptimize(x.data());
+  }
+  state.SetItemsProcessed(int64_t(state.iterations()) * 4096);
+}
+BENCHMARK(BM_RmsNorm4096);
+
+}  // namespace
+}  // namespace dsv4
+
+BENCHMARK_MAIN();
