@@ -1,0 +1,516 @@
+// Integration tests of `dsv4 serve` driven by the official `openai` npm
+// client (and raw HTTP where the client cannot send what we need).
+// Run: node --test tests/server/api.test.mjs   (see tests/server/README.md)
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+import OpenAI from 'openai';
+
+import { getPath, postJSON, rawRequest, sse, startServer, wordsPrompt, rng } from './lib.mjs';
+
+const CONTEXT = 1024;
+let server;
+let client;
+
+before(async () => {
+  server = await startServer(['--context-length', String(CONTEXT), '--chunked-prefill-size', '256',
+    '--served-model-name', 'dsv4-test']);
+  client = new OpenAI({ baseURL: server.baseURL, apiKey: 'unused', maxRetries: 0, timeout: 120000 });
+});
+after(async () => { await server?.stop(); });
+
+const user = (content) => [{ role: 'user', content }];
+
+// Concatenates the deltas of a chat stream per choice index.
+async function collectChat(stream) {
+  const out = {};
+  let usage = null;
+  let chunks = 0;
+  for await (const chunk of stream) {
+    chunks++;
+    assert.equal(chunk.object, 'chat.completion.chunk');
+    if (chunk.usage) usage = chunk.usage;
+    for (const c of chunk.choices) {
+      const o = (out[c.index] ??= { role: null, content: '', reasoning: '', finish: null, logprobs: [], tools: [], afterFinish: 0 });
+      if (o.finish) o.afterFinish++;
+      if (c.delta.role) o.role = c.delta.role;
+      if (c.delta.content) o.content += c.delta.content;
+      if (c.delta.reasoning_content) o.reasoning += c.delta.reasoning_content;
+      if (c.delta.tool_calls) o.tools.push(...c.delta.tool_calls);
+      if (c.logprobs?.content) o.logprobs.push(...c.logprobs.content);
+      if (c.finish_reason) o.finish = c.finish_reason;
+    }
+  }
+  return { choices: out, usage, chunks };
+}
+
+async function expectStatus(promise, status, messageRe) {
+  try {
+    await promise;
+  } catch (e) {
+    assert.ok(e instanceof OpenAI.APIError, `expected an APIError, got ${e}`);
+    assert.equal(e.status, status, `status of: ${e.message}`);
+    if (messageRe) assert.match(e.error?.message ?? e.message, messageRe);
+    return e;
+  }
+  assert.fail(`expected HTTP ${status}, the request succeeded`);
+}
+
+function assertErrorShape(r, status, messageRe) {
+  assert.equal(r.status, status, `status; body: ${r.text.slice(0, 300)}`);
+  assert.ok(r.json && typeof r.json.error === 'object', `OpenAI error shape expected, got: ${r.text.slice(0, 300)}`);
+  const e = r.json.error;
+  for (const k of ['message', 'type', 'param', 'code']) assert.ok(k in e, `error.${k} missing`);
+  assert.equal(typeof e.message, 'string');
+  assert.ok(e.message.length > 0, 'error message is empty');
+  assert.equal(e.code, status);
+  if (messageRe) assert.match(e.message, messageRe);
+}
+
+describe('models and info routes', () => {
+  test('GET /v1/models lists the served model', async () => {
+    const page = await client.models.list();
+    const ids = page.data.map((m) => m.id);
+    assert.deepEqual(ids, ['dsv4-test']);
+    const m = await client.models.retrieve('dsv4-test');
+    assert.equal(m.object, 'model');
+    await expectStatus(client.models.retrieve('no-such-model'), 404);
+  });
+
+  test('/health, /health_generate, /get_model_info, /get_server_info, /get_load', async () => {
+    assert.equal((await getPath(server.origin, '/health')).status, 200);
+    assert.equal((await getPath(server.origin, '/health_generate')).status, 200);
+    const mi = await getPath(server.origin, '/get_model_info');
+    assert.equal(mi.status, 200);
+    assert.equal(mi.json.is_generation, true);
+    const si = await getPath(server.origin, '/get_server_info');
+    assert.equal(si.status, 200);
+    assert.equal(si.json.context_length, CONTEXT);
+    assert.equal(si.json.chunked_prefill_size, 256);
+    assert.ok(Array.isArray(si.json.internal_states));
+    assert.equal(typeof si.json.internal_states[0].num_running_reqs, 'number');
+    const load = await getPath(server.origin, '/get_load');
+    assert.equal(load.status, 200);
+    assert.ok(Array.isArray(load.json));
+  });
+
+  test('/tokenize and /detokenize round-trip', async () => {
+    const t = await postJSON(server.origin, '/tokenize', { prompt: 'hello world' });
+    assert.equal(t.status, 200);
+    assert.ok(t.json.tokens.length > 0);
+    assert.equal(t.json.count, t.json.tokens.length);
+    const d = await postJSON(server.origin, '/detokenize', { tokens: t.json.tokens });
+    assert.equal(d.status, 200);
+    assert.equal(d.json.text, 'hello world');
+  });
+});
+
+describe('chat completions', () => {
+  const base = { model: 'dsv4-test', messages: user('Say hello.'), max_tokens: 12, seed: 1234, ignore_eos: true };
+
+  test('non-streaming: OpenAI response shape and usage', async () => {
+    const r = await client.chat.completions.create(base);
+    assert.match(r.id, /\S+/);
+    assert.equal(r.object, 'chat.completion');
+    assert.equal(r.model, 'dsv4-test');
+    assert.equal(typeof r.created, 'number');
+    assert.equal(r.choices.length, 1);
+    const c = r.choices[0];
+    assert.equal(c.index, 0);
+    assert.equal(c.message.role, 'assistant');
+    assert.equal(typeof c.message.content, 'string');
+    assert.ok(c.message.content.length > 0);
+    assert.equal(c.finish_reason, 'length');
+    assert.equal(r.usage.completion_tokens, 12);
+    assert.ok(r.usage.prompt_tokens > 3);
+    assert.equal(r.usage.total_tokens, r.usage.prompt_tokens + r.usage.completion_tokens);
+    assert.equal(typeof r.usage.prompt_tokens_details.cached_tokens, 'number');
+  });
+
+  test('streaming: deltas concatenate to the non-streamed content (same seed), usage chunk', async () => {
+    const full = await client.chat.completions.create(base);
+    const stream = await client.chat.completions.create({ ...base, stream: true, stream_options: { include_usage: true } });
+    const got = await collectChat(stream);
+    const c = got.choices[0];
+    assert.equal(c.role, 'assistant');
+    assert.equal(c.content, full.choices[0].message.content ?? '');
+    assert.equal(c.reasoning, full.choices[0].message.reasoning_content ?? '');
+    assert.equal(c.finish, 'length');
+    assert.equal(c.afterFinish, 0, 'no deltas after the finish chunk');
+    assert.ok(got.usage, 'include_usage: a usage chunk');
+    assert.equal(got.usage.completion_tokens, 12);
+    assert.equal(got.usage.prompt_tokens, full.usage.prompt_tokens);
+  });
+
+  test('streaming over raw SSE ends with data: [DONE]', async () => {
+    const r = await sse(server.origin, '/v1/chat/completions', { ...base, stream: true });
+    assert.equal(r.status, 200);
+    assert.ok(r.done, 'saw data: [DONE]');
+    assert.ok(!r.afterDone, 'nothing after [DONE]');
+    assert.equal(r.events.at(-1).choices[0].finish_reason, 'length');
+  });
+
+  test('seed reproducibility: same seed gives identical content and logprobs; another seed differs', async () => {
+    const req = { ...base, max_tokens: 10, logprobs: true, top_logprobs: 2 };
+    const a = await client.chat.completions.create(req);
+    const b = await client.chat.completions.create(req);
+    assert.equal(a.choices[0].message.content, b.choices[0].message.content);
+    assert.deepEqual(a.choices[0].logprobs, b.choices[0].logprobs);
+    const c = await client.chat.completions.create({ ...req, seed: 99 });
+    assert.notEqual(c.choices[0].message.content, a.choices[0].message.content);
+  });
+
+  test('temperature 0 is greedy and reproducible without a seed', async () => {
+    const req = { model: 'dsv4-test', messages: user('Count.'), max_tokens: 6, temperature: 0 };
+    const a = await client.chat.completions.create(req);
+    const b = await client.chat.completions.create({ ...req, seed: 5 });
+    assert.equal(a.choices[0].message.content, b.choices[0].message.content);
+  });
+
+  test('n > 1: n choices with indexes 0..n-1 (streamed and not)', async () => {
+    const r = await client.chat.completions.create({ ...base, n: 3, max_tokens: 6 });
+    assert.deepEqual(r.choices.map((c) => c.index), [0, 1, 2]);
+    for (const c of r.choices) assert.equal(c.finish_reason, 'length');
+    assert.equal(r.usage.completion_tokens, 18);
+    const texts = new Set(r.choices.map((c) => c.message.content));
+    assert.ok(texts.size > 1, 'choices sample independently');
+    const s = await collectChat(await client.chat.completions.create({ ...base, n: 3, max_tokens: 6, stream: true }));
+    assert.deepEqual(Object.keys(s.choices).map(Number).sort(), [0, 1, 2]);
+    for (let i = 0; i < 3; ++i) {
+      assert.equal(s.choices[i].finish, 'length');
+      assert.equal(s.choices[i].content, r.choices[i].message.content ?? '', `choice ${i} streamed == non-streamed`);
+    }
+  });
+
+  test('logprobs / top_logprobs: shape, one entry per completion token', async () => {
+    const r = await client.chat.completions.create({ ...base, max_tokens: 8, logprobs: true, top_logprobs: 3 });
+    const content = r.choices[0].logprobs.content;
+    assert.equal(content.length, r.usage.completion_tokens);
+    let text = '';
+    for (const e of content) {
+      assert.equal(typeof e.token, 'string');
+      assert.ok(e.logprob <= 0 && Number.isFinite(e.logprob));
+      assert.ok(Array.isArray(e.bytes));
+      assert.equal(e.top_logprobs.length, 3);
+      for (let i = 1; i < 3; ++i) assert.ok(e.top_logprobs[i - 1].logprob >= e.top_logprobs[i].logprob, 'top sorted');
+      assert.ok(e.logprob <= e.top_logprobs[0].logprob);
+      text += Buffer.from(e.bytes).toString('latin1');
+    }
+    assert.equal(Buffer.from(text, 'latin1').toString('utf8'), r.choices[0].message.content);
+    // Streamed logprobs equal the non-streamed ones.
+    const s = await collectChat(await client.chat.completions.create({ ...base, max_tokens: 8, logprobs: true, top_logprobs: 3, stream: true }));
+    assert.deepEqual(s.choices[0].logprobs, content);
+    // top_logprobs without logprobs is refused.
+    await expectStatus(client.chat.completions.create({ ...base, top_logprobs: 2 }), 400, /logprobs/);
+  });
+
+  test('stop strings and max_completion_tokens', async () => {
+    const full = await client.chat.completions.create({ ...base, max_tokens: 12 });
+    const text = full.choices[0].message.content;
+    const stop = [...text].slice(3, 5).join('');
+    const r = await client.chat.completions.create({ ...base, max_tokens: 12, stop: [stop] });
+    assert.equal(r.choices[0].finish_reason, 'stop');
+    assert.equal(r.choices[0].message.content, text.slice(0, text.indexOf(stop)));
+    const m = await client.chat.completions.create({ ...base, max_tokens: undefined, max_completion_tokens: 3 });
+    assert.equal(m.usage.completion_tokens, 3);
+  });
+});
+
+describe('tools', () => {
+  const tools = [{
+    type: 'function',
+    function: {
+      name: 'get_weather',
+      description: 'Get the weather of a city',
+      parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] },
+    },
+  }];
+  const req = { model: 'dsv4-test', messages: user('What is the weather in Paris?'), tools, max_tokens: 8, seed: 7 };
+
+  test('request with tools renders and returns a valid response', async () => {
+    const r = await client.chat.completions.create(req);
+    const c = r.choices[0];
+    assert.equal(c.message.role, 'assistant');
+    assert.ok(['stop', 'length', 'tool_calls'].includes(c.finish_reason));
+    assert.ok(c.message.tool_calls === null || c.message.tool_calls === undefined || Array.isArray(c.message.tool_calls));
+    for (const call of c.message.tool_calls ?? []) {
+      assert.equal(call.type, 'function');
+      assert.equal(typeof call.function.name, 'string');
+      assert.equal(typeof call.function.arguments, 'string');
+    }
+    // The tool definitions are in the rendered prompt.
+    const plain = await client.chat.completions.create({ ...req, tools: undefined });
+    assert.ok(r.usage.prompt_tokens > plain.usage.prompt_tokens + 10, 'tools add prompt tokens');
+  });
+
+  test('tool_choice auto / none / named function are accepted; streamed with tools', async () => {
+    for (const tool_choice of ['auto', 'none', { type: 'function', function: { name: 'get_weather' } }]) {
+      const r = await client.chat.completions.create({ ...req, tool_choice });
+      assert.equal(r.object, 'chat.completion');
+    }
+    const s = await collectChat(await client.chat.completions.create({ ...req, stream: true }));
+    assert.ok(s.choices[0].finish);
+  });
+
+  test('a conversation with assistant tool calls and tool results renders', async () => {
+    const messages = [
+      ...user('Weather in Paris?'),
+      { role: 'assistant', content: null, tool_calls: [{ id: 'call_1', type: 'function', function: { name: 'get_weather', arguments: '{"city":"Paris"}' } }] },
+      { role: 'tool', tool_call_id: 'call_1', content: '{"temp": 21}' },
+    ];
+    const r = await client.chat.completions.create({ ...req, messages });
+    assert.equal(r.choices.length, 1);
+  });
+
+  test('tool_choice "required" without tools -> 400', async () => {
+    await expectStatus(client.chat.completions.create({ ...req, tools: undefined, tool_choice: 'required' }), 400, /[Tt]ool/);
+  });
+
+  test('tool_choice naming an unknown function -> 400', async () => {
+    await expectStatus(client.chat.completions.create({ ...req, tool_choice: { type: 'function', function: { name: 'nope' } } }),
+      400, /nope/);
+  });
+});
+
+describe('reasoning', () => {
+  const req = {
+    model: 'dsv4-test', messages: user('Think about it.'), max_tokens: 10, seed: 3, ignore_eos: true,
+    chat_template_kwargs: { thinking: true },
+  };
+
+  test('thinking: the message has reasoning_content; streamed reasoning equals it', async () => {
+    const r = await client.chat.completions.create(req);
+    const m = r.choices[0].message;
+    assert.ok('reasoning_content' in m, 'reasoning_content field present');
+    assert.ok(m.reasoning_content === null || typeof m.reasoning_content === 'string');
+    // The prompt ends inside <think>: the output starts as reasoning.
+    assert.equal(typeof m.reasoning_content, 'string');
+    assert.ok(m.reasoning_content.length > 0);
+    const s = await collectChat(await client.chat.completions.create({ ...req, stream: true }));
+    assert.equal(s.choices[0].reasoning, m.reasoning_content ?? '');
+    assert.equal(s.choices[0].content, m.content ?? '');
+    // Without thinking there is no reasoning.
+    const plain = await client.chat.completions.create({ ...req, chat_template_kwargs: { thinking: false } });
+    assert.ok(!plain.choices[0].message.reasoning_content);
+  });
+});
+
+describe('completions', () => {
+  const base = { model: 'dsv4-test', prompt: 'hello world', max_tokens: 6, seed: 11, ignore_eos: true };
+
+  test('string prompt: shape and usage', async () => {
+    const r = await client.completions.create(base);
+    assert.equal(r.object, 'text_completion');
+    assert.equal(r.choices.length, 1);
+    assert.equal(r.choices[0].index, 0);
+    assert.equal(typeof r.choices[0].text, 'string');
+    assert.equal(r.choices[0].finish_reason, 'length');
+    assert.equal(r.usage.completion_tokens, 6);
+    assert.equal(r.usage.total_tokens, r.usage.prompt_tokens + 6);
+  });
+
+  test('echo prefixes the prompt; token-id prompts; list of prompts', async () => {
+    const plain = await client.completions.create(base);
+    const echo = await client.completions.create({ ...base, echo: true });
+    assert.equal(echo.choices[0].text, 'hello world' + plain.choices[0].text);
+    const tok = await postJSON(server.origin, '/tokenize', { prompt: 'hello world' });
+    const ids = await client.completions.create({ ...base, prompt: tok.json.tokens });
+    assert.equal(ids.choices[0].text, plain.choices[0].text);
+    const two = await client.completions.create({ ...base, prompt: ['hello world', 'good night'] });
+    assert.deepEqual(two.choices.map((c) => c.index), [0, 1]);
+    assert.equal(two.choices[0].text, plain.choices[0].text);
+  });
+
+  test('logprobs: tokens, token_logprobs and top_logprobs per completion token', async () => {
+    const r = await client.completions.create({ ...base, logprobs: 2 });
+    const lp = r.choices[0].logprobs;
+    assert.equal(lp.tokens.length, r.usage.completion_tokens);
+    assert.equal(lp.token_logprobs.length, lp.tokens.length);
+    assert.equal(lp.top_logprobs.length, lp.tokens.length);
+    for (const t of lp.top_logprobs) {
+      const n = Object.keys(t).length;
+      assert.ok(n >= 1 && n <= 2, `top_logprobs entries: ${n}`);
+    }
+    for (const v of lp.token_logprobs) assert.ok(v <= 0);
+  });
+
+  test('streaming completions concatenate to the non-streamed text and end with [DONE]', async () => {
+    const full = await client.completions.create(base);
+    const r = await sse(server.origin, '/v1/completions', { ...base, stream: true, stream_options: { include_usage: true } });
+    assert.ok(r.done);
+    const text = r.events.filter((e) => e.choices.length).map((e) => e.choices[0].text).join('');
+    assert.equal(text, full.choices[0].text);
+    assert.equal(r.events.at(-1).usage.completion_tokens, 6);
+    const viaClient = await client.completions.create({ ...base, stream: true });
+    let t2 = '';
+    for await (const ch of viaClient) t2 += ch.choices[0]?.text ?? '';
+    assert.equal(t2, full.choices[0].text);
+  });
+});
+
+describe('/generate (SGLang native)', () => {
+  const sp = { max_new_tokens: 6, seed: 21, ignore_eos: true };
+
+  test('text and input_ids give the same output', async () => {
+    const a = await postJSON(server.origin, '/generate', { text: 'hello world', sampling_params: sp });
+    assert.equal(a.status, 200, a.text);
+    assert.equal(typeof a.json.text, 'string');
+    assert.equal(a.json.output_ids.length, 6);
+    assert.equal(a.json.meta_info.completion_tokens, 6);
+    assert.equal(a.json.meta_info.finish_reason.type, 'length');
+    const tok = await postJSON(server.origin, '/tokenize', { prompt: 'hello world' });
+    const b = await postJSON(server.origin, '/generate', { input_ids: tok.json.tokens, sampling_params: sp });
+    assert.equal(b.status, 200, b.text);
+    assert.deepEqual(b.json.output_ids, a.json.output_ids);
+    assert.equal(b.json.text, a.json.text);
+  });
+
+  test('return_logprob', async () => {
+    const r = await postJSON(server.origin, '/generate', { text: 'hello', sampling_params: sp, return_logprob: true, top_logprobs_num: 2 });
+    assert.equal(r.status, 200);
+    const lp = r.json.meta_info.output_token_logprobs;
+    assert.equal(lp.length, 6);
+    lp.forEach(([v, id], i) => { assert.ok(v <= 0); assert.equal(id, r.json.output_ids[i]); });
+    assert.equal(r.json.meta_info.output_top_logprobs.length, 6);
+  });
+
+  test('streaming: cumulative text grows to the non-streamed text; [DONE]', async () => {
+    const full = await postJSON(server.origin, '/generate', { text: 'hello world', sampling_params: sp });
+    const r = await sse(server.origin, '/generate', { text: 'hello world', sampling_params: sp, stream: true });
+    assert.equal(r.status, 200);
+    assert.ok(r.done, 'ends with data: [DONE]');
+    assert.ok(r.events.length >= 2);
+    for (let i = 1; i < r.events.length; ++i)
+      assert.ok(r.events[i].text.startsWith(r.events[i - 1].text), 'text is cumulative');
+    const last = r.events.at(-1);
+    assert.equal(last.text, full.json.text);
+    assert.deepEqual(last.output_ids, full.json.output_ids);
+    assert.equal(last.meta_info.finish_reason.type, 'length');
+  });
+
+  test('batched text list', async () => {
+    const r = await postJSON(server.origin, '/generate', { text: ['hello world', 'abc'], sampling_params: sp });
+    assert.equal(r.status, 200);
+    assert.equal(r.json.length, 2);
+  });
+});
+
+describe('errors', () => {
+  test('malformed JSON -> 400 with a message', async () => {
+    for (const p of ['/v1/chat/completions', '/v1/completions', '/generate']) {
+      const r = await postJSON(server.origin, p, '{"messages": [');
+      assertErrorShape(r, 400, /JSON/);
+    }
+  });
+
+  test('wrong types -> 400 naming the field', async () => {
+    const cases = [
+      [{ messages: 'hi' }, /messages/],
+      [{ messages: user('x'), max_tokens: 'ten' }, /max_tokens/],
+      [{ messages: user('x'), temperature: 'hot' }, /temperature/],
+      [{ messages: user('x'), stream: 'yes' }, /stream/],
+      [{ messages: user('x'), n: 1.5 }, /'n'/],
+      [{ messages: user('x'), stop: 5 }, /stop/],
+      [{ messages: user('x'), logprobs: 1 }, /logprobs/],
+      [{ messages: user('x'), top_p: 0 }, /top_p/],
+      [{ messages: user('x'), temperature: -1 }, /temperature/],
+      [{ messages: [{ content: 'no role' }] }, /role/],
+      [[1, 2, 3], /object/],
+    ];
+    for (const [body, re] of cases) assertErrorShape(await postJSON(server.origin, '/v1/chat/completions', body), 400, re);
+    assertErrorShape(await postJSON(server.origin, '/v1/completions', { prompt: 42 }), 400, /prompt/);
+    assertErrorShape(await postJSON(server.origin, '/v1/completions', { prompt: [1, 2, 10 ** 9] }), 400, /vocabulary/);
+    assertErrorShape(await postJSON(server.origin, '/generate', { sampling_params: {} }), 400, /text|input_ids/);
+    // Through the client: a typed BadRequestError.
+    const e = await expectStatus(client.chat.completions.create({ model: 'dsv4-test', messages: user('x'), max_tokens: -3 }), 400, /max_tokens/);
+    assert.ok(e instanceof OpenAI.BadRequestError);
+  });
+
+  test('empty messages -> 400; empty body -> 400', async () => {
+    assertErrorShape(await postJSON(server.origin, '/v1/chat/completions', { messages: [] }), 400, /messages/);
+    await expectStatus(client.chat.completions.create({ model: 'dsv4-test', messages: [] }), 400, /messages/);
+    assertErrorShape(await rawRequest(server.origin, 'POST', '/v1/chat/completions', Buffer.alloc(0)), 400, /empty/);
+  });
+
+  test('invalid UTF-8 -> 400', async () => {
+    const body = Buffer.concat([Buffer.from('{"messages":[{"role":"user","content":"'), Buffer.from([0xff, 0xfe, 0xc3]), Buffer.from('"}]}')]);
+    assertErrorShape(await postJSON(server.origin, '/v1/chat/completions', body), 400, /UTF-8/);
+  });
+
+  test('huge body (> 32 MiB) -> 413', async () => {
+    const big = Buffer.alloc(33 * 1024 * 1024, 0x61);
+    big.write('{"prompt":"', 0);
+    const r = await postJSON(server.origin, '/v1/completions', big);
+    assertErrorShape(r, 413, /too large/);
+    // The server is still healthy.
+    assert.equal((await getPath(server.origin, '/health')).status, 200);
+  });
+
+  test('prompt longer than --context-length -> 400 saying how long it was', async () => {
+    const prompt = wordsPrompt(CONTEXT + 200, rng(1));
+    const tok = await postJSON(server.origin, '/tokenize', { prompt });
+    const n = tok.json.count;
+    assert.ok(n > CONTEXT);
+    const e = await expectStatus(client.completions.create({ model: 'dsv4-test', prompt, max_tokens: 4 }), 400);
+    assert.match(e.error.message, new RegExp(`\\b${n} tokens`), e.error.message);
+    const c = await expectStatus(client.chat.completions.create({ model: 'dsv4-test', messages: user(prompt), max_tokens: 4 }), 400);
+    const m = c.error.message.match(/(\d+) tokens/);
+    assert.ok(m && Number(m[1]) > CONTEXT, c.error.message);
+    assertErrorShape(await postJSON(server.origin, '/generate', { text: prompt }), 400, new RegExp(`\\b${n} tokens`));
+    // max_tokens beyond the context is refused too.
+    await expectStatus(client.completions.create({ model: 'dsv4-test', prompt: 'hi', max_tokens: CONTEXT * 4 }), 400, /context/);
+  });
+
+  test('unknown route -> 404 in the OpenAI error shape', async () => {
+    assertErrorShape(await getPath(server.origin, '/v1/nothing-here'), 404);
+    assertErrorShape(await postJSON(server.origin, '/v2/chat/completions', { messages: user('x') }), 404);
+  });
+
+  test('/abort_request with an unknown rid -> 404; without rid -> 400', async () => {
+    assertErrorShape(await postJSON(server.origin, '/abort_request', { rid: 'no-such-request' }), 404);
+    assertErrorShape(await postJSON(server.origin, '/abort_request', {}), 400);
+  });
+});
+
+describe('metrics and cache', () => {
+  test('/metrics has SGLang metric names and counts requests', async () => {
+    const r = await getPath(server.origin, '/metrics');
+    assert.equal(r.status, 200);
+    for (const name of ['sglang:num_requests_total', 'sglang:prompt_tokens_total', 'sglang:generation_tokens_total',
+      'sglang:num_running_reqs', 'sglang:time_to_first_token_seconds_bucket'])
+      assert.ok(r.text.includes(name), `${name} in /metrics`);
+    const m = r.text.match(/^sglang:num_requests_total\{[^}]*\} (\d+)/m);
+    assert.ok(m && Number(m[1]) > 0);
+  });
+
+  test('/flush_cache empties the prefix cache', async () => {
+    await client.completions.create({ model: 'dsv4-test', prompt: 'cache me please', max_tokens: 2 });
+    const again = await client.completions.create({ model: 'dsv4-test', prompt: 'cache me please', max_tokens: 2 });
+    assert.ok(again.usage.prompt_tokens_details.cached_tokens > 0, 'second identical prompt hits the prefix cache');
+    const f = await getPath(server.origin, '/flush_cache');
+    assert.equal(f.status, 200, f.text);
+    const info = await getPath(server.origin, '/get_server_info');
+    assert.equal(info.json.internal_states[0].prefix_cache_entries, 0);
+    const after = await client.completions.create({ model: 'dsv4-test', prompt: 'cache me please', max_tokens: 2 });
+    assert.equal(after.usage.prompt_tokens_details.cached_tokens, 0);
+    assert.equal((await postJSON(server.origin, '/flush_cache', {})).status, 200);
+  });
+});
+
+describe('--api-key', () => {
+  let secured;
+  before(async () => { secured = await startServer(['--api-key', 'sk-test-123', '--context-length', '512']); });
+  after(async () => { await secured?.stop(); });
+
+  test('missing or wrong key -> 401; right key works; /health stays open', async () => {
+    const wrong = new OpenAI({ baseURL: secured.baseURL, apiKey: 'sk-wrong', maxRetries: 0 });
+    const e = await expectStatus(wrong.models.list(), 401);
+    assert.ok(e instanceof OpenAI.AuthenticationError);
+    await expectStatus(wrong.chat.completions.create({ model: 'x', messages: user('hi'), max_tokens: 2 }), 401);
+    assertErrorShape(await getPath(secured.origin, '/v1/models'), 401);
+    assertErrorShape(await postJSON(secured.origin, '/generate', { text: 'hi' }), 401);
+    const right = new OpenAI({ baseURL: secured.baseURL, apiKey: 'sk-test-123', maxRetries: 0 });
+    const r = await right.chat.completions.create({ model: 'x', messages: user('hi'), max_tokens: 2 });
+    assert.equal(r.usage.completion_tokens <= 2, true);
+    assert.equal((await getPath(secured.origin, '/health')).status, 200);
+  });
+});
