@@ -1,6 +1,7 @@
 #include "server/server.h"
 
 #include <httplib.h>
+#include <malloc.h>
 
 #include <cmath>
 #include <cstdio>
@@ -842,6 +843,7 @@ struct Server::Impl {
     http.Get("/server_info", server_info);
     auto flush = guarded([this](auto&, httplib::Response& r) {
       if (engine->flush_cache()) {
+        malloc_trim(0);  // hand the freed prefix-cache memory back to the OS now, not at the next idle step
         r.set_content("Cache flushed.\n", "text/plain");
       } else {
         r.status = 400;
