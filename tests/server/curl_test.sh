@@ -7,30 +7,10 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 BIN="${1:-${DSV4_BIN:-$ROOT/build/dsv4}}"
 MODEL="${2:-${DSV4_TEST_MODEL:-$ROOT/build/test-smoke-model}}"
 command -v curl >/dev/null || { echo "SKIP: curl is not installed"; exit 77; }
-[ -x "$BIN" ] || { echo "FAIL: no dsv4 binary at $BIN"; exit 1; }
-[ -f "$MODEL/config.json" ] || { echo "FAIL: no test model in $MODEL (dsv4 make-model --out $MODEL)"; exit 1; }
 
-WORK="$(mktemp -d)"
-SERVER_PID=""
-cleanup() {
-  if [ -n "$SERVER_PID" ]; then kill "$SERVER_PID" 2>/dev/null || true; wait "$SERVER_PID" 2>/dev/null || true; fi
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}" "$BIN" serve --model-path "$MODEL" --host 127.0.0.1 --port 0 \
-  --context-length 1024 >"$WORK/out" 2>"$WORK/err" &
-SERVER_PID=$!
-PORT=""
-for _ in $(seq 600); do
-  PORT="$(sed -n 's|.*on http://127\.0\.0\.1:\([0-9]*\) (OpenAI API at /v1).*|\1|p' "$WORK/out")"
-  [ -n "$PORT" ] && break
-  kill -0 "$SERVER_PID" 2>/dev/null || { echo "FAIL: server exited"; cat "$WORK/err"; exit 1; }
-  sleep 0.1
-done
-[ -n "$PORT" ] || { echo "FAIL: server did not start"; cat "$WORK/err"; exit 1; }
-URL="http://127.0.0.1:$PORT"
-echo "server on $URL"
+# shellcheck source=server_lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/server_lib.sh"
+start_server --context-length 1024
 
 FAILS=0
 pass() { echo "ok   - $1"; }
@@ -80,7 +60,7 @@ check "GET /metrics has sglang:num_requests_total" \
 check "GET /flush_cache -> 200" '[ "$(status $WORK/f GET /flush_cache)" = 200 ]'
 
 if [ "$FAILS" -ne 0 ]; then
-  echo "$FAILS curl check(s) failed; server log:"; tail -n 30 "$WORK/err"
+  echo "$FAILS curl check(s) failed; server log:"; tail -n 30 "$WORK/server.err"
   exit 1
 fi
 echo "all curl checks passed"
