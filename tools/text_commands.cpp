@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "commands.h"
+#include "text/request_parsing.h"
 #include "text/chat_encoder.h"
 #include "text/output_parser.h"
 #include "text/tokenizer.h"
@@ -286,20 +287,13 @@ void register_text_commands(CLI::App& app, int& exit_code) {
           if (req.is_object() && !req.contains("messages") && req.contains("request")) req = req["request"];
           prof = choose_profile(*model, *profile, *tool_parser);
           const auto rendered = text::render_chat_request(req, prof, options_for(*semantics, prof));
-          cfg.starts_in_reasoning = rendered.starts_in_reasoning;
-          const ojson& tools = req.contains("tools") ? req["tools"] : ojson();
-          const bool tool_choice_none = req.contains("tool_choice") && req["tool_choice"] == "none";
-          cfg.tools_enabled = tools.is_array() && !tools.empty() && !tool_choice_none;
-          if (cfg.tools_enabled) {
-            for (const auto& t : tools) {
-              if (t.contains("function") && t["function"].contains("name") && t["function"]["name"].is_string()) {
-                cfg.tool_names.push_back(t["function"]["name"].get<std::string>());
-              }
-            }
-          }
-          if (req.contains("separate_reasoning") && req["separate_reasoning"].is_boolean()) {
-            cfg.options.separate_reasoning = req["separate_reasoning"].get<bool>();
-          }
+          // The same request-to-parser mapping as the server.
+          const text::ParserConfig from_request =
+              text::parser_config_for_request(req, prof, rendered.starts_in_reasoning, "", "");
+          cfg.starts_in_reasoning = from_request.starts_in_reasoning;
+          cfg.tools_enabled = from_request.tools_enabled;
+          cfg.tool_names = from_request.tool_names;
+          cfg.options.separate_reasoning = from_request.options.separate_reasoning;
         }
         if (!text_file->empty()) raw = read_file(*text_file);
         const std::string eos = "<｜end▁of▁sentence｜>";
