@@ -2,6 +2,7 @@
 // client (and raw HTTP where the client cannot send what we need).
 // Run: node --test tests/server/api.test.mjs   (see tests/server/README.md)
 import assert from 'node:assert/strict';
+import http from 'node:http';
 import { after, before, describe, test } from 'node:test';
 import OpenAI from 'openai';
 
@@ -444,6 +445,29 @@ describe('errors', () => {
     // The server is still healthy.
     assert.equal((await getPath(server.origin, '/health')).status, 200);
   });
+
+  // KNOWN SERVER BUG (reported): cpp-httplib 0.11 enforces the payload limit
+  // only for bodies with a Content-Length, so a chunked upload of any size is
+  // read into memory. Marked todo; DSV4_TEST_STRICT=1 makes it count.
+  test('huge chunked body (> 32 MiB, Transfer-Encoding: chunked) -> 413',
+    { todo: process.env.DSV4_TEST_STRICT ? false : 'server bug: chunked request bodies are not size-limited' }, async () => {
+      const r = await new Promise((resolve, reject) => {
+        const u = new URL('/v1/completions', server.origin);
+        const req = http.request({ host: u.hostname, port: u.port, path: u.pathname, method: 'POST', agent: false,
+          headers: { 'Content-Type': 'application/json', 'Transfer-Encoding': 'chunked' } }, (res) => {
+          let text = '';
+          res.setEncoding('utf8');
+          res.on('data', (d) => { text += d; });
+          res.on('end', () => resolve({ status: res.statusCode, text }));
+        });
+        req.on('error', (e) => { if (!req.res) reject(e); });
+        req.write('{"prompt":"');
+        const piece = Buffer.alloc(1 << 20, 0x61);
+        for (let i = 0; i < 33; ++i) req.write(piece);
+        req.end('"}');
+      });
+      assert.equal(r.status, 413, r.text.slice(0, 200));
+    });
 
   test('prompt longer than --context-length -> 400 saying how long it was', async () => {
     const prompt = wordsPrompt(CONTEXT + 200, rng(1));

@@ -120,6 +120,27 @@ test('/abort_request of a non-streaming request returns its partial output', asy
   assert.ok(res.usage.completion_tokens < 3000);
 });
 
+test('a full waiting queue answers 503 with Retry-After', async () => {
+  const small = await startServer(['--max-running-requests', '1', '--max-queued-requests', '1']);
+  try {
+    const body = { prompt: 'busy', max_tokens: 3000, ignore_eos: true, stream: true };
+    const first = sse(small.origin, '/v1/completions', body);
+    await waitFor(async () => (await runningRequests(small.origin)) === 1, { timeoutMs: 10000, what: 'one running' });
+    const second = sse(small.origin, '/v1/completions', body);
+    await waitFor(async () => (await runningRequests(small.origin)) === 2, { timeoutMs: 10000, what: 'one queued' });
+    const r = await postJSON(small.origin, '/v1/completions', { prompt: 'one more', max_tokens: 2 });
+    assert.equal(r.status, 503, r.text);
+    assert.ok(r.headers['retry-after'], 'Retry-After header');
+    assert.match(r.json.error.message, /capacity|queue/);
+    const c = new OpenAI({ baseURL: small.baseURL, apiKey: 'unused', maxRetries: 0 });
+    await assert.rejects(c.completions.create({ model: 'm', prompt: 'x', max_tokens: 2 }), (e) => e.status === 503);
+    await postJSON(small.origin, '/abort_request', { abort_all: true });
+    for (const s of await Promise.all([first, second])) assert.ok(s.done);
+  } finally {
+    await small.stop();
+  }
+});
+
 // KNOWN SERVER BUG (reported): a non-streaming request keeps generating after
 // its client went away: run_to_end() never looks at the connection, and
 // cpp-httplib 0.11 offers no is_connection_closed(). Marked todo so the suite
