@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   dsv4::tools::register_bench_command(app, exit_code);
   dsv4::tools::register_make_model_command(app, exit_code);
   dsv4::tools::register_serve_command(app, exit_code);
+  dsv4::tools::register_bench_serve_command(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
