@@ -29,12 +29,9 @@
 #include <thread>
 #include <vector>
 
-#include <CLI/CLI.hpp>
+#include "commands.h"
 
 namespace dsv4::tools {
-
-void register_bench_serve_command(CLI::App& app, int& exit_code);
-
 namespace {
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
