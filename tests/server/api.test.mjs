@@ -160,6 +160,17 @@ describe('chat completions', () => {
     assert.notEqual(c.choices[0].message.content, a.choices[0].message.content);
   });
 
+  test('content as a list of text parts equals the plain string; system/developer roles', async () => {
+    const plain = await client.chat.completions.create({ ...base, messages: user('Say hello.') });
+    const parts = await client.chat.completions.create({ ...base, messages: [{ role: 'user', content: [{ type: 'text', text: 'Say hello.' }] }] });
+    assert.equal(parts.usage.prompt_tokens, plain.usage.prompt_tokens);
+    assert.equal(parts.choices[0].message.content, plain.choices[0].message.content);
+    for (const role of ['system', 'developer']) {
+      const r = await client.chat.completions.create({ ...base, max_tokens: 2, messages: [{ role, content: 'Be brief.' }, ...user('Hi')] });
+      assert.ok(r.usage.prompt_tokens > plain.usage.prompt_tokens - 2, role);
+    }
+  });
+
   test('temperature 0 is greedy and reproducible without a seed', async () => {
     const req = { model: 'dsv4-test', messages: user('Count.'), max_tokens: 6, temperature: 0 };
     const a = await client.chat.completions.create(req);
