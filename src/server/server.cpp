@@ -190,12 +190,12 @@ struct Server::Impl {
     }
   }
 
-  ojson parse_body(const httplib::Request& req) {
-    if (req.body.empty()) throw BadRequest("the request body is empty; expected a JSON object");
-    if (!text::utf8::is_valid(req.body)) throw BadRequest("the request body is not valid UTF-8");
+  ojson parse_body(const std::string& body) {
+    if (body.empty()) throw BadRequest("the request body is empty; expected a JSON object");
+    if (!text::utf8::is_valid(body)) throw BadRequest("the request body is not valid UTF-8");
     ojson j;
     try {
-      j = ojson::parse(req.body);
+      j = ojson::parse(body);
     } catch (const std::exception& e) {
       throw BadRequest(std::string("malformed JSON: ") + e.what());
     }
@@ -218,6 +218,31 @@ struct Server::Impl {
         log("error", std::string("internal error on ") + req.path + ": " + e.what());
         send_error(res, 500, std::string("internal error: ") + e.what());
       }
+    };
+  }
+
+  // POST routes read their body themselves, so that a body past the size
+  // limit is refused while it arrives (chunked uploads included) instead of
+  // being buffered whole.
+  template <class F>
+  httplib::Server::HandlerWithContentReader guarded_body(F f) {
+    return [this, f](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+      std::string body;
+      bool too_large = false;
+      reader([&](const char* data, size_t len) {
+        if (body.size() + len > size_t(opt.max_request_bytes)) {
+          too_large = true;
+          return false;
+        }
+        body.append(data, len);
+        return true;
+      });
+      if (too_large) {
+        send_error(res, 413, "the request body is larger than " + std::to_string(opt.max_request_bytes) + " bytes");
+        res.set_header("Connection", "close");
+        return;
+      }
+      guarded([&](const httplib::Request&, httplib::Response& r) { f(body, r); })(req, res);
     };
   }
 
@@ -251,17 +276,43 @@ struct Server::Impl {
     metrics.observe_request(t, c.completion_tokens(), aborted);
   }
 
-  // Non-streaming: runs every choice to the end.
-  void run_to_end(std::vector<std::unique_ptr<ChoiceStream>>& choices) {
-    std::vector<std::vector<TokenEvent>> events(choices.size());
-    while (!all_finished(choices)) {
-      wait_any(choices, events, 1.0);
-      for (size_t i = 0; i < choices.size(); ++i) {
-        for (auto& e : events[i]) choices[i]->apply(e);
-        events[i].clear();
+  using Choices = std::vector<std::unique_ptr<ChoiceStream>>;
+
+  // Non-streaming answer. The body is sent once every choice is done, but
+  // through a chunked response: while waiting, a space (JSON whitespace) goes
+  // out every second, so a client that went away is noticed by the failing
+  // write and its requests are cancelled at once.
+  void respond_when_done(httplib::Response& res, std::shared_ptr<Choices> shared,
+                         std::function<ojson(Choices&)> build) {
+    res.set_chunked_content_provider("application/json", [this, shared, build](size_t, httplib::DataSink& sink) {
+      Choices& choices = *shared;
+      std::vector<std::vector<TokenEvent>> events(choices.size());
+      double last_ping = now_seconds();
+      while (!all_finished(choices)) {
+        wait_any(choices, events, 0.25);
+        for (size_t i = 0; i < choices.size(); ++i) {
+          for (auto& e : events[i]) choices[i]->apply(e);
+          events[i].clear();
+        }
+        if (now_seconds() - last_ping >= 1.0 && !all_finished(choices)) {
+          if (!sink.write(" ", 1) || !sink.is_writable()) {
+            for (auto& c : choices) c->handle().cancel(), record(*c, true);
+            return false;
+          }
+          last_ping = now_seconds();
+        }
       }
-    }
-    for (auto& c : choices) record(*c, c->reason() == FinishReason::Abort);
+      for (auto& c : choices) record(*c, c->reason() == FinishReason::Abort);
+      std::string body;
+      try {
+        body = dump(build(choices));
+      } catch (const std::exception& e) {
+        body = dump(error_body(500, e.what()));
+      }
+      sink.write(body.data(), body.size());
+      sink.done();
+      return true;
+    });
   }
 
   // ---- chat completions ----
@@ -311,8 +362,8 @@ struct Server::Impl {
             {"prompt_tokens_details", {{"cached_tokens", cached}}}};
   }
 
-  void chat_completions(const httplib::Request& req, httplib::Response& res) {
-    ojson body = parse_body(req);
+  void chat_completions(const std::string& raw, httplib::Response& res) {
+    ojson body = parse_body(raw);
     if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty())
       throw BadRequest("'messages' must be a non-empty list");
     for (auto& m : body["messages"])
@@ -383,35 +434,36 @@ struct Server::Impl {
     const int64_t prompt_tokens = int64_t(prompt.size());
 
     if (!stream) {
-      run_to_end(choices);
-      ojson out_choices = ojson::array();
-      int64_t completion = 0, cached = 0;
-      for (int64_t i = 0; i < n; ++i) {
-        ChoiceStream& c = *choices[size_t(i)];
-        text::ParsedMessage msg = text::parse_output(parser_cfg, c.text(), parser_stop(c));
-        completion += c.completion_tokens();
-        cached = std::max(cached, c.handle().cached_tokens());
-        if (c.reason() == FinishReason::Error) throw std::runtime_error(c.error());
-        ojson message = {{"role", "assistant"},
-                         {"content", msg.content ? ojson(*msg.content) : ojson()},
-                         {"reasoning_content", msg.reasoning_content ? ojson(*msg.reasoning_content) : ojson()}};
-        if (!msg.tool_calls.empty()) {
-          ojson calls = ojson::array();
-          for (size_t k = 0; k < msg.tool_calls.size(); ++k)
-            calls.push_back({{"id", msg.tool_calls[k].id}, {"index", int(k)}, {"type", "function"},
-                             {"function", {{"name", msg.tool_calls[k].name}, {"arguments", msg.tool_calls[k].arguments}}}});
-          message["tool_calls"] = calls;
-        } else {
-          message["tool_calls"] = nullptr;
+      respond_when_done(res, std::make_shared<Choices>(std::move(choices)),
+                        [this, parser_cfg, n, want_logprobs, id, created, model, prompt_tokens](Choices& choices) {
+        ojson out_choices = ojson::array();
+        int64_t completion = 0, cached = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          ChoiceStream& c = *choices[size_t(i)];
+          text::ParsedMessage msg = text::parse_output(parser_cfg, c.text(), parser_stop(c));
+          completion += c.completion_tokens();
+          cached = std::max(cached, c.handle().cached_tokens());
+          if (c.reason() == FinishReason::Error) throw std::runtime_error(c.error());
+          ojson message = {{"role", "assistant"},
+                           {"content", msg.content ? ojson(*msg.content) : ojson()},
+                           {"reasoning_content", msg.reasoning_content ? ojson(*msg.reasoning_content) : ojson()}};
+          if (!msg.tool_calls.empty()) {
+            ojson calls = ojson::array();
+            for (size_t k = 0; k < msg.tool_calls.size(); ++k)
+              calls.push_back({{"id", msg.tool_calls[k].id}, {"index", int(k)}, {"type", "function"},
+                               {"function", {{"name", msg.tool_calls[k].name}, {"arguments", msg.tool_calls[k].arguments}}}});
+            message["tool_calls"] = calls;
+          } else {
+            message["tool_calls"] = nullptr;
+          }
+          out_choices.push_back({{"index", i}, {"message", message},
+                                 {"logprobs", want_logprobs ? chat_logprobs(c.sampled()) : ojson()},
+                                 {"finish_reason", finish_reason_for(c, msg.finish_reason)},
+                                 {"matched_stop", matched_stop(c)}});
         }
-        out_choices.push_back({{"index", i}, {"message", message},
-                               {"logprobs", want_logprobs ? chat_logprobs(c.sampled()) : ojson()},
-                               {"finish_reason", finish_reason_for(c, msg.finish_reason)},
-                               {"matched_stop", matched_stop(c)}});
-      }
-      ojson out = {{"id", id}, {"object", "chat.completion"}, {"created", created}, {"model", model},
-                   {"choices", out_choices}, {"usage", usage_json(prompt_tokens, completion, cached)}};
-      res.set_content(dump(out), "application/json");
+        return ojson{{"id", id}, {"object", "chat.completion"}, {"created", created}, {"model", model},
+                     {"choices", out_choices}, {"usage", usage_json(prompt_tokens, completion, cached)}};
+      });
       return;
     }
 
@@ -538,8 +590,8 @@ struct Server::Impl {
     return out;
   }
 
-  void completions(const httplib::Request& req, httplib::Response& res) {
-    ojson body = parse_body(req);
+  void completions(const std::string& raw, httplib::Response& res) {
+    ojson body = parse_body(raw);
     if (!body.contains("prompt")) throw BadRequest("'prompt' is required");
     const std::string model = body.contains("model") && body["model"].is_string() ? body["model"].get<std::string>() : model_name();
     std::vector<std::vector<int32_t>> prompts = prompts_from(body["prompt"], "prompt");
@@ -586,21 +638,22 @@ struct Server::Impl {
       return c.reason() == FinishReason::Length ? "length" : (c.reason() == FinishReason::Abort || c.reason() == FinishReason::Error) ? "abort" : "stop";
     };
     if (!stream) {
-      run_to_end(choices);
-      ojson out = ojson::array();
-      int64_t completion = 0, cached = 0;
-      for (size_t i = 0; i < choices.size(); ++i) {
-        ChoiceStream& c = *choices[i];
-        if (c.reason() == FinishReason::Error) throw std::runtime_error(c.error());
-        completion += c.completion_tokens();
-        cached += c.handle().cached_tokens();
-        out.push_back({{"index", i}, {"text", echoes[i] + c.text()},
-                       {"logprobs", logprobs_k >= 0 ? logprobs_json(c.sampled()) : ojson()},
-                       {"finish_reason", reason_of(c)}, {"matched_stop", matched_stop(c)}});
-      }
-      res.set_content(dump({{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model},
-                            {"choices", out}, {"usage", usage_json(prompt_tokens, completion, cached)}}),
-                      "application/json");
+      respond_when_done(res, std::make_shared<Choices>(std::move(choices)),
+                        [=, this](Choices& choices) {
+        ojson out = ojson::array();
+        int64_t completion = 0, cached = 0;
+        for (size_t i = 0; i < choices.size(); ++i) {
+          ChoiceStream& c = *choices[i];
+          if (c.reason() == FinishReason::Error) throw std::runtime_error(c.error());
+          completion += c.completion_tokens();
+          cached += c.handle().cached_tokens();
+          out.push_back({{"index", i}, {"text", echoes[i] + c.text()},
+                         {"logprobs", logprobs_k >= 0 ? logprobs_json(c.sampled()) : ojson()},
+                         {"finish_reason", reason_of(c)}, {"matched_stop", matched_stop(c)}});
+        }
+        return ojson{{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model},
+                     {"choices", out}, {"usage", usage_json(prompt_tokens, completion, cached)}};
+      });
       return;
     }
     auto shared = std::make_shared<std::vector<std::unique_ptr<ChoiceStream>>>(std::move(choices));
@@ -666,8 +719,8 @@ struct Server::Impl {
 
   // ---- SGLang native /generate ----
 
-  void generate(const httplib::Request& req, httplib::Response& res) {
-    ojson body = parse_body(req);
+  void generate(const std::string& raw, httplib::Response& res) {
+    ojson body = parse_body(raw);
     std::vector<std::vector<int32_t>> prompts;
     bool batched = false;
     if (body.contains("input_ids") && !body["input_ids"].is_null()) {
@@ -699,7 +752,7 @@ struct Server::Impl {
       std::string rid = prompts.size() == 1 ? base_id : base_id + "-" + std::to_string(k);
       choices.push_back(std::make_unique<ChoiceStream>(submit(rid, prompts[k], p), tokenizer, stops, skip_special));
     }
-    auto result = [&](ChoiceStream& c) {
+    auto result = [this, return_logprob, top_n](ChoiceStream& c) {
       RequestTimes t = c.handle().times();
       ojson finish = nullptr;
       if (c.finished()) {
@@ -725,14 +778,12 @@ struct Server::Impl {
       return ojson{{"text", c.text()}, {"output_ids", c.output_ids()}, {"meta_info", meta}};
     };
     if (!stream) {
-      run_to_end(choices);
-      if (!batched) {
-        res.set_content(dump(result(*choices[0])), "application/json");
-      } else {
+      respond_when_done(res, std::make_shared<Choices>(std::move(choices)), [result, batched](Choices& choices) {
+        if (!batched) return result(*choices[0]);
         ojson all = ojson::array();
         for (auto& c : choices) all.push_back(result(*c));
-        res.set_content(dump(all), "application/json");
-      }
+        return all;
+      });
       return;
     }
     auto shared = std::make_shared<std::vector<std::unique_ptr<ChoiceStream>>>(std::move(choices));
@@ -779,10 +830,10 @@ struct Server::Impl {
   }
 
   void setup_routes() {
-    http.Post("/v1/chat/completions", guarded([this](auto& q, auto& r) { chat_completions(q, r); }));
-    http.Post("/v1/completions", guarded([this](auto& q, auto& r) { completions(q, r); }));
-    http.Post("/generate", guarded([this](auto& q, auto& r) { generate(q, r); }));
-    http.Put("/generate", guarded([this](auto& q, auto& r) { generate(q, r); }));
+    http.Post("/v1/chat/completions", guarded_body([this](const std::string& b, httplib::Response& r) { chat_completions(b, r); }));
+    http.Post("/v1/completions", guarded_body([this](const std::string& b, httplib::Response& r) { completions(b, r); }));
+    http.Post("/generate", guarded_body([this](const std::string& b, httplib::Response& r) { generate(b, r); }));
+    http.Put("/generate", guarded_body([this](const std::string& b, httplib::Response& r) { generate(b, r); }));
     http.Get("/v1/models", guarded([this](auto&, auto& r) {
       r.set_content(dump({{"object", "list"}, {"data", ojson::array({model_card()})}}), "application/json");
     }));
@@ -851,9 +902,12 @@ struct Server::Impl {
       }
     });
     http.Get("/flush_cache", flush);
-    http.Post("/flush_cache", flush);
-    http.Post("/abort_request", guarded([this](const httplib::Request& q, httplib::Response& r) {
-      ojson body = parse_body(q);
+    http.Post("/flush_cache", guarded_body([flush](const std::string&, httplib::Response& r) {
+      httplib::Request none;
+      flush(none, r);
+    }));
+    http.Post("/abort_request", guarded_body([this](const std::string& raw, httplib::Response& r) {
+      ojson body = parse_body(raw);
       if (bool_field(body, "abort_all", false)) {
         int64_t n = engine->abort_all();
         r.set_content(dump({{"aborted", n}}), "application/json");
@@ -875,14 +929,14 @@ struct Server::Impl {
                                         {"num_waiting_reqs", m.queued}, {"num_tokens", m.used_tokens}}})),
                     "application/json");
     }));
-    http.Post("/tokenize", guarded([this](const httplib::Request& q, httplib::Response& r) {
-      ojson body = parse_body(q);
+    http.Post("/tokenize", guarded_body([this](const std::string& raw, httplib::Response& r) {
+      ojson body = parse_body(raw);
       if (!body.contains("prompt") || !body["prompt"].is_string()) throw BadRequest("'prompt' (string) is required");
       auto ids = tokenizer->encode(body["prompt"].get<std::string>());
       r.set_content(dump({{"tokens", ids}, {"count", ids.size()}, {"max_model_len", engine->context_length()}}), "application/json");
     }));
-    http.Post("/detokenize", guarded([this](const httplib::Request& q, httplib::Response& r) {
-      ojson body = parse_body(q);
+    http.Post("/detokenize", guarded_body([this](const std::string& raw, httplib::Response& r) {
+      ojson body = parse_body(raw);
       if (!body.contains("tokens")) throw BadRequest("'tokens' is required");
       auto ids = id_list(body["tokens"], "tokens", int64_t(tokenizer->vocab_size()));
       r.set_content(dump({{"text", tokenizer->decode(std::vector<text::TokenId>(ids.begin(), ids.end()))}}), "application/json");
