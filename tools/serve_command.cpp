@@ -1,7 +1,10 @@
 // `dsv4 serve`: the OpenAI-compatible server, launched with SGLang's flags.
 #include <omp.h>
 
+#include <atomic>
+#include <chrono>
 #include <csignal>
+#include <thread>
 #include <cstdio>
 #include <deque>
 #include <filesystem>
@@ -26,10 +29,10 @@ std::string default_model_dir();
 
 namespace {
 
-Server* g_server = nullptr;
-void on_signal(int) {
-  if (g_server) g_server->stop();
-}
+// The signal handler only sets a flag; a watcher thread does the shutdown
+// (abort in-flight requests, stop the listener), which is not signal-safe.
+std::atomic<bool> g_stop_requested{false};
+void on_signal(int) { g_stop_requested = true; }
 
 struct ServeArgs {
   std::string model_path, tokenizer_path, host = "127.0.0.1", api_key, served_model_name;
@@ -115,12 +118,25 @@ int run_serve(ServeArgs& a) {
   so.log_level = a.log_level;
   so.server_args = a.argv;
   Server server(engine, tokenizer, profile, so);
-  g_server = &server;
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   std::signal(SIGPIPE, SIG_IGN);
-  if (!server.run()) throw Error("cannot listen on " + a.host + ":" + std::to_string(a.port) + " (port in use?)");
-  g_server = nullptr;
+  std::atomic<bool> finished{false};
+  std::thread watcher([&] {
+    while (!finished) {
+      if (g_stop_requested) {
+        std::fprintf(stderr, "shutting down: aborting %lld request(s)\n", (long long)engine->abort_all());
+        server.stop();
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+  bool ok = server.run();
+  finished = true;
+  watcher.join();
+  if (!ok && !g_stop_requested)
+    throw Error("cannot listen on " + a.host + ":" + std::to_string(a.port) + " (port in use?)");
   return 0;
 }
 

@@ -283,17 +283,23 @@ void Engine::step(std::vector<std::unique_ptr<Sequence>>& running) {
                      plan[i].samples ? logits.data() + int64_t(i) * V : nullptr, nullptr, true});
   if (!items.empty()) model_->forward_batch(items);
 
-  auto sample_and_emit = [&](Sequence& s, const float* row) {
-    if (s.output.empty() && int64_t(s.prompt.size()) == s.fed) {
-      // The prompt is complete: keep its state for later requests.
-      cache_.insert(s.prompt, s.state, std::vector<float>(row, row + V));
-    }
+  // Sampling is a pure function of (logits, params, history, step), so the
+  // sequences sample in parallel; events are emitted in order afterwards.
+  auto draw = [&](Sequence& s, const float* row) {
     const int64_t step_index = int64_t(s.output.size());
     std::vector<int32_t> stop_ids = s.params.stop_token_ids;
     if (!s.params.ignore_eos) stop_ids.push_back(int32_t(c.eos_token_id));
     std::vector<int32_t> blocked;
     if (step_index < s.params.min_new_tokens) blocked = stop_ids;
-    SampledToken t = sample_token(row, V, s.params, s.penalties, s.prompt, step_index, blocked);
+    return sample_token(row, V, s.params, s.penalties, s.prompt, step_index, blocked);
+  };
+  auto sample_and_emit = [&](Sequence& s, const float* row, const SampledToken& t) {
+    if (s.output.empty() && int64_t(s.prompt.size()) == s.fed) {
+      // The prompt is complete: keep its state for later requests.
+      cache_.insert(s.prompt, s.state, std::vector<float>(row, row + V));
+    }
+    std::vector<int32_t> stop_ids = s.params.stop_token_ids;
+    if (!s.params.ignore_eos) stop_ids.push_back(int32_t(c.eos_token_id));
     s.output.push_back(t.token);
     s.penalties.add(t.token);
     TokenEvent e;
@@ -320,6 +326,10 @@ void Engine::step(std::vector<std::unique_ptr<Sequence>>& running) {
       s.state = SequenceState();  // marks the sequence done
     }
   };
+  std::vector<SampledToken> drawn(plan.size());
+#pragma omp parallel for schedule(dynamic, 1) if (plan.size() > 1)
+  for (size_t i = 0; i < plan.size(); ++i)
+    if (plan[i].samples) drawn[i] = draw(*plan[i].seq, logits.data() + int64_t(i) * V);
   for (size_t i = 0; i < plan.size(); ++i) {
     Sequence& s = *plan[i].seq;
     s.fed += int64_t(plan[i].tokens.size());
@@ -327,12 +337,12 @@ void Engine::step(std::vector<std::unique_ptr<Sequence>>& running) {
       std::lock_guard<std::mutex> lock(mutex_);
       totals_.prompt_tokens_total += int64_t(plan[i].tokens.size());
     }
-    if (plan[i].samples) sample_and_emit(s, logits.data() + int64_t(i) * V);
+    if (plan[i].samples) sample_and_emit(s, logits.data() + int64_t(i) * V, drawn[i]);
   }
   for (Sequence* s : from_cache) {
     std::vector<float> row = std::move(s->pending_logits);
     s->pending_logits.clear();
-    sample_and_emit(*s, row.data());
+    sample_and_emit(*s, row.data(), draw(*s, row.data()));
   }
 }
 

@@ -60,38 +60,68 @@ SampledToken sample_token(const float* logits, int64_t vocab, const SamplingPara
   if (p.temperature <= 0.0f) {
     chosen = int32_t(std::max_element(s.begin(), s.end()) - s.begin());  // first maximum
   } else {
-    std::vector<int32_t> order(static_cast<size_t>(vocab));
-    std::iota(order.begin(), order.end(), 0);
-    int64_t keep = vocab;
-    if (p.top_k > 0 && p.top_k < vocab) keep = p.top_k;
-    auto by_score = [&](int32_t a, int32_t b) { return s[size_t(a)] > s[size_t(b)] || (s[size_t(a)] == s[size_t(b)] && a < b); };
-    std::partial_sort(order.begin(), order.begin() + keep, order.end(), by_score);
-    order.resize(size_t(keep));
-    double m = double(s[size_t(order[0])]) / p.temperature;
-    std::vector<double> prob(order.size());
+    // Candidates in a fixed order: all tokens by id when no truncation is
+    // asked for (no sort over the vocabulary), otherwise the smallest prefix
+    // of the probability-sorted list that top_k / min_p / top_p need.
+    const double inv_t = 1.0 / double(p.temperature);
+    double m = -std::numeric_limits<double>::infinity();
+    for (int64_t v = 0; v < vocab; ++v) m = std::max(m, double(s[size_t(v)]));
+    std::vector<double> prob(static_cast<size_t>(vocab));
     double total = 0;
-    for (size_t i = 0; i < order.size(); ++i) total += (prob[i] = std::exp(double(s[size_t(order[i])]) / p.temperature - m));
+    for (int64_t v = 0; v < vocab; ++v) total += (prob[size_t(v)] = std::exp((double(s[size_t(v)]) - m) * inv_t));
     for (auto& v : prob) v /= total;
-    // min_p relative to the most likely token, then nucleus.
-    size_t n = prob.size();
-    if (p.min_p > 0)
-      while (n > 1 && prob[n - 1] < p.min_p * prob[0]) --n;
-    if (p.top_p < 1.0f) {
-      double cum = 0;
-      for (size_t i = 0; i < n; ++i) {
-        cum += prob[i];
-        if (cum >= p.top_p) {
-          n = i + 1;
-          break;
+    const bool truncate = (p.top_k > 0 && p.top_k < vocab) || p.top_p < 1.0f || p.min_p > 0.0f;
+    std::vector<int32_t> order;
+    size_t n;
+    if (!truncate) {
+      order.resize(static_cast<size_t>(vocab));
+      std::iota(order.begin(), order.end(), 0);
+      n = order.size();
+    } else {
+      auto by_prob = [&](int32_t a, int32_t b) { return prob[size_t(a)] > prob[size_t(b)] || (prob[size_t(a)] == prob[size_t(b)] && a < b); };
+      std::vector<int32_t> all;
+      if (p.min_p > 0) {  // min_p drops everything below min_p * max first
+        double top = 0;
+        for (double v : prob) top = std::max(top, v);
+        for (int64_t v = 0; v < vocab; ++v)
+          if (prob[size_t(v)] >= double(p.min_p) * top) all.push_back(int32_t(v));
+      } else {
+        all.resize(static_cast<size_t>(vocab));
+        std::iota(all.begin(), all.end(), 0);
+      }
+      const int64_t available = int64_t(all.size());
+      int64_t limit = (p.top_k > 0 && p.top_k < available) ? p.top_k : available;
+      // Grow the sorted prefix until it covers top_p (usually a few hundred).
+      int64_t k = std::min<int64_t>(limit, 256);
+      for (;;) {
+        std::partial_sort(all.begin(), all.begin() + k, all.end(), by_prob);
+        double cum = 0;
+        for (int64_t i = 0; i < k; ++i) cum += prob[size_t(all[size_t(i)])];
+        if (k >= limit || cum >= double(p.top_p)) break;
+        k = std::min<int64_t>(limit, k * 4);
+      }
+      order.assign(all.begin(), all.begin() + k);
+      n = order.size();
+      const double top = prob[size_t(order[0])];
+      if (p.min_p > 0)
+        while (n > 1 && prob[size_t(order[n - 1])] < double(p.min_p) * top) --n;
+      if (p.top_p < 1.0f) {
+        double cum = 0;
+        for (size_t i = 0; i < n; ++i) {
+          cum += prob[size_t(order[i])];
+          if (cum >= double(p.top_p)) {
+            n = i + 1;
+            break;
+          }
         }
       }
     }
     double mass = 0;
-    for (size_t i = 0; i < n; ++i) mass += prob[i];
+    for (size_t i = 0; i < n; ++i) mass += prob[size_t(order[i])];
     double u = counter_uniform(p.seed, uint64_t(step)) * mass;
     chosen = order[n - 1];
     for (size_t i = 0; i < n; ++i) {
-      u -= prob[i];
+      u -= prob[size_t(order[i])];
       if (u < 0) {
         chosen = order[i];
         break;
