@@ -229,6 +229,12 @@ struct Server::Impl {
     return [this, f](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
       std::string body;
       bool too_large = false;
+      const std::string declared = req.get_header_value("Content-Length");
+      if (!declared.empty() && std::strtoull(declared.c_str(), nullptr, 10) > uint64_t(opt.max_request_bytes)) {
+        send_error(res, 413, "the request body is too large (limit " + std::to_string(opt.max_request_bytes) + " bytes)");
+        res.set_header("Connection", "close");
+        return;
+      }
       reader([&](const char* data, size_t len) {
         if (body.size() + len > size_t(opt.max_request_bytes)) {
           too_large = true;
@@ -238,7 +244,7 @@ struct Server::Impl {
         return true;
       });
       if (too_large) {
-        send_error(res, 413, "the request body is larger than " + std::to_string(opt.max_request_bytes) + " bytes");
+        send_error(res, 413, "the request body is too large (limit " + std::to_string(opt.max_request_bytes) + " bytes)");
         res.set_header("Connection", "close");
         return;
       }
