@@ -133,10 +133,19 @@ int64_t Engine::abort_all() {
 }
 
 bool Engine::flush_cache() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (running_count_ > 0 || !waiting_.empty()) return false;
-  cache_.clear();
-  return true;
+  // A request whose last token was just delivered may still await retirement
+  // by the scheduler: give it a moment before calling the engine busy.
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (running_count_ == 0 && waiting_.empty()) {
+        cache_.clear();
+        return true;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return false;
 }
 
 EngineMetrics Engine::metrics() const {
