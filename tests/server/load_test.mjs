@@ -163,7 +163,7 @@ let server;
 let origin;
 async function main() {
   server = await startServer(['--chunked-prefill-size', '256', '--context-length', '2048', '--max-running-requests', '64',
-    '--max-queued-requests', '256']);
+    '--max-queued-requests', '256', '--enable-deterministic-inference']);
   origin = server.origin;
   log(`server pid ${server.pid} on ${origin}; ${CLIENTS} clients, prompts ${LENGTHS.join('/')} tokens`);
 
