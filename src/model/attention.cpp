@@ -16,16 +16,7 @@ namespace dsv4 {
 
 namespace {
 
-inline float dot(const float* a, const float* b, int64_t n) {
-  float acc[16] = {};
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    for (int l = 0; l < 16; ++l) acc[l] += a[i + l] * b[i + l];
-  for (int l = 0; i < n; ++i, ++l) acc[l] += a[i] * b[i];
-  for (int w = 8; w >= 1; w /= 2)
-    for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
-  return acc[0];
-}
+inline float dot(const float* a, const float* b, int64_t n) { return dot_fixed(a, b, n); }
 
 // Lightning indexer: for every row, the compressed rows its query attends
 // to (ascending ids). Projections run over the whole batch; scoring per

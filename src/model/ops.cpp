@@ -6,12 +6,12 @@
 
 namespace dsv4 {
 
-float sum_of_squares(const float* x, int64_t n) {
+float dot_fixed(const float* a, const float* b, int64_t n) {
   float acc[16] = {};
   int64_t i = 0;
   for (; i + 16 <= n; i += 16)
-    for (int l = 0; l < 16; ++l) acc[l] += x[i + l] * x[i + l];
-  for (int l = 0; i < n; ++i, ++l) acc[l] += x[i] * x[i];
+    for (int l = 0; l < 16; ++l) acc[l] += a[i + l] * b[i + l];
+  for (int l = 0; i < n; ++i, ++l) acc[l] += a[i] * b[i];
   for (int w = 8; w >= 1; w /= 2)
     for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
   return acc[0];

@@ -9,8 +9,10 @@
 
 namespace dsv4 {
 
-// Sum of squares with a fixed 16-lane order.
-float sum_of_squares(const float* x, int64_t n);
+// Dot product with a fixed 16-lane order (per-token results never depend on
+// how work is split).
+float dot_fixed(const float* a, const float* b, int64_t n);
+inline float sum_of_squares(const float* x, int64_t n) { return dot_fixed(x, x, n); }
 // x <- w * x / sqrt(mean(x^2) + eps); w may be null (unweighted norm).
 void rms_norm(float* x, const float* w, int64_t n, float eps);
 inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }

@@ -271,6 +271,16 @@ struct Server::Impl {
     return any;
   }
 
+  // SSE comment line when nothing was written for keepalive_seconds, so that
+  // clients and proxies do not time out during a long prefill.
+  bool keep_alive(httplib::DataSink& sink, bool got_events, double& last_write) {
+    if (got_events || now_seconds() - last_write < opt.keepalive_seconds) return true;
+    static const char line[] = ": keep-alive\n\n";
+    if (!sink.write(line, sizeof line - 1)) return false;
+    last_write = now_seconds();
+    return true;
+  }
+
   static bool all_finished(const std::vector<std::unique_ptr<ChoiceStream>>& choices) {
     for (auto& c : choices)
       if (!c->finished()) return false;
@@ -505,11 +515,7 @@ struct Server::Impl {
           while (true) {
             bool got = wait_any(choices, events, 0.5);
             if (!sink.is_writable()) return abort_all(), false;
-            if (!got && now_seconds() - last_write >= opt.keepalive_seconds) {
-              const char* ka = ": keep-alive\n\n";
-              if (!sink.write(ka, std::strlen(ka))) return abort_all(), false;
-              last_write = now_seconds();
-            }
+            if (!keep_alive(sink, got, last_write)) return abort_all(), false;
             for (size_t i = 0; i < choices.size(); ++i) {
               if (closed[i]) continue;
               ChoiceStream& c = *choices[i];
@@ -679,11 +685,7 @@ struct Server::Impl {
       while (!all_finished(choices)) {
         bool got = wait_any(choices, events, 0.5);
         if (!sink.is_writable()) return abort_all(), false;
-        if (!got && now_seconds() - last_write >= opt.keepalive_seconds) {
-          const char* ka = ": keep-alive\n\n";
-          if (!sink.write(ka, std::strlen(ka))) return abort_all(), false;
-          last_write = now_seconds();
-        }
+        if (!keep_alive(sink, got, last_write)) return abort_all(), false;
         for (size_t i = 0; i < choices.size(); ++i) {
           ChoiceStream& c = *choices[i];
           for (auto& e : events[i]) {
@@ -803,9 +805,9 @@ struct Server::Impl {
           for (auto& c : choices) c->handle().cancel(), record(*c, true);
           return false;
         }
-        if (!got && now_seconds() - last_write >= opt.keepalive_seconds) {
-          sink.write(": keep-alive\n\n", 14);
-          last_write = now_seconds();
+        if (!keep_alive(sink, got, last_write)) {
+          for (auto& c : choices) c->handle().cancel(), record(*c, true);
+          return false;
         }
         for (size_t i = 0; i < choices.size(); ++i) {
           if (events[i].empty()) continue;

@@ -202,6 +202,18 @@ DSV4_AVX512 inline __m512 e4m3_to_ps_avx512(__m128i bytes16, __m512 scale) {
   return _mm512_mul_ps(v, scale);
 }
 
+// 16 FP4 values (8 bytes, low nibble first) to floats with the scale applied.
+DSV4_AVX512 inline __m512 e2m1_to_ps_avx512(const uint8_t* bytes8, __m512 scale) {
+  const __m512 table = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                                      -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
+  const __m512i shifts = _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
+  const __m512i pick = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+  __m512i b = _mm512_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)bytes8));
+  __m512i dup = _mm512_permutexvar_epi32(pick, b);  // byte k at elements 2k, 2k+1
+  __m512i nib = _mm512_and_si512(_mm512_srlv_epi32(dup, shifts), _mm512_set1_epi32(15));
+  return _mm512_mul_ps(_mm512_permutexvar_ps(nib, table), scale);
+}
+
 DSV4_AVX512 double dot_avx512(const Linear& w, int64_t row, const double* x) {
   __m512d a0 = _mm512_setzero_pd(), a1 = a0;
   const int64_t n = w.cols;
@@ -231,18 +243,8 @@ DSV4_AVX512 double dot_avx512(const Linear& w, int64_t row, const double* x) {
     case WeightFormat::FP4_BLOCK32: {
       const uint8_t* p = w.data + row * (n / 2);
       const uint8_t* s = w.scale + row * w.scale_cols;
-      const __m512 table = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
-                                          -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
-      const __m512i shifts = _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
-      const __m512i pick = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-      for (int64_t i = 0; i < n; i += 16) {
-        __m512 sc = _mm512_set1_ps(e8m0_to_float(s[i / 32]));
-        __m512i b = _mm512_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(p + i / 2)));
-        __m512i dup = _mm512_permutexvar_epi32(pick, b);  // byte k at elements 2k, 2k+1
-        __m512i nib = _mm512_and_si512(_mm512_srlv_epi32(dup, shifts), _mm512_set1_epi32(15));
-        __m512 v = _mm512_mul_ps(_mm512_permutexvar_ps(nib, table), sc);
-        fma16_avx512(v, x + i, a0, a1);
-      }
+      for (int64_t i = 0; i < n; i += 16)
+        fma16_avx512(e2m1_to_ps_avx512(p + i / 2, _mm512_set1_ps(e8m0_to_float(s[i / 32]))), x + i, a0, a1);
       break;
     }
   }
@@ -278,15 +280,8 @@ DSV4_AVX512 void decode_row_avx512(const Linear& w, int64_t row, float* out) {
     case WeightFormat::FP4_BLOCK32: {
       const uint8_t* p = w.data + row * (n / 2);
       const uint8_t* s = w.scale + row * w.scale_cols;
-      const __m512 table = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
-                                          -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
-      const __m512i shifts = _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
-      const __m512i pick = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-      for (int64_t i = 0; i < n; i += 16) {
-        __m512i b = _mm512_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(p + i / 2)));
-        __m512i nib = _mm512_and_si512(_mm512_srlv_epi32(_mm512_permutexvar_epi32(pick, b), shifts), _mm512_set1_epi32(15));
-        _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_permutexvar_ps(nib, table), _mm512_set1_ps(e8m0_to_float(s[i / 32]))));
-      }
+      for (int64_t i = 0; i < n; i += 16)
+        _mm512_storeu_ps(out + i, e2m1_to_ps_avx512(p + i / 2, _mm512_set1_ps(e8m0_to_float(s[i / 32]))));
       return;
     }
   }
