@@ -17,6 +17,7 @@
 namespace dsv4::tools {
 
 void load_progress(int64_t done, int64_t total);
+void prefill_progress(int64_t done, int64_t total);
 
 namespace {
 
@@ -60,7 +61,11 @@ int run_bench(const BenchArgs& a) {
     std::vector<float> logits(size_t(c.vocab_size));
     double t0 = now_seconds();
     // Only the last row's logits are needed after a prefill.
-    model->forward(s, tokens.data(), a.prompt - 1, nullptr);
+    // In chunks of 512 (the same bits as one call) so a long prefill shows progress.
+    for (int64_t b = 0; b < a.prompt - 1; b += 512) {
+      model->forward(s, tokens.data() + b, std::min<int64_t>(512, a.prompt - 1 - b), nullptr);
+      prefill_progress(std::min<int64_t>(b + 512, a.prompt - 1), a.prompt - 1);
+    }
     model->forward(s, tokens.data() + a.prompt - 1, 1, logits.data());
     double dt = now_seconds() - t0;
     std::printf("prefill  %6lld tokens: %8.3f s  %10.2f tokens/s\n", (long long)a.prompt, dt, double(a.prompt) / dt);

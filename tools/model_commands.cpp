@@ -59,6 +59,15 @@ std::vector<int32_t> parse_token_list(const std::string& spec) {
 
 }  // namespace
 
+// Progress bar of a long prefill on stderr (only on a terminal).
+void prefill_progress(int64_t done, int64_t total) {
+  if (!isatty(fileno(stderr)) || total < 256) return;
+  int width = 30, filled = int(width * done / std::max<int64_t>(total, 1));
+  std::fprintf(stderr, "\rprefill [%.*s%*s] %lld/%lld tokens", filled, "##############################",
+               width - filled, "", (long long)done, (long long)total);
+  if (done == total) std::fprintf(stderr, "\n");
+}
+
 // Progress bar on stderr while a model loads (only on a terminal).
 void load_progress(int64_t done, int64_t total) {
   if (!isatty(fileno(stderr))) return;
@@ -88,7 +97,10 @@ int run_logits(const std::string& model_dir, const std::string& tokens_spec, con
     model->forward(state, tokens.data() + begin, len, logits.data() + begin * V,
                    mtp ? hc.data() + begin * W : nullptr);
   };
-  for (int64_t b = 0; b < prefill; b += chunk) run(b, std::min(chunk, prefill - b));
+  for (int64_t b = 0; b < prefill; b += chunk) {
+    run(b, std::min(chunk, prefill - b));
+    prefill_progress(std::min(b + chunk, prefill), prefill);
+  }
   for (int64_t b = prefill; b < n; ++b) run(b, 1);
   std::vector<OutputTensor> outputs = {{"logits", DType::F32, {n, V}, logits.data()}};
   if (mtp) {
