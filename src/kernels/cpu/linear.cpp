@@ -325,6 +325,36 @@ DSV4_AVX512 void row_times_tokens_avx512(const float* wrow, int64_t cols, const 
   }
 }
 
+// Four decoded weight rows against two tokens: each x vector is loaded once
+// for four rows and each weight vector converted once for two tokens. Every
+// (row, token) keeps its own 16 lanes in the canonical order.
+DSV4_AVX512 void rows4_times_tokens2_avx512(const float* w0, int64_t cols, const double* x0,
+                                            const double* x1, double out[4][2]) {
+  __m512d a[4][2][2];
+  for (auto& r : a)
+    for (auto& t : r) t[0] = t[1] = _mm512_setzero_pd();
+  for (int64_t i = 0; i < cols; i += 16) {
+    const __m512d xa0 = _mm512_loadu_pd(x0 + i), xa1 = _mm512_loadu_pd(x0 + i + 8);
+    const __m512d xb0 = _mm512_loadu_pd(x1 + i), xb1 = _mm512_loadu_pd(x1 + i + 8);
+    for (int r = 0; r < 4; ++r) {
+      __m512 v = _mm512_loadu_ps(w0 + r * cols + i);
+      __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
+      __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+      a[r][0][0] = _mm512_fmadd_pd(lo, xa0, a[r][0][0]);
+      a[r][0][1] = _mm512_fmadd_pd(hi, xa1, a[r][0][1]);
+      a[r][1][0] = _mm512_fmadd_pd(lo, xb0, a[r][1][0]);
+      a[r][1][1] = _mm512_fmadd_pd(hi, xb1, a[r][1][1]);
+    }
+  }
+  for (int r = 0; r < 4; ++r)
+    for (int t = 0; t < 2; ++t) {
+      double acc[16];
+      _mm512_storeu_pd(acc, a[r][t][0]);
+      _mm512_storeu_pd(acc + 8, a[r][t][1]);
+      out[r][t] = fold16(acc);
+    }
+}
+
 // ------------------------------------------------------------- dispatch ---
 
 using DotFn = double (*)(const Linear&, int64_t, const double*);
@@ -417,17 +447,36 @@ void linear_forward(const Linear& w, const float* x, int64_t n, float* y, int64_
   const int64_t n_tiles = (out + tile - 1) / tile;
   const bool parallel = out * cols * std::max<int64_t>(n, 1) >= (1 << 15);
   if (n >= 2 && g_isa == KernelIsa::Avx512) {
-    // Batches: decode each weight row once, then reuse it for every token.
+    // Batches: decode a tile of weight rows once, then run 4-row x 2-token
+    // blocks over it (remainders one row at a time).
 #pragma omp parallel if (parallel)
     {
-      std::vector<float> wrow(static_cast<size_t>(cols));
+      std::vector<float> wtile(static_cast<size_t>(tile * cols));
       std::vector<double> res(static_cast<size_t>(n));
 #pragma omp for schedule(static)
       for (int64_t k = 0; k < n_tiles; ++k) {
         int64_t o0 = k * tile, o1 = std::min(out, o0 + tile);
-        for (int64_t o = o0; o < o1; ++o) {
-          decode_row_avx512(w, row_begin + o, wrow.data());
-          row_times_tokens_avx512(wrow.data(), cols, xd.data(), n, res.data());
+        for (int64_t o = o0; o < o1; ++o) decode_row_avx512(w, row_begin + o, wtile.data() + (o - o0) * cols);
+        int64_t o = o0;
+        for (; o + 4 <= o1; o += 4) {
+          const float* w4 = wtile.data() + (o - o0) * cols;
+          int64_t t = 0;
+          for (; t + 2 <= n; t += 2) {
+            double r[4][2];
+            rows4_times_tokens2_avx512(w4, cols, xd.data() + t * cols, xd.data() + (t + 1) * cols, r);
+            for (int q = 0; q < 4; ++q) {
+              y[t * y_stride + o + q] = float(r[q][0]);
+              y[(t + 1) * y_stride + o + q] = float(r[q][1]);
+            }
+          }
+          for (; t < n; ++t)
+            for (int q = 0; q < 4; ++q) {
+              row_times_tokens_avx512(w4 + q * cols, cols, xd.data() + t * cols, 1, res.data());
+              y[t * y_stride + o + q] = float(res[0]);
+            }
+        }
+        for (; o < o1; ++o) {
+          row_times_tokens_avx512(wtile.data() + (o - o0) * cols, cols, xd.data(), n, res.data());
           for (int64_t t = 0; t < n; ++t) y[t * y_stride + o] = float(res[size_t(t)]);
         }
       }
