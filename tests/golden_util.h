@@ -1,5 +1,7 @@
 // Helpers shared by the model tests: golden files and run schedules.
 #pragma once
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -10,6 +12,13 @@
 #include "model/model.h"
 
 namespace dsv4::test {
+
+// gtest parameter name of a golden case ("tiny-flash-fp8" -> "tiny_flash_fp8").
+inline std::string case_name(const ::testing::TestParamInfo<std::string>& info) {
+  std::string s = info.param;
+  std::replace(s.begin(), s.end(), '-', '_');
+  return s;
+}
 
 inline std::string model_dir(const std::string& name) {
   return std::string(DSV4_TEST_DATA) + "/models/" + name;

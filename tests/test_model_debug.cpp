@@ -78,11 +78,7 @@ TEST_P(DebugTensors, StatesAndCachesMatchReference) {
 
 INSTANTIATE_TEST_SUITE_P(Golden, DebugTensors,
                          ::testing::Values("tiny-flash-bf16", "tiny-flash-fp8", "tiny-pro-fp8"),
-                         [](const auto& info) {
-                           std::string s = info.param;
-                           std::replace(s.begin(), s.end(), '-', '_');
-                           return s;
-                         });
+                         case_name);
 
 }  // namespace
 }  // namespace dsv4::test

@@ -299,21 +299,7 @@ void register_text_commands(CLI::App& app, int& exit_code) {
         const std::string eos = "<｜end▁of▁sentence｜>";
         if (const auto p = raw.find(eos); p != std::string::npos) raw.resize(p);
 
-        const bool v41 = text::is_v41(prof);
-        if (reasoning_parser->empty()) {
-          cfg.reasoning = v41 ? text::ReasoningParserKind::DeepSeekV41 : text::ReasoningParserKind::DeepSeekV4;
-        } else {
-          auto k = text::parse_reasoning_parser_name(*reasoning_parser);
-          if (!k) throw std::runtime_error("unknown --reasoning-parser '" + *reasoning_parser + "'");
-          cfg.reasoning = *k;
-        }
-        if (tool_parser->empty()) {
-          cfg.tools = v41 ? text::ToolParserKind::DeepSeekV41 : text::ToolParserKind::DeepSeekV4;
-        } else {
-          auto k = text::parse_tool_parser_name(*tool_parser);
-          if (!k) throw std::runtime_error("unknown --tool-call-parser '" + *tool_parser + "'");
-          cfg.tools = *k;
-        }
+        text::set_parser_kinds(cfg, prof, *reasoning_parser, *tool_parser);
         cfg.options.forward_unknown_tools = cfg.options.forward_unknown_tools || *forward_unknown;
         cfg.options.decode_dsml_entities = cfg.options.decode_dsml_entities || *entities;
         cfg.options.keep_text_after_tool_calls = *keep_after;

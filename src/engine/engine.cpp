@@ -57,6 +57,7 @@ struct Engine::Sequence {
   int64_t fed = 0;                 // tokens of prompt+output already in `state`
   std::vector<int32_t> output;     // generated tokens
   PenaltyState penalties;
+  std::vector<int32_t> stop_ids;      // stop_token_ids plus EOS unless ignore_eos
   std::vector<float> pending_logits;  // from a full prefix-cache hit
   int64_t reserved_tokens = 0;
 };
@@ -98,6 +99,8 @@ std::shared_ptr<RequestHandle> Engine::submit(const std::string& id, std::vector
   seq->prompt = std::move(prompt);
   seq->params = std::move(params);
   seq->reserved_tokens = n + seq->params.max_new_tokens;
+  seq->stop_ids = seq->params.stop_token_ids;
+  if (!seq->params.ignore_eos) seq->stop_ids.push_back(int32_t(c.eos_token_id));
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (int64_t(waiting_.size()) >= options_.max_queued_requests) throw QueueFullError();
@@ -296,10 +299,8 @@ void Engine::step(std::vector<std::unique_ptr<Sequence>>& running) {
   // sequences sample in parallel; events are emitted in order afterwards.
   auto draw = [&](Sequence& s, const float* row) {
     const int64_t step_index = int64_t(s.output.size());
-    std::vector<int32_t> stop_ids = s.params.stop_token_ids;
-    if (!s.params.ignore_eos) stop_ids.push_back(int32_t(c.eos_token_id));
     std::vector<int32_t> blocked;
-    if (step_index < s.params.min_new_tokens) blocked = stop_ids;
+    if (step_index < s.params.min_new_tokens) blocked = s.stop_ids;
     return sample_token(row, V, s.params, s.penalties, s.prompt, step_index, blocked);
   };
   auto sample_and_emit = [&](Sequence& s, const float* row, const SampledToken& t) {
@@ -307,14 +308,12 @@ void Engine::step(std::vector<std::unique_ptr<Sequence>>& running) {
       // The prompt is complete: keep its state for later requests.
       cache_.insert(s.prompt, s.state, std::vector<float>(row, row + V));
     }
-    std::vector<int32_t> stop_ids = s.params.stop_token_ids;
-    if (!s.params.ignore_eos) stop_ids.push_back(int32_t(c.eos_token_id));
     s.output.push_back(t.token);
     s.penalties.add(t.token);
     TokenEvent e;
     e.sampled = t;
     e.has_token = true;
-    e.is_stop_token = std::find(stop_ids.begin(), stop_ids.end(), t.token) != stop_ids.end();
+    e.is_stop_token = std::find(s.stop_ids.begin(), s.stop_ids.end(), t.token) != s.stop_ids.end();
     const int64_t total = int64_t(s.prompt.size() + s.output.size());
     if (e.is_stop_token) e.finished = true, e.reason = FinishReason::Stop;
     else if (int64_t(s.output.size()) >= s.params.max_new_tokens || total >= options_.context_length)

@@ -21,21 +21,30 @@ inline float dot(const float* a, const float* b, int64_t n) { return dot_fixed(a
 // Lightning indexer: for every row, the compressed rows its query attends
 // to (ascending ids). Projections run over the whole batch; scoring per
 // sequence against that sequence's index keys.
+// Which sequence and position each row of a batch belongs to.
+struct RowMap {
+  std::vector<int64_t> position;
+  std::vector<const Segment*> owner;
+  RowMap(const std::vector<Segment>& segments, int64_t n_rows)
+      : position(static_cast<size_t>(n_rows)), owner(static_cast<size_t>(n_rows)) {
+    for (const Segment& s : segments)
+      for (int64_t t = 0; t < s.n; ++t) {
+        position[size_t(s.row0 + t)] = s.start + t;
+        owner[size_t(s.row0 + t)] = &s;
+      }
+  }
+};
+
 std::vector<std::vector<int32_t>> indexer_select(const ModelConfig& c, const IndexerWeights& w,
                                                  const RopeTable& rope,
-                                                 const std::vector<Segment>& segments,
+                                                 const std::vector<Segment>& segments, const RowMap& rows,
                                                  const float* x, const float* qr, int64_t n_rows) {
   const int64_t heads = c.index_n_heads, hd = c.index_head_dim;
   std::vector<float> q(size_t(n_rows * heads * hd)), head_weights(size_t(n_rows * heads));
   linear_forward(w.wq_b, qr, n_rows, q.data());
   linear_forward(w.weights_proj, x, n_rows, head_weights.data());
-  std::vector<int64_t> position(static_cast<size_t>(n_rows));
-  std::vector<const Segment*> owner(static_cast<size_t>(n_rows));
-  for (const Segment& s : segments)
-    for (int64_t t = 0; t < s.n; ++t) {
-      position[size_t(s.row0 + t)] = s.start + t;
-      owner[size_t(s.row0 + t)] = &s;
-    }
+  const std::vector<int64_t>& position = rows.position;
+  const std::vector<const Segment*>& owner = rows.owner;
   const float weight_scale = 1.0f / std::sqrt(float(hd)) * (1.0f / std::sqrt(float(heads)));
 #pragma omp parallel for schedule(static) if (n_rows > 1)
   for (int64_t r = 0; r < n_rows; ++r) {
@@ -78,13 +87,9 @@ void attention_forward(const ModelConfig& c, const AttentionWeights& w, const Ro
                        int64_t n_rows, float* out) {
   const int64_t H = c.n_heads, hd = c.head_dim, rd = c.rope_dim, nope = hd - rd;
   const int64_t win = c.window, n = n_rows;
-  std::vector<int64_t> position(static_cast<size_t>(n));
-  std::vector<const Segment*> owner(static_cast<size_t>(n));
-  for (const Segment& s : segments)
-    for (int64_t t = 0; t < s.n; ++t) {
-      position[size_t(s.row0 + t)] = s.start + t;
-      owner[size_t(s.row0 + t)] = &s;
-    }
+  const RowMap rows(segments, n);
+  const std::vector<int64_t>& position = rows.position;
+  const std::vector<const Segment*>& owner = rows.owner;
 
   // Query path; qr is shared with the indexer.
   std::vector<float> qr(size_t(n * c.q_lora_rank)), q(size_t(n * H * hd));
@@ -108,7 +113,7 @@ void attention_forward(const ModelConfig& c, const AttentionWeights& w, const Ro
   }
 
   std::vector<std::vector<int32_t>> selected;
-  if (w.has_indexer) selected = indexer_select(c, w.indexer, rope, segments, x, qr.data(), n);
+  if (w.has_indexer) selected = indexer_select(c, w.indexer, rope, segments, rows, x, qr.data(), n);
   if (w.has_compressor) {
     CompressorProjections proj = compressor_project(w.compressor, x, n);
     for (const Segment& s : segments)

@@ -8,8 +8,7 @@ ChoiceStream::ChoiceStream(std::shared_ptr<RequestHandle> handle,
                            std::shared_ptr<const text::Tokenizer> tokenizer,
                            std::vector<std::string> stop_strings, bool skip_special_tokens)
     : handle_(std::move(handle)),
-      tokenizer_(tokenizer),
-      decoder_(tokenizer, skip_special_tokens),
+      decoder_(std::move(tokenizer), skip_special_tokens),
       stops_(std::move(stop_strings)) {
   for (auto& s : stops_) longest_stop_ = std::max(longest_stop_, s.size());
 }

@@ -35,7 +35,6 @@ class ChoiceStream {
   std::string release(bool everything);
 
   std::shared_ptr<RequestHandle> handle_;
-  std::shared_ptr<const text::Tokenizer> tokenizer_;
   text::StreamDecoder decoder_;
   std::vector<std::string> stops_;
   size_t longest_stop_ = 0;

@@ -281,6 +281,13 @@ struct Server::Impl {
     return true;
   }
 
+  static bool end_stream(httplib::DataSink& sink) {
+    static const char done[] = "data: [DONE]\n\n";
+    sink.write(done, sizeof done - 1);
+    sink.done();
+    return true;
+  }
+
   static bool all_finished(const std::vector<std::unique_ptr<ChoiceStream>>& choices) {
     for (auto& c : choices)
       if (!c->finished()) return false;
@@ -431,8 +438,6 @@ struct Server::Impl {
     const std::vector<std::string> stops = stop_field(body);
     text::ParserConfig parser_cfg = text::parser_config_for_request(
         body, profile, rendered.starts_in_reasoning, opt.reasoning_parser, opt.tool_call_parser);
-    if (opt.reasoning_parser == "none") parser_cfg.reasoning = text::ReasoningParserKind::None;
-    if (opt.tool_call_parser == "none") parser_cfg.tools = text::ToolParserKind::None;
 
     const std::string id = body.contains("rid") && body["rid"].is_string() ? body["rid"].get<std::string>()
                                                                             : "chatcmpl-" + random_hex(24);
@@ -572,10 +577,7 @@ struct Server::Impl {
             send({{"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", model},
                   {"choices", ojson::array()}, {"usage", usage_json(prompt_tokens, completion, cached)}});
           }
-          const char* done = "data: [DONE]\n\n";
-          sink.write(done, std::strlen(done));
-          sink.done();
-          return true;
+          return end_stream(sink);
         });
   }
 
@@ -718,10 +720,7 @@ struct Server::Impl {
         send({{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model},
               {"choices", ojson::array()}, {"usage", usage_json(prompt_tokens, completion, cached)}});
       }
-      const char* done = "data: [DONE]\n\n";
-      sink.write(done, std::strlen(done));
-      sink.done();
-      return true;
+      return end_stream(sink);
     });
   }
 
@@ -824,9 +823,7 @@ struct Server::Impl {
           if (choices[i]->finished()) record(*choices[i], choices[i]->reason() == FinishReason::Abort);
         }
       }
-      sink.write("data: [DONE]\n\n", 14);
-      sink.done();
-      return true;
+      return end_stream(sink);
     });
   }
 

@@ -8,6 +8,12 @@
 
 namespace dsv4::text {
 
+// Sets cfg.reasoning / cfg.tools from the --reasoning-parser /
+// --tool-call-parser values ("" or "auto" = the profile's own parsers).
+// Throws std::runtime_error for an unknown name.
+void set_parser_kinds(ParserConfig& cfg, EncoderProfile profile, std::string_view reasoning_parser,
+                      std::string_view tool_parser);
+
 // reasoning_parser / tool_parser: the server flags ("" = from the profile,
 // "none" = off). Throws std::runtime_error for an unknown parser name.
 ParserConfig parser_config_for_request(const ojson& request, EncoderProfile profile,
