@@ -27,6 +27,10 @@ struct BadRequest : std::runtime_error {
   explicit BadRequest(const std::string& m, int s = 400) : std::runtime_error(m), status(s) {}
 };
 
+// How much of an oversize request body is read and thrown away before the
+// connection is closed, so that ordinary clients get to read the 413.
+uint64_t drain_limit_bytes(const ServerOptions& opt) { return uint64_t(opt.max_request_bytes) * 4; }
+
 const char* error_type(int status) {
   switch (status) {
     case 400: return "BadRequest";
@@ -223,26 +227,36 @@ struct Server::Impl {
 
   // POST routes read their body themselves, so that a body past the size
   // limit is refused while it arrives (chunked uploads included) instead of
-  // being buffered whole.
+  // being buffered whole. An oversize body is still read to its end and
+  // discarded (up to drain_limit_bytes(); httplib refuses anything larger by
+  // its Content-Length): closing while the client is still writing makes it
+  // fail with EPIPE/ECONNRESET before it ever reads the 413.
   template <class F>
   httplib::Server::HandlerWithContentReader guarded_body(F f) {
     return [this, f](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
       std::string body;
       bool too_large = false;
-      const std::string declared = req.get_header_value("Content-Length");
-      if (!declared.empty() && std::strtoull(declared.c_str(), nullptr, 10) > uint64_t(opt.max_request_bytes)) {
-        send_error(res, 413, "the request body is too large (limit " + std::to_string(opt.max_request_bytes) + " bytes)");
-        res.set_header("Connection", "close");
-        return;
-      }
-      reader([&](const char* data, size_t len) {
-        if (body.size() + len > size_t(opt.max_request_bytes)) {
+      uint64_t received = 0;
+      const bool complete = reader([&](const char* data, size_t len) {
+        received += len;
+        if (too_large || body.size() + len > size_t(opt.max_request_bytes)) {
           too_large = true;
-          return false;
+          body.clear();
+          body.shrink_to_fit();
+          return received <= drain_limit_bytes(opt);
         }
         body.append(data, len);
         return true;
       });
+      // httplib skips a body whose Content-Length is past its own limit
+      // without calling us; the read then fails as a whole.
+      const std::string declared = req.get_header_value("Content-Length");
+      if (!declared.empty() && std::strtoull(declared.c_str(), nullptr, 10) > uint64_t(opt.max_request_bytes)) too_large = true;
+      if (!complete && !too_large) {
+        send_error(res, 400, "the request body could not be read (connection closed or malformed chunked encoding)");
+        res.set_header("Connection", "close");
+        return;
+      }
       if (too_large) {
         send_error(res, 413, "the request body is too large (limit " + std::to_string(opt.max_request_bytes) + " bytes)");
         res.set_header("Connection", "close");
@@ -959,7 +973,7 @@ Server::Server(std::shared_ptr<Engine> engine, std::shared_ptr<const text::Token
   s.render_options = text::RenderOptions::from_environment(profile);
   s.opt = std::move(options);
   s.http.new_task_queue = [n = s.opt.http_threads] { return new httplib::ThreadPool(size_t(n)); };
-  s.http.set_payload_max_length(size_t(s.opt.max_request_bytes));
+  s.http.set_payload_max_length(size_t(drain_limit_bytes(s.opt)));
   s.http.set_read_timeout(60, 0);
   s.http.set_write_timeout(60, 0);
   s.http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
