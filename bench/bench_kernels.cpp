@@ -57,11 +57,15 @@ Weights make_weights(WeightFormat f, int64_t rows, int64_t cols) {
   return w;
 }
 
-// state.range: 0 = format, 1 = isa, 2 = tokens.
+// state.range: 0 = format, 1 = isa, 2 = tokens, 3 = weight MiB (0: 2048 x
+// 4096, which stays in cache: the compute ceiling; 512: streamed from DRAM,
+// as in decode).
 void BM_Linear(benchmark::State& state) {
   const auto format = WeightFormat(state.range(0));
   const auto isa = KernelIsa(state.range(1));
-  const int64_t n = state.range(2), rows = 2048, cols = 4096;
+  const int64_t n = state.range(2), cols = 4096;
+  const int64_t bytes_per_row = format == WeightFormat::BF16 ? 2 * cols : format == WeightFormat::FP4_BLOCK32 ? cols / 2 : cols;
+  const int64_t rows = state.range(3) ? (state.range(3) << 20) / bytes_per_row : 2048;
   if (!kernel_isa_supported(isa)) {
     state.SkipWithError("ISA not supported by this CPU");
     return;
@@ -95,7 +99,9 @@ void BM_Linear(benchmark::State& state) {
 void linear_args(benchmark::internal::Benchmark* b) {
   for (int f : {int(WeightFormat::BF16), int(WeightFormat::FP8_BLOCK128), int(WeightFormat::FP4_BLOCK32)})
     for (int isa : {int(KernelIsa::Scalar), int(KernelIsa::Avx2), int(KernelIsa::Avx512)})
-      for (int n : {1, 16}) b->Args({f, isa, n});
+      for (int n : {1, 16}) b->Args({f, isa, n, 0});
+  for (int f : {int(WeightFormat::BF16), int(WeightFormat::FP8_BLOCK128), int(WeightFormat::FP4_BLOCK32)})
+    b->Args({f, int(KernelIsa::Avx512), 1, 512});
 }
 BENCHMARK(BM_Linear)->Apply(linear_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 

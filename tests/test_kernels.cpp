@@ -130,6 +130,12 @@ struct RandomLinear {
         lin.scale_cols = (cols + 127) / 128;
         scale.resize(size_t(((rows + 127) / 128) * lin.scale_cols));
         for (auto& s : scale) s = uint8_t(120 + rng() % 10);
+        // Extreme scales take other decode paths: 2^120 (small codes only,
+        // so that nothing overflows) and 2^-127 (a subnormal float).
+        scale[0] = 247;
+        for (int64_t r = 0; r < std::min<int64_t>(rows, 128); ++r)
+          for (int64_t i = 0; i < std::min<int64_t>(cols, 128); ++i) data[size_t(r * cols + i)] &= 0xb7;
+        if (scale.size() > 1) scale[1] = 0;
         break;
       case WeightFormat::FP4_BLOCK32:
         data.resize(size_t(rows * cols / 2));
@@ -137,6 +143,8 @@ struct RandomLinear {
         lin.scale_cols = cols / 32;
         scale.resize(size_t(rows * lin.scale_cols));
         for (auto& s : scale) s = uint8_t(120 + rng() % 10);
+        scale[0] = 250;
+        if (scale.size() > 1) scale[1] = 0;
         break;
     }
     lin.data = data.data();
@@ -182,7 +190,9 @@ TEST_P(LinearFormats, BatchAndThreadsDoNotChangeBits) {
 
 // The SIMD paths follow the canonical reduction order exactly: same bits.
 TEST_P(LinearFormats, SimdPathsGiveScalarBits) {
-  const int64_t rows = 64, cols = 512, n = 3;
+  for (int64_t n : {1, 3}) {
+  SCOPED_TRACE("tokens " + std::to_string(n));
+  const int64_t rows = 70, cols = 512;  // 70: row groups of 4 and 16 leave remainders
   RandomLinear w(GetParam(), rows, cols, 21);
   std::mt19937 rng(4);
   std::normal_distribution<float> nd;
@@ -203,6 +213,7 @@ TEST_P(LinearFormats, SimdPathsGiveScalarBits) {
     EXPECT_EQ(0, std::memcmp(simd.data(), scalar.data(), simd.size() * 4)) << kernel_isa_name(isa);
   }
   set_kernel_isa(saved);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, LinearFormats,

@@ -202,6 +202,19 @@ DSV4_AVX512 inline __m512 e4m3_to_ps_avx512(__m128i bytes16, __m512 scale) {
   return _mm512_mul_ps(v, scale);
 }
 
+// e4m3 read as the top bits of an fp16: sign-extending the byte to 16 bits
+// and shifting it left by 7 puts the exponent and mantissa where fp16 keeps
+// them (bit 14, a copy of the sign, is cleared). The fp16 then holds the
+// e4m3 value times 2^-8, subnormals included, so `scale256` is the block
+// scale times 256. Cheaper than e4m3_to_ps_avx512 for the same floats.
+DSV4_AVX512 inline __m512 e4m3_to_ps_via_half(__m128i bytes16, __m512 scale256) {
+  __m256i h = _mm256_slli_epi16(_mm256_cvtepi8_epi16(bytes16), 7);
+  h = _mm256_and_si256(h, _mm256_set1_epi16(int16_t(0xBFFF)));
+  return _mm512_mul_ps(_mm512_cvtph_ps(h), scale256);
+}
+// Largest ue8m0 byte for which scale * 256 is still a finite float.
+constexpr uint8_t kMaxHalfPathScale = 127 + 119;
+
 // 16 FP4 values (8 bytes, low nibble first) to floats with the scale applied.
 DSV4_AVX512 inline __m512 e2m1_to_ps_avx512(const uint8_t* bytes8, __m512 scale) {
   const __m512 table = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
@@ -234,17 +247,41 @@ DSV4_AVX512 double dot_avx512(const Linear& w, int64_t row, const double* x) {
     case WeightFormat::FP8_BLOCK128: {
       const uint8_t* p = w.data + row * n;
       const uint8_t* s = w.scale + (row / 128) * w.scale_cols;
-      for (int64_t i = 0; i < n; i += 16) {
-        __m512 sc = _mm512_set1_ps(e8m0_to_float(s[i / 128]));
-        fma16_avx512(e4m3_to_ps_avx512(_mm_loadu_si128((const __m128i*)(p + i)), sc), x + i, a0, a1);
+      for (int64_t b = 0; b < n; b += 128) {
+        const int64_t end = std::min(n, b + 128);
+        if (s[b / 128] <= kMaxHalfPathScale) {
+          const __m512 sc = _mm512_set1_ps(e8m0_to_float(s[b / 128]) * 256.0f);
+          for (int64_t i = b; i < end; i += 16)
+            fma16_avx512(e4m3_to_ps_via_half(_mm_loadu_si128((const __m128i*)(p + i)), sc), x + i, a0, a1);
+        } else {
+          const __m512 sc = _mm512_set1_ps(e8m0_to_float(s[b / 128]));
+          for (int64_t i = b; i < end; i += 16)
+            fma16_avx512(e4m3_to_ps_avx512(_mm_loadu_si128((const __m128i*)(p + i)), sc), x + i, a0, a1);
+        }
       }
       break;
     }
     case WeightFormat::FP4_BLOCK32: {
       const uint8_t* p = w.data + row * (n / 2);
       const uint8_t* s = w.scale + row * w.scale_cols;
-      for (int64_t i = 0; i < n; i += 16)
-        fma16_avx512(e2m1_to_ps_avx512(p + i / 2, _mm512_set1_ps(e8m0_to_float(s[i / 32]))), x + i, a0, a1);
+      const __m512i shift_lo = _mm512_setr_epi64(0, 4, 8, 12, 16, 20, 24, 28);
+      const __m512i shift_hi = _mm512_setr_epi64(32, 36, 40, 44, 48, 52, 56, 60);
+      for (int64_t b = 0; b < n; b += 32) {
+        // The 16 signed e2m1 values times this block's scale, as doubles:
+        // one two-register permute then decodes 8 nibbles (index = low 4 bits).
+        const __m512d sc = _mm512_set1_pd(double(e8m0_to_float(s[b / 32])));
+        const __m512d pos = _mm512_mul_pd(_mm512_setr_pd(0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0), sc);
+        const __m512d neg = _mm512_mul_pd(_mm512_setr_pd(-0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0), sc);
+        for (int64_t i = b; i < b + 32; i += 16) {
+          uint64_t bytes;
+          std::memcpy(&bytes, p + i / 2, 8);
+          const __m512i packed = _mm512_set1_epi64(int64_t(bytes));
+          const __m512d w0 = _mm512_permutex2var_pd(pos, _mm512_srlv_epi64(packed, shift_lo), neg);
+          const __m512d w1 = _mm512_permutex2var_pd(pos, _mm512_srlv_epi64(packed, shift_hi), neg);
+          a0 = _mm512_fmadd_pd(w0, _mm512_loadu_pd(x + i), a0);
+          a1 = _mm512_fmadd_pd(w1, _mm512_loadu_pd(x + i + 8), a1);
+        }
+      }
       break;
     }
   }
@@ -253,6 +290,92 @@ DSV4_AVX512 double dot_avx512(const Linear& w, int64_t row, const double* x) {
   _mm512_storeu_pd(acc, a0);
   _mm512_storeu_pd(acc + 8, a1);
   return fold16(acc);
+}
+
+// Four consecutive rows against one token. One row alone is bound by the
+// latency of its two accumulator chains (the canonical order allows no more
+// per row); four rows keep eight FMA chains in flight. Each row's lanes see
+// exactly the sequence dot_avx512 gives them, so the bits are the same.
+DSV4_AVX512 void dot4_avx512(const Linear& w, int64_t row0, const double* x, double out[4]) {
+  __m512d a[4][2];
+  for (auto& r : a) r[0] = r[1] = _mm512_setzero_pd();
+  const int64_t n = w.cols;
+  switch (w.format) {
+    case WeightFormat::F32: {
+      const float* p = reinterpret_cast<const float*>(w.data) + row0 * n;
+      for (int64_t i = 0; i < n; i += 16)
+        for (int r = 0; r < 4; ++r) fma16_avx512(_mm512_loadu_ps(p + r * n + i), x + i, a[r][0], a[r][1]);
+      break;
+    }
+    case WeightFormat::BF16: {
+      const uint16_t* p = reinterpret_cast<const uint16_t*>(w.data) + row0 * n;
+      for (int64_t i = 0; i < n; i += 16)
+        for (int r = 0; r < 4; ++r)
+          fma16_avx512(_mm512_castsi512_ps(_mm512_slli_epi32(
+                       _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(p + r * n + i))), 16)), x + i, a[r][0], a[r][1]);
+      break;
+    }
+    case WeightFormat::FP8_BLOCK128: {
+      // The four rows share their scale row unless they straddle a 128-row
+      // block (only when rows are not a multiple of 4 apart from 0).
+      const uint8_t* p = w.data + row0 * n;
+      for (int64_t b = 0; b < n; b += 128) {
+        const int64_t end = std::min(n, b + 128);
+        uint8_t sb[4];
+        bool half_ok = true;
+        for (int r = 0; r < 4; ++r) {
+          sb[r] = w.scale[((row0 + r) / 128) * w.scale_cols + b / 128];
+          half_ok = half_ok && sb[r] <= kMaxHalfPathScale;
+        }
+        if (half_ok) {
+          __m512 sc[4];
+          for (int r = 0; r < 4; ++r) sc[r] = _mm512_set1_ps(e8m0_to_float(sb[r]) * 256.0f);
+          for (int64_t i = b; i < end; i += 16)
+            for (int r = 0; r < 4; ++r)
+              fma16_avx512(e4m3_to_ps_via_half(_mm_loadu_si128((const __m128i*)(p + r * n + i)), sc[r]), x + i, a[r][0], a[r][1]);
+        } else {
+          for (int64_t i = b; i < end; i += 16)
+            for (int r = 0; r < 4; ++r)
+              fma16_avx512(e4m3_to_ps_avx512(_mm_loadu_si128((const __m128i*)(p + r * n + i)),
+                                         _mm512_set1_ps(e8m0_to_float(sb[r]))), x + i, a[r][0], a[r][1]);
+        }
+      }
+      break;
+    }
+    case WeightFormat::FP4_BLOCK32: {
+      const uint8_t* p = w.data + row0 * (n / 2);
+      const uint8_t* s = w.scale + row0 * w.scale_cols;
+      const __m512i shift_lo = _mm512_setr_epi64(0, 4, 8, 12, 16, 20, 24, 28);
+      const __m512i shift_hi = _mm512_setr_epi64(32, 36, 40, 44, 48, 52, 56, 60);
+      const __m512d pos1 = _mm512_setr_pd(0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0);
+      const __m512d neg1 = _mm512_setr_pd(-0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0);
+      for (int64_t b = 0; b < n; b += 32) {
+        __m512d pos[4], neg[4];
+        for (int r = 0; r < 4; ++r) {
+          const __m512d sc = _mm512_set1_pd(double(e8m0_to_float(s[r * w.scale_cols + b / 32])));
+          pos[r] = _mm512_mul_pd(pos1, sc);
+          neg[r] = _mm512_mul_pd(neg1, sc);
+        }
+        for (int64_t i = b; i < b + 32; i += 16) {
+          const __m512d x0 = _mm512_loadu_pd(x + i), x1 = _mm512_loadu_pd(x + i + 8);
+          for (int r = 0; r < 4; ++r) {
+            uint64_t bytes;
+            std::memcpy(&bytes, p + r * (n / 2) + i / 2, 8);
+            const __m512i packed = _mm512_set1_epi64(int64_t(bytes));
+            a[r][0] = _mm512_fmadd_pd(_mm512_permutex2var_pd(pos[r], _mm512_srlv_epi64(packed, shift_lo), neg[r]), x0, a[r][0]);
+            a[r][1] = _mm512_fmadd_pd(_mm512_permutex2var_pd(pos[r], _mm512_srlv_epi64(packed, shift_hi), neg[r]), x1, a[r][1]);
+          }
+        }
+      }
+      break;
+    }
+  }
+  for (int r = 0; r < 4; ++r) {
+    double acc[16];
+    _mm512_storeu_pd(acc, a[r][0]);
+    _mm512_storeu_pd(acc + 8, a[r][1]);
+    out[r] = fold16(acc);
+  }
 }
 
 // Decodes a whole weight row to floats (scale applied), 16 at a time.
@@ -483,12 +606,20 @@ void linear_forward(const Linear& w, const float* x, int64_t n, float* y, int64_
     }
     return;
   }
+  const bool rows4 = g_isa == KernelIsa::Avx512 && (w.format != WeightFormat::FP4_BLOCK32 || cols % 32 == 0);
 #pragma omp parallel for schedule(static) if (parallel)
   for (int64_t k = 0; k < n_tiles; ++k) {
     int64_t o0 = k * tile, o1 = std::min(out, o0 + tile);
-    for (int64_t t = 0; t < n; ++t)
-      for (int64_t o = o0; o < o1; ++o)
-        y[t * y_stride + o] = float(dot(w, row_begin + o, xd.data() + t * cols));
+    for (int64_t t = 0; t < n; ++t) {
+      int64_t o = o0;
+      if (rows4)
+        for (; o + 4 <= o1; o += 4) {
+          double r[4];
+          dot4_avx512(w, row_begin + o, xd.data() + t * cols, r);
+          for (int q = 0; q < 4; ++q) y[t * y_stride + o + q] = float(r[q]);
+        }
+      for (; o < o1; ++o) y[t * y_stride + o] = float(dot(w, row_begin + o, xd.data() + t * cols));
+    }
   }
 }
 
