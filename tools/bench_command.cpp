@@ -1,15 +1,19 @@
 // `dsv4 bench`: prefill and decode speed of a model directory, printed beside
-// the bytes of weights read per decoded token and the machine's measured
-// memory read bandwidth (the decode roofline).
+// the machine's own limits measured in the same run: memory read bandwidth
+// against the bytes read per decoded token (the decode roofline), and the
+// best GEMM throughput against the FLOP/s of prefill (the prefill roofline).
+// Both are also extrapolated to the full 43-layer V4-Flash layer schedule.
 #include <omp.h>
 
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <random>
 #include <sstream>
 
 #include "commands.h"
+#include "gemm_peak.h"
 #include "core/error.h"
 #include "core/machine.h"
 #include "model/model.h"
@@ -29,6 +33,48 @@ struct BenchArgs {
   uint32_t seed = 1;
 };
 
+// Multiply-adds of a prefill of n tokens from position 0: every layer's
+// matrix products for every token, attention at each position, and the head
+// for the last token only (the only logits a prefill needs).
+int64_t prefill_macs(const ModelConfig& c, const Model::TokenCost& cost, int64_t n) {
+  int64_t macs = cost.head_macs;
+  for (const Model::LayerCost& l : cost.layers) {
+    macs += n * l.linear_macs;
+    for (int64_t p = 0; p < n; ++p) macs += Model::attention_macs(c, l.ratio, p);
+  }
+  return macs;
+}
+
+struct FlashCost {
+  int64_t decode_bytes = 0, prefill_macs = 0;
+};
+
+// Costs of the official V4-Flash schedule, compress_ratios [0,0] + [4,128]*20
+// + [4], built from this model's layers of ratio 4 and 128 (a window-only
+// layer is a ratio-128 layer without its compressor).
+std::optional<FlashCost> flash_schedule_cost(const ModelConfig& c, const Model::TokenCost& cost, int64_t prompt) {
+  const Model::LayerCost* by_ratio[2] = {nullptr, nullptr};
+  for (const Model::LayerCost& l : cost.layers) {
+    if (l.ratio == 4 && !by_ratio[0]) by_ratio[0] = &l;
+    if (l.ratio == 128 && !by_ratio[1]) by_ratio[1] = &l;
+  }
+  if (!by_ratio[0] || !by_ratio[1]) return std::nullopt;
+  Model::LayerCost window = *by_ratio[1];
+  window.ratio = 0;
+  window.weight_bytes -= window.compressor_bytes;
+  window.linear_macs -= window.compressor_macs;
+  window.compressor_bytes = window.compressor_macs = 0;
+  Model::TokenCost flash = cost;
+  flash.layers = {window, window};
+  for (int i = 0; i < 20; ++i) flash.layers.insert(flash.layers.end(), {*by_ratio[0], *by_ratio[1]});
+  flash.layers.push_back(*by_ratio[0]);
+  FlashCost out;
+  out.decode_bytes = flash.head_bytes + flash.other_bytes;
+  for (const Model::LayerCost& l : flash.layers) out.decode_bytes += l.weight_bytes;
+  out.prefill_macs = prefill_macs(c, flash, prompt);
+  return out;
+}
+
 int run_bench(const BenchArgs& a) {
   if (a.threads > 0) omp_set_num_threads(a.threads);
   auto model = Model::load(a.model, {load_progress});
@@ -39,6 +85,19 @@ int run_bench(const BenchArgs& a) {
   std::printf("threads: %d   cpu: %s\n", omp_get_max_threads(), detect_cpu_features().describe().c_str());
   const double bandwidth = measure_read_bandwidth();
   std::printf("measured memory read bandwidth: %.2f GB/s\n", bandwidth / 1e9);
+  GemmPeak peak;  // the best GEMM of the machine
+  for (const GemmPeak& g : measure_onednn_gemm_peaks()) {
+    std::printf("measured GEMM: %-60s %8.1f GFLOP/s\n", g.name.c_str(), g.flops / 1e9);
+    if (g.flops > peak.flops) peak = g;
+  }
+  const GemmPeak fp64 = measure_fp64_fma_peak();
+  std::printf("measured: %-65s %8.1f GFLOP/s\n", fp64.name.c_str(), fp64.flops / 1e9);
+  if (peak.flops == 0) {
+    std::printf("(built without oneDNN: the fp64 FMA ceiling stands in for the peak GEMM)\n");
+    peak = fp64;
+  }
+  const Model::TokenCost cost = model->token_cost();
+  auto percent_of_peak = [&](double flops) { return 100 * flops / peak.flops; };
 
   std::mt19937 rng(a.seed);
   auto random_tokens = [&](int64_t n) {
@@ -51,8 +110,10 @@ int run_bench(const BenchArgs& a) {
   if (!a.csv.empty()) {
     csv.open(a.csv);
     if (!csv) throw Error("cannot write " + a.csv);
-    csv << "phase,batch,tokens,seconds,tokens_per_second,weight_bytes_per_token,achieved_gb_per_s,bandwidth_gb_per_s\n";
+    csv << "phase,batch,tokens,seconds,tokens_per_second,weight_bytes_per_token,achieved_gb_per_s,"
+           "bandwidth_gb_per_s,achieved_gflop_per_s,peak_gemm_gflop_per_s\n";
   }
+  double prefill_flops_rate = 0, prefill_flops_per_token_43 = 0, decode_bytes_rate = 0;
 
   // Prefill.
   {
@@ -68,9 +129,13 @@ int run_bench(const BenchArgs& a) {
     }
     model->forward(s, tokens.data() + a.prompt - 1, 1, logits.data());
     double dt = now_seconds() - t0;
-    std::printf("prefill  %6lld tokens: %8.3f s  %10.2f tokens/s\n", (long long)a.prompt, dt, double(a.prompt) / dt);
-    if (csv) csv << "prefill,1," << a.prompt << "," << dt << "," << a.prompt / dt << ",,,"
-                 << bandwidth / 1e9 << "\n";
+    const double flops = 2.0 * double(prefill_macs(c, cost, a.prompt));
+    prefill_flops_rate = flops / dt;
+    std::printf("prefill  %6lld tokens: %8.3f s  %10.2f tokens/s  %.1f GFLOP/s = %.1f%% of the peak GEMM, %.1f%% of the fp64 FMA ceiling\n",
+                (long long)a.prompt, dt, double(a.prompt) / dt, flops / dt / 1e9, percent_of_peak(flops / dt),
+                100 * flops / dt / fp64.flops);
+    if (csv) csv << "prefill,1," << a.prompt << "," << dt << "," << a.prompt / dt << ",,," << bandwidth / 1e9 << ","
+                 << flops / dt / 1e9 << "," << peak.flops / 1e9 << "\n";
   }
 
   // Decode at each batch size: sequences with a short prompt, then steps.
@@ -96,8 +161,8 @@ int run_bench(const BenchArgs& a) {
     }
     double dt = now_seconds() - t0;
     double rate = double(batch * a.decode) / dt;
-    if (batch == 1) single_rate = rate;
     double achieved = double(bytes_per_token) * double(a.decode) / dt;
+    if (batch == 1) single_rate = rate, decode_bytes_rate = achieved;
     std::printf("decode batch %3lld: %8.3f ms/step  %10.2f tokens/s", (long long)batch,
                 1e3 * dt / double(a.decode), rate);
     if (batch == 1)
@@ -110,8 +175,28 @@ int run_bench(const BenchArgs& a) {
       csv << "decode," << batch << "," << batch * a.decode << "," << dt << "," << rate << ",";
       if (batch == 1) csv << bytes_per_token << "," << achieved / 1e9;
       else csv << ",";
-      csv << "," << bandwidth / 1e9 << "\n";
+      csv << "," << bandwidth / 1e9 << ",,\n";
     }
+  }
+
+  // The 43-layer V4-Flash model has the same layer kinds as a real-shaped
+  // slice: scale the per-layer costs, keep the measured rates.
+  if (const auto flash = flash_schedule_cost(c, cost, a.prompt)) {
+    std::printf("extrapolated to V4-Flash (43 layers, %.2f GB of weights read per decoded token):\n",
+                double(flash->decode_bytes) / 1e9);
+    if (decode_bytes_rate > 0) {
+      const double rate = decode_bytes_rate / double(flash->decode_bytes);
+      std::printf("  decode batch 1: %.2f tokens/s at the measured %.2f GB/s\n", rate, decode_bytes_rate / 1e9);
+      if (csv) csv << "decode_43_layers_estimate,1,,," << rate << "," << flash->decode_bytes << ","
+                   << decode_bytes_rate / 1e9 << "," << bandwidth / 1e9 << ",,\n";
+    }
+    const double rate = prefill_flops_rate / (2.0 * double(flash->prefill_macs) / double(a.prompt));
+    std::printf("  prefill %lld tokens: %.2f tokens/s at the measured %.1f GFLOP/s\n", (long long)a.prompt, rate,
+                prefill_flops_rate / 1e9);
+    if (csv) csv << "prefill_43_layers_estimate,1," << a.prompt << ",," << rate << ",,," << bandwidth / 1e9 << ","
+                 << prefill_flops_rate / 1e9 << "," << peak.flops / 1e9 << "\n";
+  } else {
+    std::printf("(no extrapolation to V4-Flash: the model lacks a ratio-4 or a ratio-128 layer)\n");
   }
   return 0;
 }

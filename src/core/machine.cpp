@@ -1,5 +1,6 @@
 #include "core/machine.h"
 
+#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -14,26 +15,79 @@ double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+namespace {
+
+// Each reader sums its own contiguous share of the buffer through four
+// independent vector accumulators, the widest loads the CPU has: narrower
+// loads leave the cores short of the memory system's read rate (scalar
+// 64-bit loads reach only ~70% of it on the development machine), and the
+// roofline has to be what the hardware can actually deliver.
+__attribute__((target("avx512f"))) uint64_t read_avx512(const uint8_t* p, int64_t bytes) {
+  __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t i = 0; i + 256 <= bytes; i += 256) {
+    a0 = _mm512_add_epi64(a0, _mm512_load_si512(p + i));
+    a1 = _mm512_add_epi64(a1, _mm512_load_si512(p + i + 64));
+    a2 = _mm512_add_epi64(a2, _mm512_load_si512(p + i + 128));
+    a3 = _mm512_add_epi64(a3, _mm512_load_si512(p + i + 192));
+  }
+  return uint64_t(_mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3))));
+}
+
+__attribute__((target("avx2"))) uint64_t read_avx2(const uint8_t* p, int64_t bytes) {
+  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t i = 0; i + 128 <= bytes; i += 128) {
+    a0 = _mm256_add_epi64(a0, _mm256_load_si256((const __m256i*)(p + i)));
+    a1 = _mm256_add_epi64(a1, _mm256_load_si256((const __m256i*)(p + i + 32)));
+    a2 = _mm256_add_epi64(a2, _mm256_load_si256((const __m256i*)(p + i + 64)));
+    a3 = _mm256_add_epi64(a3, _mm256_load_si256((const __m256i*)(p + i + 96)));
+  }
+  alignas(32) uint64_t lanes[4];
+  _mm256_store_si256((__m256i*)lanes, _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3)));
+  return lanes[0] + lanes[1] + lanes[2] + lanes[3];
+}
+
+uint64_t read_scalar(const uint8_t* p, int64_t bytes) {
+  const uint64_t* q = reinterpret_cast<const uint64_t*>(p);
+  uint64_t a[8] = {};
+  for (int64_t i = 0; i + 8 <= bytes / 8; i += 8)
+    for (int l = 0; l < 8; ++l) a[l] += q[i + l];
+  uint64_t s = 0;
+  for (uint64_t v : a) s += v;
+  return s;
+}
+
+}  // namespace
+
 double measure_read_bandwidth(int64_t bytes, int repeats) {
-  const int64_t n = bytes / int64_t(sizeof(uint64_t));
-  std::unique_ptr<uint64_t[]> buf(new uint64_t[size_t(n)]);
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) buf[size_t(i)] = uint64_t(i);
+  bytes &= ~int64_t(4095);
+  auto* raw = static_cast<uint8_t*>(std::aligned_alloc(4096, size_t(bytes)));
+  if (!raw) return 0;
+  std::unique_ptr<uint8_t, decltype(&std::free)> buf(raw, &std::free);
+  const CpuFeatures f = detect_cpu_features();
+  auto read = f.avx512f ? read_avx512 : f.avx2 ? read_avx2 : read_scalar;
+#pragma omp parallel
+  {
+    // Touch the pages from the threads that will read them.
+    const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+    const int64_t share = (bytes / nt) & ~int64_t(255);
+    std::memset(raw + id * share, id + 1, size_t(share));
+  }
   double best = 0;
   volatile uint64_t sink = 0;
   for (int r = 0; r < repeats; ++r) {
-    double t0 = now_seconds();
     uint64_t total = 0;
-#pragma omp parallel for schedule(static) reduction(^ : total)
-    for (int64_t i = 0; i < n; i += 8) {
-      // Eight independent lanes keep the loads in flight.
-      uint64_t a = 0;
-      for (int l = 0; l < 8 && i + l < n; ++l) a ^= buf[size_t(i + l)];
-      total ^= a;
+    int64_t read_bytes = 0;
+    const double t0 = now_seconds();
+#pragma omp parallel reduction(+ : total, read_bytes)
+    {
+      const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+      const int64_t share = (bytes / nt) & ~int64_t(255);
+      total += read(raw + id * share, share);
+      read_bytes += share;
     }
-    double dt = now_seconds() - t0;
-    sink = sink ^ total;
-    best = std::max(best, double(n * 8) / dt);
+    const double dt = now_seconds() - t0;
+    sink = sink + total;
+    best = std::max(best, double(read_bytes) / dt);
   }
   (void)sink;
   return best;

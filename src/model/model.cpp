@@ -181,25 +181,58 @@ void Model::forward_mtp_batch(const std::vector<MtpBatchItem>& items) const {
   }
 }
 
-int64_t Model::decode_weight_bytes_per_token() const {
+Model::TokenCost Model::token_cost() const {
   const ModelConfig& c = config_;
-  int64_t bytes = weights_.head.weight_bytes() + weights_.embed.weight_bytes() / c.vocab_size;
-  bytes += weights_.hc_head.fn.weight_bytes();
-  for (const BlockWeights& b : weights_.layers) {
+  TokenCost cost;
+  auto add = [](const Linear& l, int64_t& bytes, int64_t& macs, int64_t times = 1) {
+    bytes += times * l.weight_bytes();
+    macs += times * l.rows * l.cols;
+  };
+  add(weights_.head, cost.head_bytes, cost.head_macs);
+  add(weights_.hc_head.fn, cost.head_bytes, cost.head_macs);
+  cost.other_bytes = weights_.embed.weight_bytes() / c.vocab_size;
+  for (size_t i = 0; i < size_t(c.n_layers); ++i) {
+    const BlockWeights& b = weights_.layers[i];
     const AttentionWeights& a = b.attn;
-    bytes += b.hc_attn.fn.weight_bytes() + b.hc_ffn.fn.weight_bytes();
-    for (const Linear* l : {&a.wq_a, &a.wq_b, &a.wkv, &a.wo_a, &a.wo_b}) bytes += l->weight_bytes();
-    if (a.has_compressor) bytes += a.compressor.wkv.weight_bytes() + a.compressor.wgate.weight_bytes();
+    LayerCost l;
+    l.ratio = c.ratio(int64_t(i));
+    for (const Linear* w : {&b.hc_attn.fn, &b.hc_ffn.fn, &a.wq_a, &a.wq_b, &a.wkv, &a.wo_a, &a.wo_b})
+      add(*w, l.weight_bytes, l.linear_macs);
+    if (a.has_compressor)
+      for (const Linear* w : {&a.compressor.wkv, &a.compressor.wgate}) add(*w, l.compressor_bytes, l.compressor_macs);
     if (a.has_indexer)
-      bytes += a.indexer.wq_b.weight_bytes() + a.indexer.weights_proj.weight_bytes() +
-               a.indexer.compressor.wkv.weight_bytes() + a.indexer.compressor.wgate.weight_bytes();
+      for (const Linear* w : {&a.indexer.wq_b, &a.indexer.weights_proj, &a.indexer.compressor.wkv,
+                              &a.indexer.compressor.wgate})
+        add(*w, l.compressor_bytes, l.compressor_macs);
     const MoeWeights& m = b.moe;
-    bytes += m.gate.weight_bytes();
-    for (const Linear* l : {&m.shared.w1, &m.shared.w2, &m.shared.w3}) bytes += l->weight_bytes();
+    for (const Linear* w : {&m.gate, &m.shared.w1, &m.shared.w2, &m.shared.w3}) add(*w, l.weight_bytes, l.linear_macs);
     const ExpertWeights& e = m.experts[0];
-    bytes += c.n_activated_experts * (e.w1.weight_bytes() + e.w2.weight_bytes() + e.w3.weight_bytes());
+    for (const Linear* w : {&e.w1, &e.w2, &e.w3}) add(*w, l.weight_bytes, l.linear_macs, c.n_activated_experts);
+    l.weight_bytes += l.compressor_bytes;
+    l.linear_macs += l.compressor_macs;
+    cost.layers.push_back(l);
   }
+  return cost;
+}
+
+int64_t Model::decode_weight_bytes_per_token() const {
+  const TokenCost cost = token_cost();
+  int64_t bytes = cost.head_bytes + cost.other_bytes;
+  for (const LayerCost& l : cost.layers) bytes += l.weight_bytes;
   return bytes;
+}
+
+int64_t Model::attention_macs(const ModelConfig& c, int64_t ratio, int64_t position) {
+  const int64_t window_rows = std::min(position + 1, c.window);
+  int64_t compressed = ratio > 0 ? (position + 1) / ratio : 0;
+  int64_t macs = 0;
+  if (ratio == 4) {
+    macs += c.index_n_heads * c.index_head_dim * compressed;  // indexer scores
+    compressed = std::min(compressed, c.index_topk);
+  }
+  // q.k and p.v over head_dim for every head.
+  macs += 2 * c.n_heads * c.head_dim * (window_rows + compressed);
+  return macs;
 }
 
 }  // namespace dsv4

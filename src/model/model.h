@@ -79,6 +79,26 @@ class Model {
   // the embedding table (one row) and the unselected routed experts.
   int64_t decode_weight_bytes_per_token() const;
 
+  // What one token costs in weight bytes read and matrix-product
+  // multiply-adds, split so that benchmarks can report FLOP/s and scale the
+  // numbers to other layer counts. `compressor_*` is the part of a layer that
+  // only compressed layers have (compressors and indexer).
+  struct LayerCost {
+    int64_t ratio = 0;
+    int64_t weight_bytes = 0, linear_macs = 0;
+    int64_t compressor_bytes = 0, compressor_macs = 0;
+  };
+  struct TokenCost {
+    int64_t head_bytes = 0, head_macs = 0;  // LM head and HC head
+    int64_t other_bytes = 0;                // one embedding row
+    std::vector<LayerCost> layers;          // main layers
+  };
+  TokenCost token_cost() const;
+  // Attention multiply-adds of one token at `position` in one layer of
+  // compression `ratio` (scores and values over the window and the selected
+  // compressed rows, plus the indexer's scores on ratio-4 layers).
+  static int64_t attention_macs(const ModelConfig& config, int64_t ratio, int64_t position);
+
  private:
   Model() = default;
   void block_forward(const BlockWeights& block, const std::vector<Segment>& segments,
