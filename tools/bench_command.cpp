@@ -14,6 +14,7 @@
 
 #include "commands.h"
 #include "gemm_peak.h"
+#include "svg_plot.h"
 #include "core/error.h"
 #include "core/machine.h"
 #include "model/model.h"
@@ -26,7 +27,7 @@ void prefill_progress(int64_t done, int64_t total);
 namespace {
 
 struct BenchArgs {
-  std::string model, csv;
+  std::string model, csv, plot;
   int64_t prompt = 512, decode = 16;
   std::vector<int64_t> batches = {1};
   int threads = 0;
@@ -113,7 +114,14 @@ int run_bench(const BenchArgs& a) {
     csv << "phase,batch,tokens,seconds,tokens_per_second,weight_bytes_per_token,achieved_gb_per_s,"
            "bandwidth_gb_per_s,achieved_gflop_per_s,peak_gemm_gflop_per_s\n";
   }
-  double prefill_flops_rate = 0, prefill_flops_per_token_43 = 0, decode_bytes_rate = 0;
+  double prefill_flops_rate = 0, decode_bytes_rate = 0;
+  BarGroup prefill_bars{"prefill: FLOP/s against the compute rooflines", {}};
+  BarGroup decode_bars{"decode: tokens/s against the memory roofline (bandwidth / weight bytes per token)", {}};
+  auto num = [](const char* f, double v) {
+    char b[64];
+    std::snprintf(b, sizeof b, f, v);
+    return std::string(b);
+  };
 
   // Prefill.
   {
@@ -134,6 +142,11 @@ int run_bench(const BenchArgs& a) {
     std::printf("prefill  %6lld tokens: %8.3f s  %10.2f tokens/s  %.1f GFLOP/s = %.1f%% of the peak GEMM, %.1f%% of the fp64 FMA ceiling\n",
                 (long long)a.prompt, dt, double(a.prompt) / dt, flops / dt / 1e9, percent_of_peak(flops / dt),
                 100 * flops / dt / fp64.flops);
+    prefill_bars.bars.push_back({num("%.0f tokens vs ", double(a.prompt)) + "peak GEMM",
+                                 num("%.1f GFLOP/s", flops / dt / 1e9) + num(" = %.1f%%", percent_of_peak(flops / dt)),
+                                 flops / dt, peak.flops});
+    prefill_bars.bars.push_back({num("%.0f tokens vs ", double(a.prompt)) + "fp64 FMA ceiling",
+                                 num("%.1f%%", 100 * flops / dt / fp64.flops), flops / dt, fp64.flops});
     if (csv) csv << "prefill,1," << a.prompt << "," << dt << "," << a.prompt / dt << ",,," << bandwidth / 1e9 << ","
                  << flops / dt / 1e9 << "," << peak.flops / 1e9 << "\n";
   }
@@ -163,6 +176,12 @@ int run_bench(const BenchArgs& a) {
     double rate = double(batch * a.decode) / dt;
     double achieved = double(bytes_per_token) * double(a.decode) / dt;
     if (batch == 1) single_rate = rate, decode_bytes_rate = achieved;
+    // Batch b reads at least the batch-1 bytes per step: the roofline for b
+    // tokens per step is b * bandwidth / bytes (reached only if no routed
+    // expert were read twice).
+    const double roof = double(batch) * bandwidth / double(bytes_per_token);
+    decode_bars.bars.push_back({num("batch %.0f", double(batch)),
+                                num("%.2f tokens/s", rate) + num(" (roofline %.1f)", roof), rate, roof});
     std::printf("decode batch %3lld: %8.3f ms/step  %10.2f tokens/s", (long long)batch,
                 1e3 * dt / double(a.decode), rate);
     if (batch == 1)
@@ -182,7 +201,7 @@ int run_bench(const BenchArgs& a) {
   // The 43-layer V4-Flash model has the same layer kinds as a real-shaped
   // slice: scale the per-layer costs, keep the measured rates.
   if (const auto flash = flash_schedule_cost(c, cost, a.prompt)) {
-    std::printf("extrapolated to V4-Flash (43 layers, %.2f GB of weights read per decoded token):\n",
+    std::printf("extrapolated to the 43-layer V4-Flash schedule with these layer shapes (%.2f GB of weights read per decoded token):\n",
                 double(flash->decode_bytes) / 1e9);
     if (decode_bytes_rate > 0) {
       const double rate = decode_bytes_rate / double(flash->decode_bytes);
@@ -197,6 +216,16 @@ int run_bench(const BenchArgs& a) {
                  << prefill_flops_rate / 1e9 << "," << peak.flops / 1e9 << "\n";
   } else {
     std::printf("(no extrapolation to V4-Flash: the model lacks a ratio-4 or a ratio-128 layer)\n");
+  }
+  if (!a.plot.empty()) {
+    std::ofstream out(a.plot);
+    const std::string subtitle = a.model + num(": %.0f layers, ", double(c.n_layers)) +
+                                 num("%.0f threads, ", double(omp_get_max_threads())) +
+                                 num("read bandwidth %.1f GB/s, ", bandwidth / 1e9) + "peak GEMM " + peak.name +
+                                 num(" %.0f GFLOP/s", peak.flops / 1e9);
+    out << roofline_bars_svg("dsv4 bench", subtitle, {prefill_bars, decode_bars});
+    if (!out) throw Error("cannot write " + a.plot);
+    std::printf("plot: %s\n", a.plot.c_str());
   }
   return 0;
 }
@@ -228,6 +257,7 @@ void register_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--batch", *batches, "Comma-separated decode batch sizes (e.g. 1,4,16)");
   cmd->add_option("--threads", a->threads, "Worker threads")->check(CLI::PositiveNumber);
   cmd->add_option("--csv", a->csv, "Also write the results as CSV");
+  cmd->add_option("--plot", a->plot, "Also write an SVG chart of the results against the rooflines");
   cmd->callback([a, batches, &exit_code] {
     try {
       a->batches = parse_list(*batches);

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "svg_plot.h"
 
 namespace dsv4::tools {
 namespace {
@@ -326,17 +327,6 @@ std::string fmt(double v, int prec = 1) {
   char b[64];
   std::snprintf(b, sizeof b, "%.*f", prec, v);
   return b;
-}
-
-std::string svg_escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '<') o += "&lt;";
-    else if (c == '>') o += "&gt;";
-    else if (c == '&') o += "&amp;";
-    else o += c;
-  }
-  return o;
 }
 
 // A "nice" axis maximum and tick step.

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# `dsv4 bench` on the smoke checkpoint: the CSV has its documented columns and
+# one row per phase with positive rates, the SVG chart is written, and bad
+# arguments fail with one clear line.
+set -euo pipefail
+BIN="${DSV4_BIN:?}"; MODEL="${DSV4_TEST_MODEL:?}"
+WORK="$(mktemp -d)"; trap 'rm -rf "$WORK"' EXIT
+OMP_WAIT_POLICY=passive "$BIN" bench --model "$MODEL" --prompt 40 --decode 3 --batch 1,2 \
+  --csv "$WORK/b.csv" --plot "$WORK/b.svg" > "$WORK/out.txt"
+fail() { echo "FAIL: $*"; cat "$WORK/out.txt"; cat "$WORK/b.csv" 2>/dev/null; exit 1; }
+head -1 "$WORK/b.csv" | grep -qx 'phase,batch,tokens,seconds,tokens_per_second,weight_bytes_per_token,achieved_gb_per_s,bandwidth_gb_per_s,achieved_gflop_per_s,peak_gemm_gflop_per_s' \
+  || fail "CSV header"
+for phase in 'prefill,1,40' 'decode,1,3' 'decode,2,6' 'decode_43_layers_estimate,1' 'prefill_43_layers_estimate,1,40'; do
+  grep -q "^$phase," "$WORK/b.csv" || fail "no CSV row $phase"
+done
+# tokens_per_second (column 5) is positive on every row; the prefill row has FLOP/s and a peak.
+awk -F, 'NR > 1 && !($5 > 0) { exit 1 }' "$WORK/b.csv" || fail "non-positive tokens/s"
+awk -F, '$1 == "prefill" && !($9 > 0 && $10 > 0) { exit 1 }' "$WORK/b.csv" || fail "prefill FLOP/s or peak missing"
+grep -q "measured memory read bandwidth" "$WORK/out.txt" || fail "no bandwidth line"
+grep -q "of the peak GEMM" "$WORK/out.txt" || fail "no peak GEMM share"
+grep -q "<svg" "$WORK/b.svg" && grep -q "batch 2" "$WORK/b.svg" || fail "SVG chart"
+if "$BIN" bench --model "$MODEL" --batch 1,x > "$WORK/err.txt" 2>&1; then fail "bad --batch accepted"; fi
+grep -q "invalid batch list" "$WORK/err.txt" || fail "bad --batch message: $(cat "$WORK/err.txt")"
+echo "bench CLI ok"
