@@ -5,6 +5,7 @@
 // Both are also extrapolated to the full 43-layer V4-Flash layer schedule.
 #include <omp.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -44,6 +45,15 @@ int64_t prefill_macs(const ModelConfig& c, const Model::TokenCost& cost, int64_t
     for (int64_t p = 0; p < n; ++p) macs += Model::attention_macs(c, l.ratio, p);
   }
   return macs;
+}
+
+double decode_step_bytes(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch) {
+  const double e = double(c.n_routed_experts), k = double(c.n_activated_experts);
+  const double distinct = e * (1.0 - std::pow(1.0 - k / e, double(batch)));
+  double bytes = double(cost.head_bytes + batch * cost.other_bytes);
+  for (const Model::LayerCost& l : cost.layers)
+    bytes += double(l.weight_bytes) + (distinct - k) * double(l.expert_bytes);
+  return bytes;
 }
 
 struct FlashCost {
@@ -116,7 +126,7 @@ int run_bench(const BenchArgs& a) {
   }
   double prefill_flops_rate = 0, decode_bytes_rate = 0;
   BarGroup prefill_bars{"prefill: FLOP/s against the compute rooflines", {}};
-  BarGroup decode_bars{"decode: tokens/s against the memory roofline (bandwidth / weight bytes per token)", {}};
+  BarGroup decode_bars{"decode: tokens/s against the memory roofline (bandwidth / weight bytes per step)", {}};
   auto num = [](const char* f, double v) {
     char b[64];
     std::snprintf(b, sizeof b, f, v);
@@ -176,10 +186,11 @@ int run_bench(const BenchArgs& a) {
     double rate = double(batch * a.decode) / dt;
     double achieved = double(bytes_per_token) * double(a.decode) / dt;
     if (batch == 1) single_rate = rate, decode_bytes_rate = achieved;
-    // Batch b reads at least the batch-1 bytes per step: the roofline for b
-    // tokens per step is b * bandwidth / bytes (reached only if no routed
-    // expert were read twice).
-    const double roof = double(batch) * bandwidth / double(bytes_per_token);
+    // A step of b tokens reads the shared weights once and every routed
+    // expert that at least one token picked: with uniform routing (random
+    // weights) E * (1 - (1 - k/E)^b) experts per layer instead of k.
+    const double step_bytes = decode_step_bytes(c, cost, batch);
+    const double roof = double(batch) * bandwidth / step_bytes;
     decode_bars.bars.push_back({num("batch %.0f", double(batch)),
                                 num("%.2f tokens/s", rate) + num(" (roofline %.1f)", roof), rate, roof});
     std::printf("decode batch %3lld: %8.3f ms/step  %10.2f tokens/s", (long long)batch,
@@ -188,7 +199,8 @@ int run_bench(const BenchArgs& a) {
       std::printf("  %.2f GB/s of weights = %.1f%% of measured bandwidth", achieved / 1e9,
                   100 * achieved / bandwidth);
     else if (single_rate > 0)
-      std::printf("  %.2fx batch 1", rate / single_rate);
+      std::printf("  %.2fx batch 1; roofline %.1f tokens/s (%.2f GB per step)", rate / single_rate, roof,
+                  step_bytes / 1e9);
     std::printf("\n");
     if (csv) {
       csv << "decode," << batch << "," << batch * a.decode << "," << dt << "," << rate << ",";

@@ -208,6 +208,7 @@ Model::TokenCost Model::token_cost() const {
     for (const Linear* w : {&m.gate, &m.shared.w1, &m.shared.w2, &m.shared.w3}) add(*w, l.weight_bytes, l.linear_macs);
     const ExpertWeights& e = m.experts[0];
     for (const Linear* w : {&e.w1, &e.w2, &e.w3}) add(*w, l.weight_bytes, l.linear_macs, c.n_activated_experts);
+    for (const Linear* w : {&e.w1, &e.w2, &e.w3}) l.expert_bytes += w->weight_bytes();
     l.weight_bytes += l.compressor_bytes;
     l.linear_macs += l.compressor_macs;
     cost.layers.push_back(l);

@@ -87,6 +87,7 @@ class Model {
     int64_t ratio = 0;
     int64_t weight_bytes = 0, linear_macs = 0;
     int64_t compressor_bytes = 0, compressor_macs = 0;
+    int64_t expert_bytes = 0;  // one routed expert (weight_bytes has n_activated of them)
   };
   struct TokenCost {
     int64_t head_bytes = 0, head_macs = 0;  // LM head and HC head
