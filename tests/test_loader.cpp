@@ -62,9 +62,11 @@ class BrokenCheckpoint : public ::testing::Test {
   }
 
   // Loads and returns the error message ("" if the load succeeded).
-  std::string load_error() {
+  std::string load_error(bool no_mmap = false) {
     try {
-      Model::load(dir_.string());
+      LoadOptions options;
+      options.no_mmap = no_mmap;
+      Model::load(dir_.string(), options);
     } catch (const Error& e) {
       return e.what();
     }
@@ -120,6 +122,26 @@ TEST_F(BrokenCheckpoint, TruncatedFileIsReported) {
   std::string e = load_error();
   EXPECT_NE(e.find("truncated"), std::string::npos) << e;
   EXPECT_NE(e.find("model.safetensors"), std::string::npos) << e;
+}
+
+TEST_F(BrokenCheckpoint, TruncatedFileIsReportedWhenCopied) {
+  data_.resize(data_.size() / 2);
+  write_checkpoint();
+  std::string e = load_error(/*no_mmap=*/true);
+  EXPECT_NE(e.find("truncated"), std::string::npos) << e;
+}
+
+// --no-mmap copies the files into anonymous (huge-page) memory: same logits.
+TEST(Residency, CopiedWeightsGiveTheMappedBits) {
+  LoadOptions copied;
+  copied.no_mmap = true;
+  auto a = Model::load(model_dir("tiny-flash-fp8"), copied);
+  auto b = Model::load(model_dir("tiny-flash-fp8"));
+  std::vector<int32_t> tokens = {0, 17, 99, 3, 250, 511, 42, 7, 8, 9};
+  RunResult ra = run_schedule(*a, tokens, 10, 10, true);
+  RunResult rb = run_schedule(*b, tokens, 10, 10, true);
+  EXPECT_EQ(ra.logits, rb.logits);
+  EXPECT_EQ(ra.mtp_logits, rb.mtp_logits);
 }
 
 TEST_F(BrokenCheckpoint, TruncatedHeaderIsReported) {

@@ -33,6 +33,7 @@ struct BenchArgs {
   std::vector<int64_t> batches = {1};
   int threads = 0;
   uint32_t seed = 1;
+  bool no_mmap = false;
 };
 
 // Multiply-adds of a prefill of n tokens from position 0: every layer's
@@ -88,7 +89,16 @@ std::optional<FlashCost> flash_schedule_cost(const ModelConfig& c, const Model::
 
 int run_bench(const BenchArgs& a) {
   if (a.threads > 0) omp_set_num_threads(a.threads);
-  auto model = Model::load(a.model, {load_progress});
+  LoadOptions load_options;
+  load_options.progress = load_progress;
+  load_options.no_mmap = a.no_mmap;
+  auto model = Model::load(a.model, load_options);
+  {
+    // Page faults belong to loading, not to the first timed steps.
+    const double t0 = now_seconds();
+    model->prefault_weights();
+    std::printf("weights paged in: %.1f s\n", now_seconds() - t0);
+  }
   const ModelConfig& c = model->config();
   std::printf("model: %s  (%lld layers, hidden %lld, %lld experts top-%lld, vocab %lld)\n",
               a.model.c_str(), (long long)c.n_layers, (long long)c.dim,
@@ -269,6 +279,7 @@ void register_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--batch", *batches, "Comma-separated decode batch sizes (e.g. 1,4,16)");
   cmd->add_option("--threads", a->threads, "Worker threads")->check(CLI::PositiveNumber);
   cmd->add_option("--csv", a->csv, "Also write the results as CSV");
+  cmd->add_flag("--no-mmap", a->no_mmap, "Copy the weights into huge-page memory instead of mapping the files");
   cmd->add_option("--plot", a->plot, "Also write an SVG chart of the results against the rooflines");
   cmd->callback([a, batches, &exit_code] {
     try {

@@ -40,7 +40,7 @@ struct ServeArgs {
   int64_t context_length = 0, max_running_requests = 64, max_total_tokens = 0, chunked_prefill_size = 2048;
   int64_t max_prefill_tokens = 0, max_queued_requests = 1024;
   std::string reasoning_parser, tool_call_parser, log_level = "info", schedule_policy = "fcfs";
-  bool deterministic = false, disable_radix_cache = false, hierarchical_cache = false;
+  bool deterministic = false, disable_radix_cache = false, hierarchical_cache = false, no_mmap = false;
   double hicache_size_gb = 0, hicache_ratio = 0;
   uint64_t random_seed = 0;
   int threads = 0;
@@ -78,7 +78,10 @@ int run_serve(ServeArgs& a) {
   if (embedded)
     std::fprintf(stderr, "serving the embedded SMOKE-TEST model: random weights, output is gibberish; "
                          "pass --model-path for a real checkpoint\n");
-  auto model = std::shared_ptr<Model>(Model::load(model_dir, {load_progress}));
+  LoadOptions load_options;
+  load_options.progress = load_progress;
+  load_options.no_mmap = a.no_mmap;
+  auto model = std::shared_ptr<Model>(Model::load(model_dir, load_options));
   std::string tok_path = a.tokenizer_path.empty() ? (fs::path(model_dir) / "tokenizer.json").string()
                                                   : (fs::is_directory(a.tokenizer_path) ? (fs::path(a.tokenizer_path) / "tokenizer.json").string()
                                                                                         : a.tokenizer_path);
@@ -168,6 +171,8 @@ void register_serve_command(CLI::App& app, int& exit_code) {
       ->check(CLI::IsMember({"debug", "info", "warning", "error"}));
   cmd->add_option("--schedule-policy", a->schedule_policy, "fcfs");
   cmd->add_flag("--disable-radix-cache", a->disable_radix_cache, "Disable prefix reuse");
+  cmd->add_flag("--no-mmap", a->no_mmap,
+                "Copy the weights into huge-page memory instead of mapping the files (llama.cpp's --no-mmap)");
   cmd->add_flag("--enable-hierarchical-cache", a->hierarchical_cache,
                 "Accepted: the prefix cache already lives in host RAM (size with --hicache-size)");
   cmd->add_option("--hicache-size", a->hicache_size_gb, "Host-RAM prefix cache size in GB");

@@ -1,6 +1,7 @@
 #include "io/safetensors.h"
 
 #include <fcntl.h>
+#include <omp.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -64,7 +65,7 @@ std::string TensorInfo::shape_string() const {
   return s + "]";
 }
 
-MappedFile::MappedFile(const std::string& path) : path_(path) {
+MappedFile::MappedFile(const std::string& path, FileResidency residency) : path_(path) {
   int fd = ::open(path.c_str(), O_RDONLY);
   if (fd < 0) throw Error("cannot open " + path + ": " + std::strerror(errno));
   struct stat st {};
@@ -73,23 +74,63 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
     throw Error("cannot stat " + path + ": " + std::strerror(errno));
   }
   size_ = st.st_size;
-  if (size_ > 0) {
-    void* p = mmap(nullptr, size_t(size_), PROT_READ, MAP_PRIVATE, fd, 0);
+  if (size_ > 0 && residency == FileResidency::Mapped) {
+    mapped_bytes_ = size_t(size_);
+    void* p = mmap(nullptr, mapped_bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) {
       ::close(fd);
       throw Error("cannot map " + path + ": " + std::strerror(errno));
     }
     data_ = static_cast<const uint8_t*>(p);
+  } else if (size_ > 0) {
+    const size_t huge = size_t(2) << 20;
+    mapped_bytes_ = (size_t(size_) + huge - 1) / huge * huge;
+    void* p = mmap(nullptr, mapped_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+      ::close(fd);
+      throw Error("cannot allocate " + std::to_string(size_ >> 20) + " MiB to copy " + path + ": " +
+                  std::strerror(errno));
+    }
+    madvise(p, mapped_bytes_, MADV_HUGEPAGE);  // advisory: ignored where THP is off
+    auto* dst = static_cast<uint8_t*>(p);
+    int64_t done = 0;
+    while (done < size_) {
+      const ssize_t got = ::pread(fd, dst + done, size_t(std::min<int64_t>(size_ - done, int64_t(64) << 20)), done);
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) {
+        const std::string why = got < 0 ? std::strerror(errno) : "file shrank while reading";
+        munmap(p, mapped_bytes_);
+        ::close(fd);
+        throw Error("cannot read " + path + ": " + why);
+      }
+      done += got;
+    }
+    mprotect(p, mapped_bytes_, PROT_READ);
+    data_ = dst;
   }
   ::close(fd);
 }
 
+uint64_t MappedFile::prefault() const {
+  const int64_t page = 4096;
+  uint64_t sum = 0;
+#pragma omp parallel for schedule(static) reduction(+ : sum)
+  for (int64_t i = 0; i < size_; i += page) sum += data_[i];
+  return sum;
+}
+
+uint64_t TensorStore::prefault() const {
+  uint64_t sum = 0;
+  for (const auto& f : files_) sum += f->prefault();
+  return sum;
+}
+
 MappedFile::~MappedFile() {
-  if (data_) munmap(const_cast<uint8_t*>(data_), size_t(size_));
+  if (data_) munmap(const_cast<uint8_t*>(data_), mapped_bytes_);
 }
 
 void TensorStore::add_file(const std::string& path, bool first) {
-  auto file = std::make_shared<MappedFile>(path);
+  auto file = std::make_shared<MappedFile>(path, residency_);
   if (file->size() < 8) throw Error(path + ": truncated safetensors file (no header)");
   uint64_t header_len;
   std::memcpy(&header_len, file->data(), 8);
@@ -148,8 +189,9 @@ void TensorStore::add_file(const std::string& path, bool first) {
   files_.push_back(std::move(file));
 }
 
-TensorStore TensorStore::open(const std::string& path) {
+TensorStore TensorStore::open(const std::string& path, FileResidency residency) {
   TensorStore store;
+  store.residency_ = residency;
   if (!fs::exists(path)) throw Error("checkpoint path does not exist: " + path);
   if (!fs::is_directory(path)) {
     store.add_file(path, true);

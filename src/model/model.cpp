@@ -11,7 +11,7 @@ std::unique_ptr<Model> Model::load(const std::string& path, const LoadOptions& o
   std::unique_ptr<Model> model(new Model());
   model->config_ = load_config(path);
   if (!std::filesystem::is_directory(path)) throw Error("model path must be a directory: " + path);
-  model->store_ = TensorStore::open(path);
+  model->store_ = TensorStore::open(path, options.no_mmap ? FileResidency::Copied : FileResidency::Mapped);
   model->weights_ = bind_weights(model->config_, model->store_, options.progress);
   model->rope_window_ = RopeTable(model->config_, false);
   model->rope_compressed_ = RopeTable(model->config_, true);
@@ -214,6 +214,11 @@ Model::TokenCost Model::token_cost() const {
     cost.layers.push_back(l);
   }
   return cost;
+}
+
+void Model::prefault_weights() const {
+  volatile uint64_t sink = store_.prefault();
+  (void)sink;
 }
 
 int64_t Model::decode_weight_bytes_per_token() const {

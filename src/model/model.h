@@ -42,6 +42,8 @@ struct MtpBatchItem {
 struct LoadOptions {
   // progress(done, total) while tensors are validated and bound.
   std::function<void(int64_t, int64_t)> progress;
+  // Copy the weights into huge-page memory instead of mapping the files.
+  bool no_mmap = false;
 };
 
 class Model {
@@ -78,6 +80,8 @@ class Model {
   // Bytes of weights one decode step reads for a single token: everything but
   // the embedding table (one row) and the unselected routed experts.
   int64_t decode_weight_bytes_per_token() const;
+  // Touches every page of the checkpoint (see MappedFile::prefault).
+  void prefault_weights() const;
 
   // What one token costs in weight bytes read and matrix-product
   // multiply-adds, split so that benchmarks can report FLOP/s and scale the
