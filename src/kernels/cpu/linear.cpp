@@ -8,6 +8,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/aligned.h"
 #include "core/error.h"
 #include "core/numeric.h"
 
@@ -410,72 +411,112 @@ DSV4_AVX512 void decode_row_avx512(const Linear& w, int64_t row, float* out) {
   }
 }
 
-// Several tokens against one decoded weight row: the row is converted once
-// per 16 columns and reused for up to 4 tokens. Each token keeps its own 16
-// lanes in the canonical order, so the bits equal dot_avx512's.
-DSV4_AVX512 void row_times_tokens_avx512(const float* wrow, int64_t cols, const double* xd, int64_t n_tok,
-                                         double* out) {
-  int64_t t = 0;
-  for (; t + 4 <= n_tok; t += 4) {
-    __m512d a[4][2];
-    for (int k = 0; k < 4; ++k) a[k][0] = a[k][1] = _mm512_setzero_pd();
-    const double* x0 = xd + t * cols;
-    for (int64_t i = 0; i < cols; i += 16) {
-      __m512 v = _mm512_loadu_ps(wrow + i);
-      __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
-      __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-      for (int k = 0; k < 4; ++k) {
-        const double* x = x0 + k * cols + i;
-        a[k][0] = _mm512_fmadd_pd(lo, _mm512_loadu_pd(x), a[k][0]);
-        a[k][1] = _mm512_fmadd_pd(hi, _mm512_loadu_pd(x + 8), a[k][1]);
+// Batches, GEMM-style. Inputs and weight tiles are packed so that a block of
+// R rows x T tokens reads two sequential streams: for every 16 columns, the
+// R rows' 16 doubles back to back, and the T tokens' 16 doubles back to back.
+// Register blocks of 4 x 3 (24 accumulators) sweep column chunks of
+// kBatchChunk; between chunks the accumulators rest in memory. Every
+// (row, token) still updates its 16 lanes in increasing column order with
+// the same FMAs, so the bits equal dot_avx512's.
+constexpr int64_t kBatchChunk = 256;
+constexpr int kRowBlock = 4, kTokenBlock = 3;
+
+// Element (t, i) of a group of `group` tokens packed from `first`.
+inline int64_t packed_index(int64_t cols, int64_t first, int group, int64_t t, int64_t i) {
+  return first * cols + (i / 16) * (group * 16) + t * 16 + (i % 16);
+}
+
+template <int R, int T>
+DSV4_AVX512 void packed_block_avx512(const double* w, const double* x, int64_t k0, int64_t k1, double* acc) {
+  __m512d a[R][T][2];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) {
+      a[r][t][0] = _mm512_loadu_pd(acc + (r * T + t) * 16);
+      a[r][t][1] = _mm512_loadu_pd(acc + (r * T + t) * 16 + 8);
+    }
+  const double* wp = w + (k0 / 16) * R * 16;
+  const double* xp = x + (k0 / 16) * T * 16;
+  for (int64_t i = k0; i < k1; i += 16, wp += R * 16, xp += T * 16) {
+    __m512d x0[T], x1[T];
+    for (int t = 0; t < T; ++t) x0[t] = _mm512_loadu_pd(xp + t * 16), x1[t] = _mm512_loadu_pd(xp + t * 16 + 8);
+    for (int r = 0; r < R; ++r) {
+      const __m512d w0 = _mm512_loadu_pd(wp + r * 16), w1 = _mm512_loadu_pd(wp + r * 16 + 8);
+      for (int t = 0; t < T; ++t) {
+        a[r][t][0] = _mm512_fmadd_pd(w0, x0[t], a[r][t][0]);
+        a[r][t][1] = _mm512_fmadd_pd(w1, x1[t], a[r][t][1]);
       }
     }
-    for (int k = 0; k < 4; ++k) {
-      double acc[16];
-      _mm512_storeu_pd(acc, a[k][0]);
-      _mm512_storeu_pd(acc + 8, a[k][1]);
-      out[t + k] = fold16(acc);
-    }
   }
-  for (; t < n_tok; ++t) {
-    __m512d a0 = _mm512_setzero_pd(), a1 = a0;
-    const double* x = xd + t * cols;
-    for (int64_t i = 0; i < cols; i += 16) fma16_avx512(_mm512_loadu_ps(wrow + i), x + i, a0, a1);
-    double acc[16];
-    _mm512_storeu_pd(acc, a0);
-    _mm512_storeu_pd(acc + 8, a1);
-    out[t] = fold16(acc);
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) {
+      _mm512_storeu_pd(acc + (r * T + t) * 16, a[r][t][0]);
+      _mm512_storeu_pd(acc + (r * T + t) * 16 + 8, a[r][t][1]);
+    }
+}
+
+template <int R>
+DSV4_AVX512 void packed_block_tokens_avx512(int tokens, const double* w, const double* x, int64_t k0, int64_t k1,
+                                            double* acc) {
+  switch (tokens) {
+    case 3: packed_block_avx512<R, 3>(w, x, k0, k1, acc); break;
+    case 2: packed_block_avx512<R, 2>(w, x, k0, k1, acc); break;
+    default: packed_block_avx512<R, 1>(w, x, k0, k1, acc); break;
   }
 }
 
-// Four decoded weight rows against two tokens: each x vector is loaded once
-// for four rows and each weight vector converted once for two tokens. Every
-// (row, token) keeps its own 16 lanes in the canonical order.
-DSV4_AVX512 void rows4_times_tokens2_avx512(const float* w0, int64_t cols, const double* x0,
-                                            const double* x1, double out[4][2]) {
-  __m512d a[4][2][2];
-  for (auto& r : a)
-    for (auto& t : r) t[0] = t[1] = _mm512_setzero_pd();
-  for (int64_t i = 0; i < cols; i += 16) {
-    const __m512d xa0 = _mm512_loadu_pd(x0 + i), xa1 = _mm512_loadu_pd(x0 + i + 8);
-    const __m512d xb0 = _mm512_loadu_pd(x1 + i), xb1 = _mm512_loadu_pd(x1 + i + 8);
-    for (int r = 0; r < 4; ++r) {
-      __m512 v = _mm512_loadu_ps(w0 + r * cols + i);
-      __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
-      __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-      a[r][0][0] = _mm512_fmadd_pd(lo, xa0, a[r][0][0]);
-      a[r][0][1] = _mm512_fmadd_pd(hi, xa1, a[r][0][1]);
-      a[r][1][0] = _mm512_fmadd_pd(lo, xb0, a[r][1][0]);
-      a[r][1][1] = _mm512_fmadd_pd(hi, xb1, a[r][1][1]);
+DSV4_AVX512 void packed_block_any_avx512(int rows, int tokens, const double* w, const double* x, int64_t k0,
+                                         int64_t k1, double* acc) {
+  switch (rows) {
+    case 4: packed_block_tokens_avx512<4>(tokens, w, x, k0, k1, acc); break;
+    case 3: packed_block_tokens_avx512<3>(tokens, w, x, k0, k1, acc); break;
+    case 2: packed_block_tokens_avx512<2>(tokens, w, x, k0, k1, acc); break;
+    default: packed_block_tokens_avx512<1>(tokens, w, x, k0, k1, acc); break;
+  }
+}
+
+// Decodes rows [row0, row0 + rows) into the packed layout (groups of 4).
+DSV4_AVX512 void decode_tile_packed_avx512(const Linear& w, int64_t row0, int64_t rows, float* scratch,
+                                           double* packed) {
+  const int64_t cols = w.cols;
+  for (int64_t r = 0; r < rows; ++r) {
+    decode_row_avx512(w, row0 + r, scratch);
+    const int64_t first = r / kRowBlock * kRowBlock;
+    const int group = int(std::min<int64_t>(kRowBlock, rows - first));
+    for (int64_t i = 0; i < cols; i += 16) {
+      const __m512 v = _mm512_loadu_ps(scratch + i);
+      double* dst = packed + packed_index(cols, first, group, r - first, i);
+      _mm512_storeu_pd(dst, _mm512_cvtps_pd(_mm512_castps512_ps256(v)));
+      _mm512_storeu_pd(dst + 8, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
     }
   }
-  for (int r = 0; r < 4; ++r)
-    for (int t = 0; t < 2; ++t) {
-      double acc[16];
-      _mm512_storeu_pd(acc, a[r][t][0]);
-      _mm512_storeu_pd(acc + 8, a[r][t][1]);
-      out[r][t] = fold16(acc);
+}
+
+// A packed tile of `rows` rows against all n packed tokens.
+DSV4_AVX512 void packed_tile_times_tokens_avx512(const double* wp, int64_t rows, int64_t cols, const double* xp,
+                                                 int64_t n, double* acc, double* out, int64_t out_stride) {
+  std::fill_n(acc, size_t(rows * n * 16), 0.0);
+  for (int64_t k0 = 0; k0 < cols; k0 += kBatchChunk) {
+    const int64_t k1 = std::min(cols, k0 + kBatchChunk);
+    // A token group's input chunk stays in L1 while all row groups of the
+    // tile (in L2) pass over it.
+    for (int64_t t = 0; t < n; t += kTokenBlock) {
+      const int tt = int(std::min<int64_t>(kTokenBlock, n - t));
+      for (int64_t r = 0; r < rows; r += kRowBlock) {
+        const int rr = int(std::min<int64_t>(kRowBlock, rows - r));
+        // Accumulators of block (r, t): rr * tt * 16 doubles at (r * n + t * rr) * 16.
+        packed_block_any_avx512(rr, tt, wp + r * cols, xp + t * cols, k0, k1, acc + (r * n + t * rr) * 16);
+      }
     }
+  }
+  for (int64_t r = 0; r < rows; r += kRowBlock) {
+    const int rr = int(std::min<int64_t>(kRowBlock, rows - r));
+    for (int64_t t = 0; t < n; t += kTokenBlock) {
+      const int tt = int(std::min<int64_t>(kTokenBlock, n - t));
+      const double* a = acc + (r * n + t * rr) * 16;
+      for (int q = 0; q < rr; ++q)
+        for (int u = 0; u < tt; ++u) out[(t + u) * out_stride + r + q] = fold16(a + (q * tt + u) * 16);
+    }
+  }
 }
 
 // ------------------------------------------------------------- dispatch ---
@@ -553,7 +594,7 @@ void linear_forward(const Linear& w, const float* x, int64_t n, float* y, int64_
   const int64_t cols = w.cols;
   if (cols % 16) throw Error("linear input width " + std::to_string(cols) + " is not a multiple of 16");
   // Inputs in double, once per token (rounded through FP8 first if asked).
-  std::vector<double> xd(size_t(n * cols));
+  AlignedVector<double> xd(size_t(n * cols));
   std::vector<float> row(static_cast<size_t>(cols));
   for (int64_t t = 0; t < n; ++t) {
     const float* src = x + t * cols;
@@ -570,38 +611,25 @@ void linear_forward(const Linear& w, const float* x, int64_t n, float* y, int64_
   const int64_t n_tiles = (out + tile - 1) / tile;
   const bool parallel = out * cols * std::max<int64_t>(n, 1) >= (1 << 15);
   if (n >= 2 && g_isa == KernelIsa::Avx512) {
-    // Batches: decode a tile of weight rows once, then run 4-row x 2-token
-    // blocks over it (remainders one row at a time).
+    AlignedVector<double> xp(size_t(n * cols));
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t first = t / kTokenBlock * kTokenBlock;
+      const int group = int(std::min<int64_t>(kTokenBlock, n - first));
+      for (int64_t i = 0; i < cols; i += 16)
+        std::copy_n(xd.data() + t * cols + i, 16, xp.data() + packed_index(cols, first, group, t - first, i));
+    }
 #pragma omp parallel if (parallel)
     {
-      std::vector<float> wtile(static_cast<size_t>(tile * cols));
-      std::vector<double> res(static_cast<size_t>(n));
+      AlignedVector<float> scratch(static_cast<size_t>(cols));
+      AlignedVector<double> wp(static_cast<size_t>(tile * cols)), acc(static_cast<size_t>(tile * n * 16)),
+          res(static_cast<size_t>(n * tile));
 #pragma omp for schedule(static)
       for (int64_t k = 0; k < n_tiles; ++k) {
-        int64_t o0 = k * tile, o1 = std::min(out, o0 + tile);
-        for (int64_t o = o0; o < o1; ++o) decode_row_avx512(w, row_begin + o, wtile.data() + (o - o0) * cols);
-        int64_t o = o0;
-        for (; o + 4 <= o1; o += 4) {
-          const float* w4 = wtile.data() + (o - o0) * cols;
-          int64_t t = 0;
-          for (; t + 2 <= n; t += 2) {
-            double r[4][2];
-            rows4_times_tokens2_avx512(w4, cols, xd.data() + t * cols, xd.data() + (t + 1) * cols, r);
-            for (int q = 0; q < 4; ++q) {
-              y[t * y_stride + o + q] = float(r[q][0]);
-              y[(t + 1) * y_stride + o + q] = float(r[q][1]);
-            }
-          }
-          for (; t < n; ++t)
-            for (int q = 0; q < 4; ++q) {
-              row_times_tokens_avx512(w4 + q * cols, cols, xd.data() + t * cols, 1, res.data());
-              y[t * y_stride + o + q] = float(res[0]);
-            }
-        }
-        for (; o < o1; ++o) {
-          row_times_tokens_avx512(wtile.data() + (o - o0) * cols, cols, xd.data(), n, res.data());
-          for (int64_t t = 0; t < n; ++t) y[t * y_stride + o] = float(res[size_t(t)]);
-        }
+        const int64_t o0 = k * tile, rows = std::min(out, o0 + tile) - o0;
+        decode_tile_packed_avx512(w, row_begin + o0, rows, scratch.data(), wp.data());
+        packed_tile_times_tokens_avx512(wp.data(), rows, cols, xp.data(), n, acc.data(), res.data(), tile);
+        for (int64_t t = 0; t < n; ++t)
+          for (int64_t q = 0; q < rows; ++q) y[t * y_stride + o0 + q] = float(res[size_t(t * tile + q)]);
       }
     }
     return;
