@@ -293,27 +293,42 @@ DSV4_AVX512 double dot_avx512(const Linear& w, int64_t row, const double* x) {
   return fold16(acc);
 }
 
-// Four consecutive rows against one token. One row alone is bound by the
-// latency of its two accumulator chains (the canonical order allows no more
-// per row); four rows keep eight FMA chains in flight. Each row's lanes see
-// exactly the sequence dot_avx512 gives them, so the bits are the same.
-DSV4_AVX512 void dot4_avx512(const Linear& w, int64_t row0, const double* x, double out[4]) {
-  __m512d a[4][2];
-  for (auto& r : a) r[0] = r[1] = _mm512_setzero_pd();
+// Four consecutive rows against T <= 3 tokens, the weights decoded in
+// registers once for all T. One row alone is bound by the latency of its two
+// accumulator chains (the canonical order allows no more per row); four rows
+// keep at least eight FMA chains in flight. Each (row, token) sees exactly
+// the sequence dot_avx512 gives it, so the bits are the same.
+template <int T>
+DSV4_AVX512 inline void fma16_tokens(__m512 v, const double* const* x, int64_t i, __m512d (*a)[2]) {
+  const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
+  const __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+  for (int t = 0; t < T; ++t) {
+    a[t][0] = _mm512_fmadd_pd(lo, _mm512_load_pd(x[t] + i), a[t][0]);
+    a[t][1] = _mm512_fmadd_pd(hi, _mm512_load_pd(x[t] + i + 8), a[t][1]);
+  }
+}
+
+template <int T>
+DSV4_AVX512 void dot4_tokens_avx512(const Linear& w, int64_t row0, const double* const* x, double* out,
+                                    int64_t out_stride) {
+  __m512d a[4][T][2];
+  for (auto& r : a)
+    for (auto& t : r) t[0] = t[1] = _mm512_setzero_pd();
   const int64_t n = w.cols;
   switch (w.format) {
     case WeightFormat::F32: {
       const float* p = reinterpret_cast<const float*>(w.data) + row0 * n;
       for (int64_t i = 0; i < n; i += 16)
-        for (int r = 0; r < 4; ++r) fma16_avx512(_mm512_loadu_ps(p + r * n + i), x + i, a[r][0], a[r][1]);
+        for (int r = 0; r < 4; ++r) fma16_tokens<T>(_mm512_loadu_ps(p + r * n + i), x, i, a[r]);
       break;
     }
     case WeightFormat::BF16: {
       const uint16_t* p = reinterpret_cast<const uint16_t*>(w.data) + row0 * n;
       for (int64_t i = 0; i < n; i += 16)
         for (int r = 0; r < 4; ++r)
-          fma16_avx512(_mm512_castsi512_ps(_mm512_slli_epi32(
-                       _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(p + r * n + i))), 16)), x + i, a[r][0], a[r][1]);
+          fma16_tokens<T>(_mm512_castsi512_ps(_mm512_slli_epi32(
+                              _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(p + r * n + i))), 16)),
+                          x, i, a[r]);
       break;
     }
     case WeightFormat::FP8_BLOCK128: {
@@ -333,12 +348,13 @@ DSV4_AVX512 void dot4_avx512(const Linear& w, int64_t row0, const double* x, dou
           for (int r = 0; r < 4; ++r) sc[r] = _mm512_set1_ps(e8m0_to_float(sb[r]) * 256.0f);
           for (int64_t i = b; i < end; i += 16)
             for (int r = 0; r < 4; ++r)
-              fma16_avx512(e4m3_to_ps_via_half(_mm_loadu_si128((const __m128i*)(p + r * n + i)), sc[r]), x + i, a[r][0], a[r][1]);
+              fma16_tokens<T>(e4m3_to_ps_via_half(_mm_loadu_si128((const __m128i*)(p + r * n + i)), sc[r]), x, i, a[r]);
         } else {
           for (int64_t i = b; i < end; i += 16)
             for (int r = 0; r < 4; ++r)
-              fma16_avx512(e4m3_to_ps_avx512(_mm_loadu_si128((const __m128i*)(p + r * n + i)),
-                                         _mm512_set1_ps(e8m0_to_float(sb[r]))), x + i, a[r][0], a[r][1]);
+              fma16_tokens<T>(e4m3_to_ps_avx512(_mm_loadu_si128((const __m128i*)(p + r * n + i)),
+                                                _mm512_set1_ps(e8m0_to_float(sb[r]))),
+                              x, i, a[r]);
         }
       }
       break;
@@ -358,24 +374,43 @@ DSV4_AVX512 void dot4_avx512(const Linear& w, int64_t row0, const double* x, dou
           neg[r] = _mm512_mul_pd(neg1, sc);
         }
         for (int64_t i = b; i < b + 32; i += 16) {
-          const __m512d x0 = _mm512_loadu_pd(x + i), x1 = _mm512_loadu_pd(x + i + 8);
           for (int r = 0; r < 4; ++r) {
             uint64_t bytes;
             std::memcpy(&bytes, p + r * (n / 2) + i / 2, 8);
             const __m512i packed = _mm512_set1_epi64(int64_t(bytes));
-            a[r][0] = _mm512_fmadd_pd(_mm512_permutex2var_pd(pos[r], _mm512_srlv_epi64(packed, shift_lo), neg[r]), x0, a[r][0]);
-            a[r][1] = _mm512_fmadd_pd(_mm512_permutex2var_pd(pos[r], _mm512_srlv_epi64(packed, shift_hi), neg[r]), x1, a[r][1]);
+            const __m512d w0 = _mm512_permutex2var_pd(pos[r], _mm512_srlv_epi64(packed, shift_lo), neg[r]);
+            const __m512d w1 = _mm512_permutex2var_pd(pos[r], _mm512_srlv_epi64(packed, shift_hi), neg[r]);
+            for (int t = 0; t < T; ++t) {
+              a[r][t][0] = _mm512_fmadd_pd(w0, _mm512_load_pd(x[t] + i), a[r][t][0]);
+              a[r][t][1] = _mm512_fmadd_pd(w1, _mm512_load_pd(x[t] + i + 8), a[r][t][1]);
+            }
           }
         }
       }
       break;
     }
   }
-  for (int r = 0; r < 4; ++r) {
-    double acc[16];
-    _mm512_storeu_pd(acc, a[r][0]);
-    _mm512_storeu_pd(acc + 8, a[r][1]);
-    out[r] = fold16(acc);
+  for (int r = 0; r < 4; ++r)
+    for (int t = 0; t < T; ++t) {
+      double acc[16];
+      _mm512_storeu_pd(acc, a[r][t][0]);
+      _mm512_storeu_pd(acc + 8, a[r][t][1]);
+      out[t * out_stride + r] = fold16(acc);
+    }
+}
+
+// Rows [row0, row0 + 4) against n tokens in groups of up to three; a group
+// after the first finds the four rows in L1.
+DSV4_AVX512 void dot4_all_tokens_avx512(const Linear& w, int64_t row0, const double* xd, int64_t n, double* out,
+                                        int64_t out_stride) {
+  const int64_t cols = w.cols;
+  for (int64_t t = 0; t < n; t += 3) {
+    const double* x[3] = {xd + t * cols, xd + std::min(t + 1, n - 1) * cols, xd + std::min(t + 2, n - 1) * cols};
+    switch (std::min<int64_t>(3, n - t)) {
+      case 3: dot4_tokens_avx512<3>(w, row0, x, out + t * out_stride, out_stride); break;
+      case 2: dot4_tokens_avx512<2>(w, row0, x, out + t * out_stride, out_stride); break;
+      default: dot4_tokens_avx512<1>(w, row0, x, out + t * out_stride, out_stride); break;
+    }
   }
 }
 
@@ -420,6 +455,9 @@ DSV4_AVX512 void decode_row_avx512(const Linear& w, int64_t row, float* out) {
 // the same FMAs, so the bits equal dot_avx512's.
 constexpr int64_t kBatchChunk = 256;
 constexpr int kRowBlock = 4, kTokenBlock = 3;
+// Below this many tokens, weights are decoded in registers for each group of
+// three tokens (dot4_all_tokens_avx512) instead of into a packed tile.
+constexpr int64_t kPackedMinTokens = 8;
 
 // Element (t, i) of a group of `group` tokens packed from `first`.
 inline int64_t packed_index(int64_t cols, int64_t first, int group, int64_t t, int64_t i) {
@@ -610,7 +648,8 @@ void linear_forward(const Linear& w, const float* x, int64_t n, float* y, int64_
   const int64_t tile = 16;
   const int64_t n_tiles = (out + tile - 1) / tile;
   const bool parallel = out * cols * std::max<int64_t>(n, 1) >= (1 << 15);
-  if (n >= 2 && g_isa == KernelIsa::Avx512) {
+  const bool rows4 = g_isa == KernelIsa::Avx512 && (w.format != WeightFormat::FP4_BLOCK32 || cols % 32 == 0);
+  if (n >= kPackedMinTokens && g_isa == KernelIsa::Avx512) {
     AlignedVector<double> xp(size_t(n * cols));
     for (int64_t t = 0; t < n; ++t) {
       const int64_t first = t / kTokenBlock * kTokenBlock;
@@ -634,20 +673,19 @@ void linear_forward(const Linear& w, const float* x, int64_t n, float* y, int64_
     }
     return;
   }
-  const bool rows4 = g_isa == KernelIsa::Avx512 && (w.format != WeightFormat::FP4_BLOCK32 || cols % 32 == 0);
 #pragma omp parallel for schedule(static) if (parallel)
   for (int64_t k = 0; k < n_tiles; ++k) {
     int64_t o0 = k * tile, o1 = std::min(out, o0 + tile);
-    for (int64_t t = 0; t < n; ++t) {
-      int64_t o = o0;
-      if (rows4)
-        for (; o + 4 <= o1; o += 4) {
-          double r[4];
-          dot4_avx512(w, row_begin + o, xd.data() + t * cols, r);
-          for (int q = 0; q < 4; ++q) y[t * y_stride + o + q] = float(r[q]);
-        }
-      for (; o < o1; ++o) y[t * y_stride + o] = float(dot(w, row_begin + o, xd.data() + t * cols));
-    }
+    int64_t o = o0;
+    if (rows4)
+      for (; o + 4 <= o1; o += 4) {
+        double r[4 * kPackedMinTokens];
+        dot4_all_tokens_avx512(w, row_begin + o, xd.data(), n, r, 4);
+        for (int64_t t = 0; t < n; ++t)
+          for (int q = 0; q < 4; ++q) y[t * y_stride + o + q] = float(r[t * 4 + q]);
+      }
+    for (; o < o1; ++o)
+      for (int64_t t = 0; t < n; ++t) y[t * y_stride + o] = float(dot(w, row_begin + o, xd.data() + t * cols));
   }
 }
 
