@@ -190,7 +190,7 @@ TEST_P(LinearFormats, BatchAndThreadsDoNotChangeBits) {
 
 // The SIMD paths follow the canonical reduction order exactly: same bits.
 TEST_P(LinearFormats, SimdPathsGiveScalarBits) {
-  for (int64_t n : {1, 3}) {
+  for (int64_t n : {1, 2, 3, 5, 10, 11}) {  // register groups of 1-3 tokens; packed tiles from 8
   SCOPED_TRACE("tokens " + std::to_string(n));
   const int64_t rows = 70, cols = 512;  // 70: row groups of 4 and 16 leave remainders
   RandomLinear w(GetParam(), rows, cols, 21);

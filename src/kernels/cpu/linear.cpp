@@ -309,87 +309,7 @@ DSV4_AVX512 inline void fma16_tokens(__m512 v, const double* const* x, int64_t i
 }
 
 template <int T>
-DSV4_AVX512 void dot4_tokens_avx512(const Linear& w, int64_t row0, const double* const* x, double* out,
-                                    int64_t out_stride) {
-  __m512d a[4][T][2];
-  for (auto& r : a)
-    for (auto& t : r) t[0] = t[1] = _mm512_setzero_pd();
-  const int64_t n = w.cols;
-  switch (w.format) {
-    case WeightFormat::F32: {
-      const float* p = reinterpret_cast<const float*>(w.data) + row0 * n;
-      for (int64_t i = 0; i < n; i += 16)
-        for (int r = 0; r < 4; ++r) fma16_tokens<T>(_mm512_loadu_ps(p + r * n + i), x, i, a[r]);
-      break;
-    }
-    case WeightFormat::BF16: {
-      const uint16_t* p = reinterpret_cast<const uint16_t*>(w.data) + row0 * n;
-      for (int64_t i = 0; i < n; i += 16)
-        for (int r = 0; r < 4; ++r)
-          fma16_tokens<T>(_mm512_castsi512_ps(_mm512_slli_epi32(
-                              _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(p + r * n + i))), 16)),
-                          x, i, a[r]);
-      break;
-    }
-    case WeightFormat::FP8_BLOCK128: {
-      // The four rows share their scale row unless they straddle a 128-row
-      // block (only when rows are not a multiple of 4 apart from 0).
-      const uint8_t* p = w.data + row0 * n;
-      for (int64_t b = 0; b < n; b += 128) {
-        const int64_t end = std::min(n, b + 128);
-        uint8_t sb[4];
-        bool half_ok = true;
-        for (int r = 0; r < 4; ++r) {
-          sb[r] = w.scale[((row0 + r) / 128) * w.scale_cols + b / 128];
-          half_ok = half_ok && sb[r] <= kMaxHalfPathScale;
-        }
-        if (half_ok) {
-          __m512 sc[4];
-          for (int r = 0; r < 4; ++r) sc[r] = _mm512_set1_ps(e8m0_to_float(sb[r]) * 256.0f);
-          for (int64_t i = b; i < end; i += 16)
-            for (int r = 0; r < 4; ++r)
-              fma16_tokens<T>(e4m3_to_ps_via_half(_mm_loadu_si128((const __m128i*)(p + r * n + i)), sc[r]), x, i, a[r]);
-        } else {
-          for (int64_t i = b; i < end; i += 16)
-            for (int r = 0; r < 4; ++r)
-              fma16_tokens<T>(e4m3_to_ps_avx512(_mm_loadu_si128((const __m128i*)(p + r * n + i)),
-                                                _mm512_set1_ps(e8m0_to_float(sb[r]))),
-                              x, i, a[r]);
-        }
-      }
-      break;
-    }
-    case WeightFormat::FP4_BLOCK32: {
-      const uint8_t* p = w.data + row0 * (n / 2);
-      const uint8_t* s = w.scale + row0 * w.scale_cols;
-      const __m512i shift_lo = _mm512_setr_epi64(0, 4, 8, 12, 16, 20, 24, 28);
-      const __m512i shift_hi = _mm512_setr_epi64(32, 36, 40, 44, 48, 52, 56, 60);
-      const __m512d pos1 = _mm512_setr_pd(0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0);
-      const __m512d neg1 = _mm512_setr_pd(-0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0);
-      for (int64_t b = 0; b < n; b += 32) {
-        __m512d pos[4], neg[4];
-        for (int r = 0; r < 4; ++r) {
-          const __m512d sc = _mm512_set1_pd(double(e8m0_to_float(s[r * w.scale_cols + b / 32])));
-          pos[r] = _mm512_mul_pd(pos1, sc);
-          neg[r] = _mm512_mul_pd(neg1, sc);
-        }
-        for (int64_t i = b; i < b + 32; i += 16) {
-          for (int r = 0; r < 4; ++r) {
-            uint64_t bytes;
-            std::memcpy(&bytes, p + r * (n / 2) + i / 2, 8);
-            const __m512i packed = _mm512_set1_epi64(int64_t(bytes));
-            const __m512d w0 = _mm512_permutex2var_pd(pos[r], _mm512_srlv_epi64(packed, shift_lo), neg[r]);
-            const __m512d w1 = _mm512_permutex2var_pd(pos[r], _mm512_srlv_epi64(packed, shift_hi), neg[r]);
-            for (int t = 0; t < T; ++t) {
-              a[r][t][0] = _mm512_fmadd_pd(w0, _mm512_load_pd(x[t] + i), a[r][t][0]);
-              a[r][t][1] = _mm512_fmadd_pd(w1, _mm512_load_pd(x[t] + i + 8), a[r][t][1]);
-            }
-          }
-        }
-      }
-      break;
-    }
-  }
+DSV4_AVX512 inline void fold_rows4(__m512d (*a)[T][2], double* out, int64_t out_stride) {
   for (int r = 0; r < 4; ++r)
     for (int t = 0; t < T; ++t) {
       double acc[16];
@@ -397,6 +317,115 @@ DSV4_AVX512 void dot4_tokens_avx512(const Linear& w, int64_t row0, const double*
       _mm512_storeu_pd(acc + 8, a[r][t][1]);
       out[t * out_stride + r] = fold16(acc);
     }
+}
+
+// One function per format: with the accumulators local to a small loop nest
+// the compiler keeps all of them in registers (in one function with a switch
+// over formats it spilled them at every scale block).
+template <int T>
+DSV4_AVX512 void dot4_tokens_float_avx512(const Linear& w, int64_t row0, const double* const* x, double* out,
+                                          int64_t out_stride) {
+  __m512d a[4][T][2];
+  for (auto& r : a)
+    for (auto& t : r) t[0] = t[1] = _mm512_setzero_pd();
+  const int64_t n = w.cols;
+  if (w.format == WeightFormat::F32) {
+    const float* p = reinterpret_cast<const float*>(w.data) + row0 * n;
+    for (int64_t i = 0; i < n; i += 16)
+      for (int r = 0; r < 4; ++r) fma16_tokens<T>(_mm512_loadu_ps(p + r * n + i), x, i, a[r]);
+  } else {
+    const uint16_t* p = reinterpret_cast<const uint16_t*>(w.data) + row0 * n;
+    for (int64_t i = 0; i < n; i += 16)
+      for (int r = 0; r < 4; ++r)
+        fma16_tokens<T>(_mm512_castsi512_ps(_mm512_slli_epi32(
+                            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(p + r * n + i))), 16)),
+                        x, i, a[r]);
+  }
+  fold_rows4<T>(a, out, out_stride);
+}
+
+template <int T>
+DSV4_AVX512 void dot4_tokens_fp8_avx512(const Linear& w, int64_t row0, const double* const* x, double* out,
+                                        int64_t out_stride) {
+  __m512d a[4][T][2];
+  for (auto& r : a)
+    for (auto& t : r) t[0] = t[1] = _mm512_setzero_pd();
+  const int64_t n = w.cols;
+  // The four rows share their scale row unless they straddle a 128-row
+  // block (only when rows are not a multiple of 4 apart from 0).
+  const uint8_t* p = w.data + row0 * n;
+  for (int64_t b = 0; b < n; b += 128) {
+    const int64_t end = std::min(n, b + 128);
+    uint8_t sb[4];
+    bool half_ok = true;
+    for (int r = 0; r < 4; ++r) {
+      sb[r] = w.scale[((row0 + r) / 128) * w.scale_cols + b / 128];
+      half_ok = half_ok && sb[r] <= kMaxHalfPathScale;
+    }
+    if (half_ok) {
+      __m512 sc[4];
+      for (int r = 0; r < 4; ++r) sc[r] = _mm512_set1_ps(e8m0_to_float(sb[r]) * 256.0f);
+      for (int64_t i = b; i < end; i += 16)
+        for (int r = 0; r < 4; ++r)
+          fma16_tokens<T>(e4m3_to_ps_via_half(_mm_loadu_si128((const __m128i*)(p + r * n + i)), sc[r]), x, i, a[r]);
+    } else {
+      for (int64_t i = b; i < end; i += 16)
+        for (int r = 0; r < 4; ++r)
+          fma16_tokens<T>(e4m3_to_ps_avx512(_mm_loadu_si128((const __m128i*)(p + r * n + i)),
+                                            _mm512_set1_ps(e8m0_to_float(sb[r]))),
+                          x, i, a[r]);
+    }
+  }
+  fold_rows4<T>(a, out, out_stride);
+}
+
+template <int T>
+DSV4_AVX512 void dot4_tokens_fp4_avx512(const Linear& w, int64_t row0, const double* const* x, double* out,
+                                        int64_t out_stride) {
+  __m512d a[4][T][2];
+  for (auto& r : a)
+    for (auto& t : r) t[0] = t[1] = _mm512_setzero_pd();
+  const int64_t n = w.cols;
+  const uint8_t* p = w.data + row0 * (n / 2);
+  const uint8_t* s = w.scale + row0 * w.scale_cols;
+  const __m512i shift_lo = _mm512_setr_epi64(0, 4, 8, 12, 16, 20, 24, 28);
+  const __m512i shift_hi = _mm512_setr_epi64(32, 36, 40, 44, 48, 52, 56, 60);
+  const __m512d pos1 = _mm512_setr_pd(0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0);
+  const __m512d neg1 = _mm512_setr_pd(-0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0);
+  for (int64_t b = 0; b < n; b += 32) {
+    // The 16 signed e2m1 values times each row's block scale, as doubles:
+    // a two-register permute decodes 8 nibbles (index = low 4 bits).
+    __m512d pos[4], neg[4];
+    for (int r = 0; r < 4; ++r) {
+      const __m512d sc = _mm512_set1_pd(double(e8m0_to_float(s[r * w.scale_cols + b / 32])));
+      pos[r] = _mm512_mul_pd(pos1, sc);
+      neg[r] = _mm512_mul_pd(neg1, sc);
+    }
+    for (int64_t i = b; i < b + 32; i += 16)
+      for (int r = 0; r < 4; ++r) {
+        uint64_t bytes;
+        std::memcpy(&bytes, p + r * (n / 2) + i / 2, 8);
+        const __m512i packed = _mm512_set1_epi64(int64_t(bytes));
+        const __m512d w0 = _mm512_permutex2var_pd(pos[r], _mm512_srlv_epi64(packed, shift_lo), neg[r]);
+        const __m512d w1 = _mm512_permutex2var_pd(pos[r], _mm512_srlv_epi64(packed, shift_hi), neg[r]);
+        for (int t = 0; t < T; ++t) {
+          a[r][t][0] = _mm512_fmadd_pd(w0, _mm512_load_pd(x[t] + i), a[r][t][0]);
+          a[r][t][1] = _mm512_fmadd_pd(w1, _mm512_load_pd(x[t] + i + 8), a[r][t][1]);
+        }
+      }
+  }
+  fold_rows4<T>(a, out, out_stride);
+}
+
+template <int T>
+DSV4_AVX512 void dot4_tokens_avx512(const Linear& w, int64_t row0, const double* const* x, double* out,
+                                    int64_t out_stride) {
+  switch (w.format) {
+    case WeightFormat::F32:
+    case WeightFormat::BF16: dot4_tokens_float_avx512<T>(w, row0, x, out, out_stride); break;
+    case WeightFormat::FP8_BLOCK128: dot4_tokens_fp8_avx512<T>(w, row0, x, out, out_stride); break;
+    case WeightFormat::FP4_BLOCK32: dot4_tokens_fp4_avx512<T>(w, row0, x, out, out_stride); break;
+  }
 }
 
 // Rows [row0, row0 + 4) against n tokens in groups of up to three; a group
