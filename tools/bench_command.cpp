@@ -29,7 +29,7 @@ namespace {
 
 struct BenchArgs {
   std::string model, csv, plot;
-  int64_t prompt = 512, decode = 16;
+  int64_t prompt = 512, decode = 16, chunk = 2048;
   std::vector<int64_t> batches = {1};
   int threads = 0;
   uint32_t seed = 1;
@@ -150,10 +150,11 @@ int run_bench(const BenchArgs& a) {
     std::vector<float> logits(size_t(c.vocab_size));
     double t0 = now_seconds();
     // Only the last row's logits are needed after a prefill.
-    // In chunks of 512 (the same bits as one call) so a long prefill shows progress.
-    for (int64_t b = 0; b < a.prompt - 1; b += 512) {
-      model->forward(s, tokens.data() + b, std::min<int64_t>(512, a.prompt - 1 - b), nullptr);
-      prefill_progress(std::min<int64_t>(b + 512, a.prompt - 1), a.prompt - 1);
+    // In chunks (the same bits as one call; SGLang's default chunked prefill
+    // size) so that a long prefill shows progress.
+    for (int64_t b = 0; b < a.prompt - 1; b += a.chunk) {
+      model->forward(s, tokens.data() + b, std::min<int64_t>(a.chunk, a.prompt - 1 - b), nullptr);
+      prefill_progress(std::min<int64_t>(b + a.chunk, a.prompt - 1), a.prompt - 1);
     }
     model->forward(s, tokens.data() + a.prompt - 1, 1, logits.data());
     double dt = now_seconds() - t0;
@@ -276,6 +277,8 @@ void register_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--model", a->model, "Checkpoint directory")->required();
   cmd->add_option("--prompt", a->prompt, "Prefill length in tokens")->check(CLI::Range(2, 1 << 20));
   cmd->add_option("--decode", a->decode, "Decode steps per batch size")->check(CLI::PositiveNumber);
+  cmd->add_option("--chunk", a->chunk, "Prefill chunk in tokens (like --chunked-prefill-size)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
   cmd->add_option("--batch", *batches, "Comma-separated decode batch sizes (e.g. 1,4,16)");
   cmd->add_option("--threads", a->threads, "Worker threads")->check(CLI::PositiveNumber);
   cmd->add_option("--csv", a->csv, "Also write the results as CSV");
