@@ -85,7 +85,7 @@ MappedFile::MappedFile(const std::string& path, FileResidency residency) : path_
   } else if (size_ > 0) {
     const size_t huge = size_t(2) << 20;
     mapped_bytes_ = (size_t(size_) + huge - 1) / huge * huge;
-    void* p = mmap(nullptr, mapped_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void* p = mmap(nullptr, mapped_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {
       ::close(fd);
       throw Error("cannot allocate " + std::to_string(size_ >> 20) + " MiB to copy " + path + ": " +

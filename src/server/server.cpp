@@ -29,7 +29,10 @@ struct BadRequest : std::runtime_error {
 
 // How much of an oversize request body is read and thrown away before the
 // connection is closed, so that ordinary clients get to read the 413.
-uint64_t drain_limit_bytes(const ServerOptions& opt) { return uint64_t(opt.max_request_bytes) * 4; }
+uint64_t drain_limit_bytes(const ServerOptions& opt) {
+  const uint64_t limit = uint64_t(opt.max_request_bytes);
+  return limit > UINT64_MAX / 4 ? UINT64_MAX : limit * 4;
+}
 
 const char* error_type(int status) {
   switch (status) {
@@ -228,14 +231,22 @@ struct Server::Impl {
   // POST routes read their body themselves, so that a body past the size
   // limit is refused while it arrives (chunked uploads included) instead of
   // being buffered whole. An oversize body is still read to its end and
-  // discarded (up to drain_limit_bytes(); httplib refuses anything larger by
-  // its Content-Length): closing while the client is still writing makes it
-  // fail with EPIPE/ECONNRESET before it ever reads the 413.
+  // discarded, up to drain_limit_bytes(): closing while the client is still
+  // writing makes it fail with EPIPE/ECONNRESET before it ever reads the 413.
+  // A declared length past that is answered at once without reading it
+  // (draining gigabytes would tie up an HTTP thread).
   template <class F>
   httplib::Server::HandlerWithContentReader guarded_body(F f) {
     return [this, f](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+      const std::string declared = req.get_header_value("Content-Length");
+      const uint64_t declared_bytes = declared.empty() ? 0 : std::strtoull(declared.c_str(), nullptr, 10);
+      if (declared_bytes > drain_limit_bytes(opt)) {
+        send_error(res, 413, "the request body is too large (limit " + std::to_string(opt.max_request_bytes) + " bytes)");
+        res.set_header("Connection", "close");
+        return;
+      }
       std::string body;
-      bool too_large = false;
+      bool too_large = declared_bytes > uint64_t(opt.max_request_bytes);
       uint64_t received = 0;
       const bool complete = reader([&](const char* data, size_t len) {
         received += len;
@@ -248,10 +259,6 @@ struct Server::Impl {
         body.append(data, len);
         return true;
       });
-      // httplib skips a body whose Content-Length is past its own limit
-      // without calling us; the read then fails as a whole.
-      const std::string declared = req.get_header_value("Content-Length");
-      if (!declared.empty() && std::strtoull(declared.c_str(), nullptr, 10) > uint64_t(opt.max_request_bytes)) too_large = true;
       if (!complete && !too_large) {
         send_error(res, 400, "the request body could not be read (connection closed or malformed chunked encoding)");
         res.set_header("Connection", "close");
@@ -973,7 +980,7 @@ Server::Server(std::shared_ptr<Engine> engine, std::shared_ptr<const text::Token
   s.render_options = text::RenderOptions::from_environment(profile);
   s.opt = std::move(options);
   s.http.new_task_queue = [n = s.opt.http_threads] { return new httplib::ThreadPool(size_t(n)); };
-  s.http.set_payload_max_length(size_t(drain_limit_bytes(s.opt)));
+  s.http.set_payload_max_length(size_t(std::min<uint64_t>(drain_limit_bytes(s.opt), SIZE_MAX)));
   s.http.set_read_timeout(60, 0);
   s.http.set_write_timeout(60, 0);
   s.http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {

@@ -203,6 +203,15 @@ DSV4_AVX512 inline __m512 e4m3_to_ps_avx512(__m128i bytes16, __m512 scale) {
   return _mm512_mul_ps(v, scale);
 }
 
+// The 8 e2m1 magnitudes (or their negatives) times a block scale, computed in
+// float like every other decode path (so that a product past the float range
+// is inf here too) and widened to doubles for a two-register permute.
+DSV4_AVX512 inline __m512d e2m1_table_pd(bool negative, float scale) {
+  const float m = negative ? -1.0f : 1.0f;
+  const __m256 mags = _mm256_setr_ps(0.0f * m, 0.5f * m, 1.0f * m, 1.5f * m, 2.0f * m, 3.0f * m, 4.0f * m, 6.0f * m);
+  return _mm512_cvtps_pd(_mm256_mul_ps(mags, _mm256_set1_ps(scale)));
+}
+
 // e4m3 read as the top bits of an fp16: sign-extending the byte to 16 bits
 // and shifting it left by 7 puts the exponent and mantissa where fp16 keeps
 // them (bit 14, a copy of the sign, is cleared). The fp16 then holds the
@@ -270,10 +279,9 @@ DSV4_AVX512 double dot_avx512(const Linear& w, int64_t row, const double* x) {
       for (int64_t b = 0; b < n; b += 32) {
         // The 16 signed e2m1 values times this block's scale, as doubles:
         // one two-register permute then decodes 8 nibbles (index = low 4 bits).
-        const __m512d sc = _mm512_set1_pd(double(e8m0_to_float(s[b / 32])));
-        const __m512d pos = _mm512_mul_pd(_mm512_setr_pd(0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0), sc);
-        const __m512d neg = _mm512_mul_pd(_mm512_setr_pd(-0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0), sc);
-        for (int64_t i = b; i < b + 32; i += 16) {
+        const __m512d pos = e2m1_table_pd(false, e8m0_to_float(s[b / 32]));
+        const __m512d neg = e2m1_table_pd(true, e8m0_to_float(s[b / 32]));
+        for (int64_t i = b; i < std::min(n, b + 32); i += 16) {
           uint64_t bytes;
           std::memcpy(&bytes, p + i / 2, 8);
           const __m512i packed = _mm512_set1_epi64(int64_t(bytes));
@@ -390,16 +398,13 @@ DSV4_AVX512 void dot4_tokens_fp4_avx512(const Linear& w, int64_t row0, const dou
   const uint8_t* s = w.scale + row0 * w.scale_cols;
   const __m512i shift_lo = _mm512_setr_epi64(0, 4, 8, 12, 16, 20, 24, 28);
   const __m512i shift_hi = _mm512_setr_epi64(32, 36, 40, 44, 48, 52, 56, 60);
-  const __m512d pos1 = _mm512_setr_pd(0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0);
-  const __m512d neg1 = _mm512_setr_pd(-0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0);
   for (int64_t b = 0; b < n; b += 32) {
     // The 16 signed e2m1 values times each row's block scale, as doubles:
     // a two-register permute decodes 8 nibbles (index = low 4 bits).
     __m512d pos[4], neg[4];
     for (int r = 0; r < 4; ++r) {
-      const __m512d sc = _mm512_set1_pd(double(e8m0_to_float(s[r * w.scale_cols + b / 32])));
-      pos[r] = _mm512_mul_pd(pos1, sc);
-      neg[r] = _mm512_mul_pd(neg1, sc);
+      pos[r] = e2m1_table_pd(false, e8m0_to_float(s[r * w.scale_cols + b / 32]));
+      neg[r] = e2m1_table_pd(true, e8m0_to_float(s[r * w.scale_cols + b / 32]));
     }
     for (int64_t i = b; i < b + 32; i += 16)
       for (int r = 0; r < 4; ++r) {
