@@ -5,6 +5,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <numeric>
+#include <algorithm>
+#include <cmath>
 #include <random>
 #include <vector>
 
@@ -148,6 +151,47 @@ void BM_RmsNorm4096(benchmark::State& state) {
   state.SetItemsProcessed(int64_t(state.iterations()) * 4096);
 }
 BENCHMARK(BM_RmsNorm4096);
+
+// The fixed-order dot product of the attention scores and norms, checked
+// against a long double sum.
+void BM_DotFixed(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  std::vector<float> a(static_cast<size_t>(n)), b(static_cast<size_t>(n));
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd;
+  for (auto& v : a) v = nd(rng);
+  for (auto& v : b) v = nd(rng);
+  long double ref = 0, mag = 0;
+  for (int64_t i = 0; i < n; ++i) ref += (long double)a[size_t(i)] * b[size_t(i)], mag += std::fabs(a[size_t(i)] * b[size_t(i)]);
+  if (std::fabs(double(ref) - dot_fixed(a.data(), b.data(), n)) > 1e-5 * double(mag)) {
+    state.SkipWithError("dot_fixed differs from the long double reference");
+    return;
+  }
+  for (auto _ : state) benchmark::DoNotOptimize(dot_fixed(a.data(), b.data(), n));
+  state.SetItemsProcessed(int64_t(state.iterations()) * n);
+}
+BENCHMARK(BM_DotFixed)->Arg(512)->Arg(4096);
+
+// Indexer / router top-k (ties to the lower index), checked against a full
+// sort; n = compressed rows of a 4K..64K context at ratio 4, k = V4-Flash's 512.
+void BM_TopK(benchmark::State& state) {
+  const int64_t n = state.range(0), k = state.range(1);
+  std::vector<float> s(static_cast<size_t>(n));
+  std::mt19937 rng(6);
+  for (auto& v : s) v = float(rng() % 100000) / 1000.0f;  // ties happen
+  std::vector<int32_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) { return s[size_t(x)] > s[size_t(y)]; });
+  order.resize(size_t(std::min(k, n)));
+  std::sort(order.begin(), order.end());
+  if (top_k_indices(s.data(), n, k) != order) {
+    state.SkipWithError("top_k_indices differs from the full-sort reference");
+    return;
+  }
+  for (auto _ : state) benchmark::DoNotOptimize(top_k_indices(s.data(), n, k));
+  state.SetItemsProcessed(int64_t(state.iterations()) * n);
+}
+BENCHMARK(BM_TopK)->Args({1024, 512})->Args({16384, 512})->Args({256, 6});
 
 }  // namespace
 }  // namespace dsv4
