@@ -254,43 +254,21 @@ DSV4_AVX512 double dot_avx512(const Linear& w, int64_t row, const double* x) {
       }
       break;
     }
+    // Single rows only serve linear_dot and the rows left over after groups
+    // of four; the fast decoders live in dot4_tokens_*.
     case WeightFormat::FP8_BLOCK128: {
       const uint8_t* p = w.data + row * n;
       const uint8_t* s = w.scale + (row / 128) * w.scale_cols;
-      for (int64_t b = 0; b < n; b += 128) {
-        const int64_t end = std::min(n, b + 128);
-        if (s[b / 128] <= kMaxHalfPathScale) {
-          const __m512 sc = _mm512_set1_ps(e8m0_to_float(s[b / 128]) * 256.0f);
-          for (int64_t i = b; i < end; i += 16)
-            fma16_avx512(e4m3_to_ps_via_half(_mm_loadu_si128((const __m128i*)(p + i)), sc), x + i, a0, a1);
-        } else {
-          const __m512 sc = _mm512_set1_ps(e8m0_to_float(s[b / 128]));
-          for (int64_t i = b; i < end; i += 16)
-            fma16_avx512(e4m3_to_ps_avx512(_mm_loadu_si128((const __m128i*)(p + i)), sc), x + i, a0, a1);
-        }
-      }
+      for (int64_t i = 0; i < n; i += 16)
+        fma16_avx512(e4m3_to_ps_avx512(_mm_loadu_si128((const __m128i*)(p + i)), _mm512_set1_ps(e8m0_to_float(s[i / 128]))),
+                     x + i, a0, a1);
       break;
     }
     case WeightFormat::FP4_BLOCK32: {
       const uint8_t* p = w.data + row * (n / 2);
       const uint8_t* s = w.scale + row * w.scale_cols;
-      const __m512i shift_lo = _mm512_setr_epi64(0, 4, 8, 12, 16, 20, 24, 28);
-      const __m512i shift_hi = _mm512_setr_epi64(32, 36, 40, 44, 48, 52, 56, 60);
-      for (int64_t b = 0; b < n; b += 32) {
-        // The 16 signed e2m1 values times this block's scale, as doubles:
-        // one two-register permute then decodes 8 nibbles (index = low 4 bits).
-        const __m512d pos = e2m1_table_pd(false, e8m0_to_float(s[b / 32]));
-        const __m512d neg = e2m1_table_pd(true, e8m0_to_float(s[b / 32]));
-        for (int64_t i = b; i < std::min(n, b + 32); i += 16) {
-          uint64_t bytes;
-          std::memcpy(&bytes, p + i / 2, 8);
-          const __m512i packed = _mm512_set1_epi64(int64_t(bytes));
-          const __m512d w0 = _mm512_permutex2var_pd(pos, _mm512_srlv_epi64(packed, shift_lo), neg);
-          const __m512d w1 = _mm512_permutex2var_pd(pos, _mm512_srlv_epi64(packed, shift_hi), neg);
-          a0 = _mm512_fmadd_pd(w0, _mm512_loadu_pd(x + i), a0);
-          a1 = _mm512_fmadd_pd(w1, _mm512_loadu_pd(x + i + 8), a1);
-        }
-      }
+      for (int64_t i = 0; i < n; i += 16)
+        fma16_avx512(e2m1_to_ps_avx512(p + i / 2, _mm512_set1_ps(e8m0_to_float(s[i / 32]))), x + i, a0, a1);
       break;
     }
   }
