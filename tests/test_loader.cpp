@@ -29,6 +29,17 @@ void write_file(const fs::path& p, const std::string& data) {
   out.write(data.data(), std::streamsize(data.size()));
 }
 
+// The same tiny-flash-fp8 weights loaded another way (sharded, copied) must
+// give the bits of the checkpoint as shipped.
+void expect_same_bits_as_golden_checkpoint(const Model& model) {
+  auto reference = Model::load(model_dir("tiny-flash-fp8"));
+  std::vector<int32_t> tokens = {0, 17, 99, 3, 250, 511, 42, 7, 8, 9};
+  RunResult a = run_schedule(model, tokens, 10, 10, true);
+  RunResult b = run_schedule(*reference, tokens, 10, 10, true);
+  EXPECT_EQ(a.logits, b.logits);
+  EXPECT_EQ(a.mtp_logits, b.mtp_logits);
+}
+
 // A scratch copy of tiny-flash-fp8 whose header or config can be edited.
 class BrokenCheckpoint : public ::testing::Test {
  protected:
@@ -135,13 +146,7 @@ TEST_F(BrokenCheckpoint, TruncatedFileIsReportedWhenCopied) {
 TEST(Residency, CopiedWeightsGiveTheMappedBits) {
   LoadOptions copied;
   copied.no_mmap = true;
-  auto a = Model::load(model_dir("tiny-flash-fp8"), copied);
-  auto b = Model::load(model_dir("tiny-flash-fp8"));
-  std::vector<int32_t> tokens = {0, 17, 99, 3, 250, 511, 42, 7, 8, 9};
-  RunResult ra = run_schedule(*a, tokens, 10, 10, true);
-  RunResult rb = run_schedule(*b, tokens, 10, 10, true);
-  EXPECT_EQ(ra.logits, rb.logits);
-  EXPECT_EQ(ra.mtp_logits, rb.mtp_logits);
+  expect_same_bits_as_golden_checkpoint(*Model::load(model_dir("tiny-flash-fp8"), copied));
 }
 
 TEST_F(BrokenCheckpoint, TruncatedHeaderIsReported) {
@@ -254,13 +259,7 @@ TEST_F(BrokenCheckpoint, ShardedCheckpointLoadsAndMatches) {
   for (auto& [name, _] : h2.items()) index["weight_map"][name] = "model-00002-of-00002.safetensors";
   write_file(dir_ / "model.safetensors.index.json", index.dump());
 
-  auto sharded = Model::load(dir_.string());
-  auto single = Model::load(model_dir("tiny-flash-fp8"));
-  std::vector<int32_t> tokens = {0, 17, 99, 3, 250, 511, 42, 7, 8, 9};
-  RunResult a = run_schedule(*sharded, tokens, 10, 10, true);
-  RunResult b = run_schedule(*single, tokens, 10, 10, true);
-  EXPECT_EQ(a.logits, b.logits);
-  EXPECT_EQ(a.mtp_logits, b.mtp_logits);
+  expect_same_bits_as_golden_checkpoint(*Model::load(dir_.string()));
 }
 
 TEST(Config, ParsesFlashShapes) {
