@@ -238,13 +238,15 @@ struct Server::Impl {
   template <class F>
   httplib::Server::HandlerWithContentReader guarded_body(F f) {
     return [this, f](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+      auto refuse = [&](int status, const std::string& message) {
+        send_error(res, status, message);
+        res.set_header("Connection", "close");
+      };
+      const std::string too_large_message =
+          "the request body is too large (limit " + std::to_string(opt.max_request_bytes) + " bytes)";
       const std::string declared = req.get_header_value("Content-Length");
       const uint64_t declared_bytes = declared.empty() ? 0 : std::strtoull(declared.c_str(), nullptr, 10);
-      if (declared_bytes > drain_limit_bytes(opt)) {
-        send_error(res, 413, "the request body is too large (limit " + std::to_string(opt.max_request_bytes) + " bytes)");
-        res.set_header("Connection", "close");
-        return;
-      }
+      if (declared_bytes > drain_limit_bytes(opt)) return refuse(413, too_large_message);
       std::string body;
       bool too_large = declared_bytes > uint64_t(opt.max_request_bytes);
       uint64_t received = 0;
@@ -259,16 +261,9 @@ struct Server::Impl {
         body.append(data, len);
         return true;
       });
-      if (!complete && !too_large) {
-        send_error(res, 400, "the request body could not be read (connection closed or malformed chunked encoding)");
-        res.set_header("Connection", "close");
-        return;
-      }
-      if (too_large) {
-        send_error(res, 413, "the request body is too large (limit " + std::to_string(opt.max_request_bytes) + " bytes)");
-        res.set_header("Connection", "close");
-        return;
-      }
+      if (!complete && !too_large)
+        return refuse(400, "the request body could not be read (connection closed or malformed chunked encoding)");
+      if (too_large) return refuse(413, too_large_message);
       guarded([&](const httplib::Request&, httplib::Response& r) { f(body, r); })(req, res);
     };
   }
