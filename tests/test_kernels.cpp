@@ -1,6 +1,5 @@
 // Numeric building blocks against scalar references.
 #include <gtest/gtest.h>
-#include <omp.h>
 
 #include <cmath>
 #include <cstdio>
@@ -9,6 +8,7 @@
 #include <vector>
 
 #include "core/numeric.h"
+#include "core/threads.h"
 #include "kernels/cpu/linear.h"
 #include "model/ops.h"
 
@@ -181,6 +181,7 @@ TEST_P(LinearFormats, DotMatchesScalarReference) {
 
 TEST_P(LinearFormats, BatchAndThreadsDoNotChangeBits) {
   const int64_t rows = 200, cols = 256, n = 9;
+  static_assert(rows * cols * n >= kMinParallelWork, "the batched call must run on several threads");
   RandomLinear w(GetParam(), rows, cols, 5);
   w.lin.quantize_input = GetParam() == WeightFormat::FP8_BLOCK128 || GetParam() == WeightFormat::FP4_BLOCK32;
   std::mt19937 rng(1);
@@ -188,10 +189,12 @@ TEST_P(LinearFormats, BatchAndThreadsDoNotChangeBits) {
   std::vector<float> x(size_t(n * cols));
   for (auto& v : x) v = nd(rng);
   std::vector<float> batched(size_t(n * rows)), single(size_t(n * rows));
-  omp_set_num_threads(3);
+  const int saved = compute_threads();
+  set_compute_threads(3);
   linear_forward(w.lin, x.data(), n, batched.data());
-  omp_set_num_threads(1);
+  set_compute_threads(1);
   for (int64_t t = 0; t < n; ++t) linear_forward(w.lin, x.data() + t * cols, 1, single.data() + t * rows);
+  set_compute_threads(saved);
   EXPECT_EQ(0, std::memcmp(batched.data(), single.data(), batched.size() * 4));
 }
 

@@ -1,12 +1,12 @@
 // The forward pass against the official reference's golden logits, and the
 // invariance promises: chunking, decode and thread count give the same bits.
 #include <gtest/gtest.h>
-#include <omp.h>
 
 #include <map>
 #include <memory>
 
 #include "core/error.h"
+#include "core/threads.h"
 #include "golden_util.h"
 
 namespace dsv4::test {
@@ -105,12 +105,12 @@ TEST_P(GoldenModel, ChunkedPrefillIsBitwiseIdentical) {
 
 TEST_P(GoldenModel, ThreadCountDoesNotChangeBits) {
   Case& c = load_case(GetParam());
-  int saved = omp_get_max_threads();
-  omp_set_num_threads(1);
+  const int saved = compute_threads();
+  set_compute_threads(1);
   RunResult single = run_schedule(*c.model, c.all_tokens, c.prompt_len, 64, true);
-  omp_set_num_threads(3);
+  set_compute_threads(3);
   RunResult three = run_schedule(*c.model, c.all_tokens, c.prompt_len, 64, true);
-  omp_set_num_threads(saved);
+  set_compute_threads(saved);
   EXPECT_EQ(0, std::memcmp(single.logits.data(), c.one_shot.logits.data(), single.logits.size() * 4));
   EXPECT_EQ(0, std::memcmp(three.logits.data(), c.one_shot.logits.data(), three.logits.size() * 4));
   EXPECT_EQ(0, std::memcmp(three.mtp_logits.data(), c.one_shot.mtp_logits.data(), three.mtp_logits.size() * 4));

@@ -18,6 +18,7 @@
 #include "svg_plot.h"
 #include "core/error.h"
 #include "core/machine.h"
+#include "core/threads.h"
 #include "model/model.h"
 
 namespace dsv4::tools {
@@ -88,7 +89,8 @@ std::optional<FlashCost> flash_schedule_cost(const ModelConfig& c, const Model::
 }
 
 int run_bench(const BenchArgs& a) {
-  if (a.threads > 0) omp_set_num_threads(a.threads);
+  set_compute_threads(a.threads);
+  omp_set_num_threads(compute_threads());  // oneDNN's GEMM peak runs on this thread's OpenMP team
   LoadOptions load_options;
   load_options.progress = load_progress;
   load_options.no_mmap = a.no_mmap;
@@ -103,7 +105,7 @@ int run_bench(const BenchArgs& a) {
   std::printf("model: %s  (%lld layers, hidden %lld, %lld experts top-%lld, vocab %lld)\n",
               a.model.c_str(), (long long)c.n_layers, (long long)c.dim,
               (long long)c.n_routed_experts, (long long)c.n_activated_experts, (long long)c.vocab_size);
-  std::printf("threads: %d   cpu: %s\n", omp_get_max_threads(), detect_cpu_features().describe().c_str());
+  std::printf("threads: %d   cpu: %s\n", compute_threads(), detect_cpu_features().describe().c_str());
   const double bandwidth = measure_read_bandwidth();
   std::printf("measured memory read bandwidth: %.2f GB/s\n", bandwidth / 1e9);
   GemmPeak peak;  // the best GEMM of the machine
@@ -243,7 +245,7 @@ int run_bench(const BenchArgs& a) {
   if (!a.plot.empty()) {
     std::ofstream out(a.plot);
     const std::string subtitle = a.model + num(": %.0f layers, ", double(c.n_layers)) +
-                                 num("%.0f threads, ", double(omp_get_max_threads())) +
+                                 num("%.0f threads, ", double(compute_threads())) +
                                  num("read bandwidth %.1f GB/s, ", bandwidth / 1e9) + "peak GEMM " + peak.name +
                                  num(" %.0f GFLOP/s", peak.flops / 1e9);
     out << roofline_bars_svg("dsv4 bench", subtitle, {prefill_bars, decode_bars});
@@ -280,7 +282,7 @@ void register_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--chunk", a->chunk, "Prefill chunk in tokens (like --chunked-prefill-size)")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
   cmd->add_option("--batch", *batches, "Comma-separated decode batch sizes (e.g. 1,4,16)");
-  cmd->add_option("--threads", a->threads, "Worker threads")->check(CLI::PositiveNumber);
+  cmd->add_option("--threads", a->threads, "Compute threads (default: the CPUs this process may use, cgroup quota included)")->check(CLI::PositiveNumber);
   cmd->add_option("--csv", a->csv, "Also write the results as CSV");
   cmd->add_flag("--no-mmap", a->no_mmap, "Copy the weights into huge-page memory instead of mapping the files");
   cmd->add_option("--plot", a->plot, "Also write an SVG chart of the results against the rooflines");

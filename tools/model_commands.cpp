@@ -1,6 +1,5 @@
 // Model subcommands: `dsv4 logits` (stable interface for test harnesses) and
 // `dsv4 bench`.
-#include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +12,7 @@
 
 #include "commands.h"
 #include "core/error.h"
+#include "core/threads.h"
 #include "model/model.h"
 
 namespace dsv4::tools {
@@ -82,7 +82,7 @@ namespace {
 
 int run_logits(const std::string& model_dir, const std::string& tokens_spec, const std::string& out,
                int64_t prefill, int64_t chunk, int threads, bool mtp) {
-  if (threads > 0) omp_set_num_threads(threads);
+  set_compute_threads(threads);
   std::vector<int32_t> tokens = parse_token_list(tokens_spec);
   const int64_t n = int64_t(tokens.size());
   if (prefill < 0 || prefill > n) prefill = n;
@@ -137,7 +137,7 @@ void register_model_commands(CLI::App& app, int& exit_code) {
   logits->add_option("--out", args->out, "Output safetensors file")->required();
   logits->add_option("--prefill", args->prefill, "Tokens prefilled before one-token decode (default: all)")->check(CLI::NonNegativeNumber);
   logits->add_option("--chunk-size", args->chunk, "Prefill chunk size (default: all at once)")->check(CLI::PositiveNumber);
-  logits->add_option("--threads", args->threads, "Worker threads (default: all cores)")->check(CLI::PositiveNumber);
+  logits->add_option("--threads", args->threads, "Compute threads (default: the CPUs this process may use, cgroup quota included)")->check(CLI::PositiveNumber);
   logits->add_flag("--mtp", args->mtp, "Also write mtp_logits from the MTP block");
   logits->callback([args, &exit_code] {
     try {

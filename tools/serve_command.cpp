@@ -1,5 +1,4 @@
 // `dsv4 serve`: the OpenAI-compatible server, launched with SGLang's flags.
-#include <omp.h>
 
 #include <atomic>
 #include <chrono>
@@ -14,6 +13,7 @@
 
 #include "commands.h"
 #include "core/error.h"
+#include "core/threads.h"
 #include "engine/engine.h"
 #include "model/synthetic.h"
 #include "server/server.h"
@@ -72,7 +72,8 @@ int run_serve(ServeArgs& a) {
     throw Error("--hicache-storage-backend is not supported yet: the prefix cache has a host-RAM tier only");
   if (a.schedule_policy != "fcfs")
     throw Error("--schedule-policy " + a.schedule_policy + " is not supported (fcfs only)");
-  if (a.threads > 0) omp_set_num_threads(a.threads);
+  set_compute_threads(a.threads);
+  std::fprintf(stderr, "compute threads: %d (CPUs usable by this process: %d)\n", compute_threads(), usable_cpu_count());
   const bool embedded = a.model_path.empty();
   std::string model_dir = embedded ? ensure_default_model() : a.model_path;
   if (embedded)
@@ -180,7 +181,7 @@ void register_serve_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--prefix-cache-gb", a->prefix_cache_gb, "Prefix cache size in GB (default 1)");
   cmd->add_option("--hicache-storage-backend", a->hicache_storage_backend, "Not supported yet (refused)");
   cmd->add_option("--speculative-algorithm", a->speculative_algorithm, "Not supported yet (refused)");
-  cmd->add_option("--threads", a->threads, "Compute threads (default: all cores)")->check(CLI::PositiveNumber);
+  cmd->add_option("--threads", a->threads, "Compute threads (default: the CPUs this process may use, cgroup quota included)")->check(CLI::PositiveNumber);
 
   // GPU-only flags of the seed recipes: accepted with a warning, no effect.
   auto gpu_flags = std::make_shared<std::vector<std::string>>();

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <memory>
 
+#include "core/threads.h"
+
 namespace dsv4 {
 
 double now_seconds() {
@@ -65,7 +67,8 @@ double measure_read_bandwidth(int64_t bytes, int repeats) {
   std::unique_ptr<uint8_t, decltype(&std::free)> buf(raw, &std::free);
   const CpuFeatures f = detect_cpu_features();
   auto read = f.avx512f ? read_avx512 : f.avx2 ? read_avx2 : read_scalar;
-#pragma omp parallel
+  const int threads = compute_threads();
+#pragma omp parallel num_threads(threads)
   {
     // Touch the pages from the threads that will read them.
     const int nt = omp_get_num_threads(), id = omp_get_thread_num();
@@ -78,7 +81,7 @@ double measure_read_bandwidth(int64_t bytes, int repeats) {
     uint64_t total = 0;
     int64_t read_bytes = 0;
     const double t0 = now_seconds();
-#pragma omp parallel reduction(+ : total, read_bytes)
+#pragma omp parallel reduction(+ : total, read_bytes) num_threads(threads)
     {
       const int nt = omp_get_num_threads(), id = omp_get_thread_num();
       const int64_t share = (bytes / nt) & ~int64_t(255);

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/machine.h"
+#include "core/threads.h"
 
 namespace dsv4 {
 
@@ -335,7 +336,8 @@ void Engine::step(std::vector<std::unique_ptr<Sequence>>& running) {
     }
   };
   std::vector<SampledToken> drawn(plan.size());
-#pragma omp parallel for schedule(dynamic, 1) if (plan.size() > 1)
+  const int64_t n_sampled = std::count_if(plan.begin(), plan.end(), [](const auto& p) { return p.samples; });
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads_for(n_sampled * V * 4))
   for (size_t i = 0; i < plan.size(); ++i)
     if (plan[i].samples) drawn[i] = draw(*plan[i].seq, logits.data() + int64_t(i) * V);
   for (size_t i = 0; i < plan.size(); ++i) {

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/threads.h"
 
 namespace dsv4 {
 namespace fs = std::filesystem;
@@ -114,7 +115,7 @@ MappedFile::MappedFile(const std::string& path, FileResidency residency) : path_
 uint64_t MappedFile::prefault() const {
   const int64_t page = 4096;
   uint64_t sum = 0;
-#pragma omp parallel for schedule(static) reduction(+ : sum)
+#pragma omp parallel for schedule(static) reduction(+ : sum) num_threads(compute_threads())
   for (int64_t i = 0; i < size_; i += page) sum += data_[i];
   return sum;
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/numeric.h"
+#include "core/threads.h"
 #include "kernels/cpu/linear.h"
 #include "model/layers.h"
 
@@ -18,9 +19,6 @@ namespace {
 
 inline float dot(const float* a, const float* b, int64_t n) { return dot_fixed(a, b, n); }
 
-// Lightning indexer: for every row, the compressed rows its query attends
-// to (ascending ids). Projections run over the whole batch; scoring per
-// sequence against that sequence's index keys.
 // Which sequence and position each row of a batch belongs to.
 struct RowMap {
   std::vector<int64_t> position;
@@ -35,6 +33,29 @@ struct RowMap {
   }
 };
 
+// Multiply-adds of the indexer's scoring: every row scores the compressed
+// rows its position can see, with all heads.
+int64_t indexer_scoring_work(const RowMap& rows, int64_t head_widths) {
+  int64_t visible = 0;
+  for (int64_t p : rows.position) visible += (p + 1) / 4;
+  return visible * head_widths;
+}
+
+// Multiply-adds of sink attention: scores and the weighted sum, per head,
+// over the window and the compressed rows each row attends to.
+int64_t attention_work(const RowMap& rows, int64_t ratio, const ModelConfig& c) {
+  int64_t keys = 0;
+  for (int64_t p : rows.position) {
+    int64_t compressed = ratio > 0 ? (p + 1) / ratio : 0;
+    if (ratio == 4) compressed = std::min(compressed, c.index_topk);
+    keys += std::min(p + 1, c.window) + compressed;
+  }
+  return keys * 2 * c.n_heads * c.head_dim;
+}
+
+// Lightning indexer: for every row, the compressed rows its query attends
+// to (ascending ids). Projections run over the whole batch; scoring per
+// sequence against that sequence's index keys.
 std::vector<std::vector<int32_t>> indexer_select(const ModelConfig& c, const IndexerWeights& w,
                                                  const RopeTable& rope,
                                                  const std::vector<Segment>& segments, const RowMap& rows,
@@ -46,7 +67,7 @@ std::vector<std::vector<int32_t>> indexer_select(const ModelConfig& c, const Ind
   const std::vector<int64_t>& position = rows.position;
   const std::vector<const Segment*>& owner = rows.owner;
   const float weight_scale = 1.0f / std::sqrt(float(hd)) * (1.0f / std::sqrt(float(heads)));
-#pragma omp parallel for schedule(static) if (n_rows > 1)
+#pragma omp parallel for schedule(static) num_threads(threads_for(n_rows * heads * hd * 8))
   for (int64_t r = 0; r < n_rows; ++r) {
     for (int64_t h = 0; h < heads; ++h) {
       float* qh = q.data() + (r * heads + h) * hd;
@@ -62,7 +83,7 @@ std::vector<std::vector<int32_t>> indexer_select(const ModelConfig& c, const Ind
                     s.n, s.state->index_keys);
 
   std::vector<std::vector<int32_t>> selected(static_cast<size_t>(n_rows));
-#pragma omp parallel for schedule(dynamic, 1) if (n_rows > 1)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads_for(indexer_scoring_work(rows, heads * hd)))
   for (int64_t r = 0; r < n_rows; ++r) {
     const int64_t visible = (position[size_t(r)] + 1) / 4;
     const float* keys = owner[size_t(r)]->state->index_keys.data();
@@ -99,7 +120,7 @@ void attention_forward(const ModelConfig& c, const AttentionWeights& w, const Ro
   // Window rows of this batch.
   std::vector<float> kv(size_t(n * hd));
   linear_forward(w.wkv, x, n, kv.data());
-#pragma omp parallel for schedule(static) if (n > 1)
+#pragma omp parallel for schedule(static) num_threads(threads_for(n * (H + 1) * hd * 4))
   for (int64_t t = 0; t < n; ++t) {
     for (int64_t h = 0; h < H; ++h) {
       float* qh = q.data() + (t * H + h) * hd;
@@ -126,7 +147,7 @@ void attention_forward(const ModelConfig& c, const AttentionWeights& w, const Ro
   // and batching.
   std::vector<float> o(size_t(n * H * hd));
   const float scale = 1.0f / std::sqrt(float(hd));
-#pragma omp parallel for schedule(dynamic, 1) if (n * H > 1)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads_for(attention_work(rows, ratio, c)))
   for (int64_t th = 0; th < n * H; ++th) {
     const int64_t t = th / H, h = th % H, pos = position[size_t(t)];
     const Segment& seg = *owner[size_t(t)];

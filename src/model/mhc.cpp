@@ -2,6 +2,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/threads.h"
 #include "kernels/cpu/linear.h"
 #include "model/layers.h"
 
@@ -16,7 +17,7 @@ std::vector<float> hc_mixes(const ModelConfig& c, const HyperConnectionWeights& 
   const int64_t width = c.hc_mult * c.dim, mix = w.fn.rows;
   std::vector<float> out(size_t(n * mix));
   linear_forward(w.fn, x_hc, n, out.data());
-#pragma omp parallel for schedule(static) if (n > 1)
+#pragma omp parallel for schedule(static) num_threads(threads_for(n * width))
   for (int64_t t = 0; t < n; ++t) {
     const float* v = x_hc + t * width;
     float inv = 1.0f / std::sqrt(sum_of_squares(v, width) / float(width) + c.norm_eps);
@@ -43,7 +44,7 @@ void hc_pre(const ModelConfig& c, const HyperConnectionWeights& w, const float* 
   out->post.resize(size_t(n * h));
   out->comb.resize(size_t(n * h * h));
   const float eps = c.hc_eps;
-#pragma omp parallel for schedule(static) if (n > 1)
+#pragma omp parallel for schedule(static) num_threads(threads_for(n * (h * c.dim + 16 * h * h * c.hc_sinkhorn_iters)))
   for (int64_t t = 0; t < n; ++t) {
     const float* mix = mixes.data() + t * mix_n;
     float* pre = out->pre.data() + t * h;
@@ -91,7 +92,7 @@ void hc_pre(const ModelConfig& c, const HyperConnectionWeights& w, const float* 
 
 void hc_post(const ModelConfig& c, const HcMix& mix, const float* y, float* x_hc, int64_t n) {
   const int64_t h = c.hc_mult, d = c.dim;
-#pragma omp parallel for schedule(static) if (n > 1)
+#pragma omp parallel for schedule(static) num_threads(threads_for(n * 2 * h * h * d))
   for (int64_t t = 0; t < n; ++t) {
     float* x = x_hc + t * h * d;
     const float* post = mix.post.data() + t * h;

@@ -1,6 +1,5 @@
 #include "model/synthetic.h"
 
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -10,6 +9,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "core/threads.h"
 #include "core/numeric.h"
 #include "io/config.h"
 #include "io/safetensors.h"
@@ -341,7 +341,7 @@ class CheckpointWriter {
     // Gaussian values, generated and encoded in blocks of 128 rows.
     const int64_t block_rows = 128;
     const int64_t n_blocks = (t.rows + block_rows - 1) / block_rows;
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(compute_threads())
     for (int64_t b = 0; b < n_blocks; ++b) {
       int64_t r0 = b * block_rows, r1 = std::min(t.rows, r0 + block_rows);
       std::vector<float> v(size_t((r1 - r0) * t.cols));

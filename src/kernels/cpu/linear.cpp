@@ -1,7 +1,6 @@
 #include "kernels/cpu/linear.h"
 
 #include <immintrin.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -11,6 +10,7 @@
 #include "core/aligned.h"
 #include "core/error.h"
 #include "core/numeric.h"
+#include "core/threads.h"
 
 namespace dsv4 {
 
@@ -659,7 +659,7 @@ void linear_forward(const Linear& w, const float* x, int64_t n, float* y, int64_
   // Tiles of rows so that each weight tile is read once for all n tokens.
   const int64_t tile = 16;
   const int64_t n_tiles = (out + tile - 1) / tile;
-  const bool parallel = out * cols * std::max<int64_t>(n, 1) >= (1 << 15);
+  const int threads = threads_for(out * cols * std::max<int64_t>(n, 1));
   const bool rows4 = g_isa == KernelIsa::Avx512 && (w.format != WeightFormat::FP4_BLOCK32 || cols % 32 == 0);
   if (n >= kPackedMinTokens && g_isa == KernelIsa::Avx512) {
     AlignedVector<double> xp(size_t(n * cols));
@@ -669,7 +669,7 @@ void linear_forward(const Linear& w, const float* x, int64_t n, float* y, int64_
       for (int64_t i = 0; i < cols; i += 16)
         std::copy_n(xd.data() + t * cols + i, 16, xp.data() + packed_index(cols, first, group, t - first, i));
     }
-#pragma omp parallel if (parallel)
+#pragma omp parallel num_threads(threads)
     {
       AlignedVector<float> scratch(static_cast<size_t>(cols));
       AlignedVector<double> wp(static_cast<size_t>(tile * cols)), acc(static_cast<size_t>(tile * n * 16)),
@@ -685,7 +685,7 @@ void linear_forward(const Linear& w, const float* x, int64_t n, float* y, int64_
     }
     return;
   }
-#pragma omp parallel for schedule(static) if (parallel)
+#pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t k = 0; k < n_tiles; ++k) {
     int64_t o0 = k * tile, o1 = std::min(out, o0 + tile);
     int64_t o = o0;

@@ -1,0 +1,117 @@
+#include "core/threads.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace dsv4 {
+namespace {
+
+// CPUs allowed by a quota file's numbers; infinity when unlimited.
+double quota_cpus(double quota_us, double period_us) {
+  if (quota_us <= 0 || period_us <= 0) return std::numeric_limits<double>::infinity();
+  return quota_us / period_us;
+}
+
+double read_v2_limit(const std::string& dir) {
+  std::ifstream f(dir + "/cpu.max");
+  std::string quota;
+  double period = 0;
+  if (!(f >> quota >> period) || quota == "max") return std::numeric_limits<double>::infinity();
+  return quota_cpus(std::atof(quota.c_str()), period);
+}
+
+double read_v1_limit(const std::string& dir) {
+  std::ifstream q(dir + "/cpu.cfs_quota_us"), p(dir + "/cpu.cfs_period_us");
+  double quota = 0, period = 0;
+  if (!(q >> quota) || !(p >> period)) return std::numeric_limits<double>::infinity();
+  return quota_cpus(quota, period);
+}
+
+int affinity_cpu_count() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+int default_threads() {
+  if (const char* env = std::getenv("OMP_NUM_THREADS")) {
+    const int n = std::atoi(env);  // "4" or the first entry of "4,2"
+    if (n > 0) return n;
+  }
+  return usable_cpu_count();
+}
+
+std::atomic<int> g_threads{0};  // 0: not chosen yet
+
+}  // namespace
+
+// Inside a container /proc/self/cgroup often names a path that only exists
+// on the host, so every ancestor, down to the mount's root, is tried.
+double cgroup_cpu_limit(const std::string& root, const std::string& proc_self_cgroup) {
+  double limit = std::numeric_limits<double>::infinity();
+  std::stringstream lines(proc_self_cgroup);
+  std::string line;
+  while (std::getline(lines, line)) {
+    const size_t a = line.find(':'), b = line.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    const std::string controllers = line.substr(a + 1, b - a - 1);
+    const std::string path = line.substr(b + 1);
+    std::vector<std::string> mounts;
+    const bool v2 = controllers.empty();
+    if (v2) {
+      mounts = {root, root + "/unified"};
+    } else {
+      std::stringstream ss(controllers);
+      std::string c;
+      bool has_cpu = false;
+      while (std::getline(ss, c, ',')) has_cpu |= c == "cpu";
+      if (!has_cpu) continue;
+      mounts = {root + "/cpu", root + "/cpu,cpuacct", root + "/cpuacct,cpu"};
+    }
+    for (const std::string& mount : mounts) {
+      std::string p = path;
+      while (true) {
+        const std::string dir = p == "/" || p.empty() ? mount : mount + p;
+        limit = std::min(limit, v2 ? read_v2_limit(dir) : read_v1_limit(dir));
+        if (p.empty() || p == "/") break;
+        p = p.substr(0, p.find_last_of('/'));
+      }
+    }
+  }
+  return limit;
+}
+
+int usable_cpu_count() {
+  static const int count = [] {
+    const int cpus = affinity_cpu_count();
+    std::ifstream f("/proc/self/cgroup");
+    std::stringstream text;
+    text << f.rdbuf();
+    const double limit = cgroup_cpu_limit("/sys/fs/cgroup", text.str());
+    if (!std::isfinite(limit)) return cpus;
+    return std::clamp(int(std::ceil(limit - 1e-9)), 1, cpus);
+  }();
+  return count;
+}
+
+int compute_threads() {
+  int n = g_threads.load(std::memory_order_relaxed);
+  if (n > 0) return n;
+  n = default_threads();
+  g_threads.store(n, std::memory_order_relaxed);
+  return n;
+}
+
+void set_compute_threads(int n) { g_threads.store(n > 0 ? n : default_threads(), std::memory_order_relaxed); }
+
+}  // namespace dsv4
