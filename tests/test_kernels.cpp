@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "core/error.h"
 #include "core/numeric.h"
 #include "core/threads.h"
 #include "kernels/cpu/linear.h"
@@ -156,8 +157,11 @@ struct RandomLinear {
 
 class LinearFormats : public ::testing::TestWithParam<WeightFormat> {};
 
+// The canonical order sums at most 64 products per fp32 lane and chunk, so
+// the result is within 66 fp32 rounding units of the sum of |products| of
+// the exact value. 2560 columns: two full chunks and a half one.
 TEST_P(LinearFormats, DotMatchesScalarReference) {
-  const int64_t rows = 300, cols = 640;
+  const int64_t rows = 300, cols = 2560;
   RandomLinear w(GetParam(), rows, cols, 11);
   std::mt19937 rng(3);
   std::normal_distribution<float> n;
@@ -169,13 +173,12 @@ TEST_P(LinearFormats, DotMatchesScalarReference) {
     std::vector<float> row(static_cast<size_t>(cols));
     linear_decode_row(w.lin, r, row.data());
     for (int64_t i = 0; i < cols; ++i) mag += std::fabs(double(row[size_t(i)]) * x[size_t(i)]);
-    std::vector<double> xd(x.begin(), x.end());
-    const double got = linear_dot(w.lin, r, xd.data());
+    const double got = linear_dot(w.lin, r, x.data());
     if (!std::isfinite(ref)) {  // a weight past the float range (extreme scale)
       EXPECT_FALSE(std::isfinite(got)) << "row " << r;
       continue;
     }
-    EXPECT_NEAR(got, ref, 1e-12 * mag + 1e-30) << "row " << r;
+    EXPECT_NEAR(got, ref, 66 * 0x1p-24 * mag + 1e-30) << "row " << r;
   }
 }
 
@@ -199,10 +202,14 @@ TEST_P(LinearFormats, BatchAndThreadsDoNotChangeBits) {
 }
 
 // The SIMD paths follow the canonical reduction order exactly: same bits.
+// Tokens: register groups of 1-4 (below 8), packed groups of 6 and token
+// blocks of 48 (from 8). 70 rows leave remainders after row groups of 4 and
+// 16 and row blocks of 64; 2304 columns are two chunks and a partial one.
 TEST_P(LinearFormats, SimdPathsGiveScalarBits) {
-  for (int64_t n : {1, 2, 3, 5, 10, 11}) {  // register groups of 1-3 tokens; packed tiles from 8
-  SCOPED_TRACE("tokens " + std::to_string(n));
-  const int64_t rows = 70, cols = 512;  // 70: row groups of 4 and 16 leave remainders
+  for (int64_t cols : {512, 2304})
+  for (int64_t n : {1, 2, 3, 4, 5, 7, 8, 10, 13, 50}) {
+  SCOPED_TRACE("tokens " + std::to_string(n) + ", columns " + std::to_string(cols));
+  const int64_t rows = 70;
   RandomLinear w(GetParam(), rows, cols, 21);
   std::mt19937 rng(4);
   std::normal_distribution<float> nd;
@@ -224,6 +231,13 @@ TEST_P(LinearFormats, SimdPathsGiveScalarBits) {
   }
   set_kernel_isa(saved);
   }
+}
+
+TEST(Linear, Fp4WidthMustBeWholeScaleBlocks) {
+  RandomLinear w(WeightFormat::FP4_BLOCK32, 4, 64, 1);
+  w.lin.cols = 48;  // the scale blocks are 32 wide
+  std::vector<float> x(48, 1.0f), y(4);
+  EXPECT_THROW(linear_forward(w.lin, x.data(), 1, y.data()), Error);
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, LinearFormats,

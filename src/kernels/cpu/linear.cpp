@@ -69,21 +69,56 @@ inline void decode16(const Linear& w, int64_t row, int64_t i0, float* out) {
 }
 
 // The canonical fold of the 16 lanes.
-inline double fold16(const double* acc) {
+
+// Storage positions [i0, i0+16) of a row (see linear.h: FP4 blocks of 32
+// columns are stored even elements first), decoded with the scale applied.
+inline void decode16_storage(const Linear& w, int64_t row, int64_t i0, float* out) {
+  if (w.format != WeightFormat::FP4_BLOCK32) return decode16(w, row, i0, out);
+  const uint8_t* p = w.data + row * (w.cols / 2) + i0 / 32 * 16;
+  const float s = e8m0_to_float(w.scale[row * w.scale_cols + i0 / 32]);
+  const bool odd = i0 % 32 != 0;
+  for (int l = 0; l < 16; ++l) out[l] = e2m1_to_float(odd ? p[l] >> 4 : p[l] & 15) * s;
+}
+
+// The input in the weight's storage order.
+void to_storage_order(const Linear& w, const float* x, float* out) {
+  if (w.format != WeightFormat::FP4_BLOCK32) {
+    std::copy_n(x, w.cols, out);
+    return;
+  }
+  for (int64_t b = 0; b < w.cols; b += 32)
+    for (int k = 0; k < 16; ++k) {
+      out[b + k] = x[b + 2 * k];
+      out[b + 16 + k] = x[b + 2 * k + 1];
+    }
+}
+
+// The canonical order (see linear.h): within each chunk of kChunk columns,
+// element i goes to fp32 lane i mod 16 with one fused multiply-add, in
+// increasing i; the 16 lanes are folded in double in a fixed tree; the chunk
+// sums are added in double in increasing chunk order.
+constexpr int64_t kChunk = 1024;
+
+inline double fold16(const float* lanes) {
   double s8[8], s4[4];
-  for (int l = 0; l < 8; ++l) s8[l] = acc[l] + acc[l + 8];
+  for (int l = 0; l < 8; ++l) s8[l] = double(lanes[l]) + double(lanes[l + 8]);
   for (int l = 0; l < 4; ++l) s4[l] = s8[l] + s8[l + 4];
   return (s4[0] + s4[2]) + (s4[1] + s4[3]);
 }
 
-double dot_scalar(const Linear& w, int64_t row, const double* x) {
-  double acc[16] = {};
+double dot_scalar(const Linear& w, int64_t row, const float* x) {
+  double sum = 0.0;
   float wv[16];
-  for (int64_t i = 0; i < w.cols; i += 16) {
-    decode16(w, row, i, wv);
-    for (int l = 0; l < 16; ++l) acc[l] += double(wv[l]) * x[i + l];
+  for (int64_t c0 = 0; c0 < w.cols; c0 += kChunk) {
+    const int64_t c1 = std::min(w.cols, c0 + kChunk);
+    float acc[16] = {};
+    for (int64_t i = c0; i < c1; i += 16) {
+      decode16_storage(w, row, i, wv);
+      for (int l = 0; l < 16; ++l) acc[l] = std::fma(wv[l], x[i + l], acc[l]);
+    }
+    sum += fold16(acc);
   }
-  return fold16(acc);
+  return sum;
 }
 
 // ------------------------------------------------------------------ AVX2 ---
@@ -113,81 +148,67 @@ __attribute__((target("avx2,fma"))) inline __m256 e2m1_to_ps_avx2(__m256i nibble
   return _mm256_mul_ps(v, scale);
 }
 
-// acc0..acc3 hold lanes 0-3, 4-7, 8-11, 12-15.
-__attribute__((target("avx2,fma"))) inline void fma16_avx2(__m256 lo, __m256 hi, const double* x,
-                                                           __m256d& a0, __m256d& a1, __m256d& a2,
-                                                           __m256d& a3) {
-  a0 = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(lo)), _mm256_loadu_pd(x), a0);
-  a1 = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(lo, 1)), _mm256_loadu_pd(x + 4), a1);
-  a2 = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(hi)), _mm256_loadu_pd(x + 8), a2);
-  a3 = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(hi, 1)), _mm256_loadu_pd(x + 12), a3);
-}
 
-__attribute__((target("avx2,fma"))) double dot_avx2(const Linear& w, int64_t row, const double* x) {
-  __m256d a0 = _mm256_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
+// Weights [i, i+16) of a row as two vectors of 8 floats, scale applied.
+__attribute__((target("avx2,fma"))) inline void decode16_avx2(const Linear& w, int64_t row, int64_t i,
+                                                              __m256& lo, __m256& hi) {
   const int64_t n = w.cols;
   switch (w.format) {
     case WeightFormat::F32: {
-      const float* p = reinterpret_cast<const float*>(w.data) + row * n;
-      for (int64_t i = 0; i < n; i += 16)
-        fma16_avx2(_mm256_loadu_ps(p + i), _mm256_loadu_ps(p + i + 8), x + i, a0, a1, a2, a3);
-      break;
+      const float* p = reinterpret_cast<const float*>(w.data) + row * n + i;
+      lo = _mm256_loadu_ps(p);
+      hi = _mm256_loadu_ps(p + 8);
+      return;
     }
     case WeightFormat::BF16: {
-      const uint16_t* p = reinterpret_cast<const uint16_t*>(w.data) + row * n;
-      for (int64_t i = 0; i < n; i += 16) {
-        __m256i lo = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(p + i))), 16);
-        __m256i hi = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(p + i + 8))), 16);
-        fma16_avx2(_mm256_castsi256_ps(lo), _mm256_castsi256_ps(hi), x + i, a0, a1, a2, a3);
-      }
-      break;
+      const uint16_t* p = reinterpret_cast<const uint16_t*>(w.data) + row * n + i;
+      lo = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+      hi = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(p + 8))), 16));
+      return;
     }
     case WeightFormat::FP8_BLOCK128: {
-      const uint8_t* p = w.data + row * n;
-      const uint8_t* s = w.scale + (row / 128) * w.scale_cols;
-      for (int64_t i = 0; i < n; i += 16) {
-        __m256 sc = _mm256_set1_ps(e8m0_to_float(s[i / 128]));
-        __m128i b = _mm_loadu_si128((const __m128i*)(p + i));
-        fma16_avx2(e4m3_to_ps_avx2(b, sc), e4m3_to_ps_avx2(_mm_srli_si128(b, 8), sc), x + i, a0, a1, a2, a3);
-      }
-      break;
+      const __m256 sc = _mm256_set1_ps(e8m0_to_float(w.scale[(row / 128) * w.scale_cols + i / 128]));
+      const __m128i b = _mm_loadu_si128((const __m128i*)(w.data + row * n + i));
+      lo = e4m3_to_ps_avx2(b, sc);
+      hi = e4m3_to_ps_avx2(_mm_srli_si128(b, 8), sc);
+      return;
     }
     case WeightFormat::FP4_BLOCK32: {
-      const uint8_t* p = w.data + row * (n / 2);
-      const uint8_t* s = w.scale + row * w.scale_cols;
-      for (int64_t i = 0; i < n; i += 16) {
-        __m256 sc = _mm256_set1_ps(e8m0_to_float(s[i / 32]));
-        // 8 bytes -> 16 nibbles in element order (low nibble first).
-        __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(p + i / 2)));
-        __m256i lo_n = _mm256_and_si256(b, _mm256_set1_epi32(15));
-        __m256i hi_n = _mm256_srli_epi32(b, 4);
-        // Interleave: elements 2k = lo_n[k], 2k+1 = hi_n[k].
-        __m256i e0 = _mm256_unpacklo_epi32(lo_n, hi_n);  // k=0,1 | k=4,5
-        __m256i e1 = _mm256_unpackhi_epi32(lo_n, hi_n);  // k=2,3 | k=6,7
-        __m256i first = _mm256_permute2x128_si256(e0, e1, 0x20);   // elements 0..7
-        __m256i second = _mm256_permute2x128_si256(e0, e1, 0x31);  // elements 8..15
-        fma16_avx2(e2m1_to_ps_avx2(first, sc), e2m1_to_ps_avx2(second, sc), x + i, a0, a1, a2, a3);
-      }
-      break;
+      // Storage order: the block's 16 low nibbles, then its 16 high ones.
+      const __m256 sc = _mm256_set1_ps(e8m0_to_float(w.scale[row * w.scale_cols + i / 32]));
+      const uint8_t* p = w.data + row * (n / 2) + i / 32 * 16;
+      const int shift = i % 32 ? 4 : 0;
+      const __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p));
+      const __m256i b1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(p + 8)));
+      lo = e2m1_to_ps_avx2(_mm256_and_si256(_mm256_srli_epi32(b0, shift), _mm256_set1_epi32(15)), sc);
+      hi = e2m1_to_ps_avx2(_mm256_and_si256(_mm256_srli_epi32(b1, shift), _mm256_set1_epi32(15)), sc);
+      return;
     }
   }
-  double acc[16];
-  _mm256_storeu_pd(acc, a0);
-  _mm256_storeu_pd(acc + 4, a1);
-  _mm256_storeu_pd(acc + 8, a2);
-  _mm256_storeu_pd(acc + 12, a3);
-  return fold16(acc);
+}
+
+__attribute__((target("avx2,fma"))) double dot_avx2(const Linear& w, int64_t row, const float* x) {
+  double sum = 0.0;
+  for (int64_t c0 = 0; c0 < w.cols; c0 += kChunk) {
+    const int64_t c1 = std::min(w.cols, c0 + kChunk);
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0;  // lanes 0-7, 8-15
+    for (int64_t i = c0; i < c1; i += 16) {
+      __m256 lo, hi;
+      decode16_avx2(w, row, i, lo, hi);
+      a0 = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x + i), a0);
+      a1 = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x + i + 8), a1);
+    }
+    float lanes[16];
+    _mm256_storeu_ps(lanes, a0);
+    _mm256_storeu_ps(lanes + 8, a1);
+    sum += fold16(lanes);
+  }
+  return sum;
 }
 
 // --------------------------------------------------------------- AVX-512 ---
 
 #define DSV4_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
-
-DSV4_AVX512 inline void fma16_avx512(__m512 v, const double* x, __m512d& a0, __m512d& a1) {
-  a0 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(v)), _mm512_loadu_pd(x), a0);
-  a1 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))),
-                       _mm512_loadu_pd(x + 8), a1);
-}
 
 // See e4m3_to_ps_avx2: rebiased exponent, subnormal codes as 1.m*2^-6 - 2^-6.
 DSV4_AVX512 inline __m512 e4m3_to_ps_avx512(__m128i bytes16, __m512 scale) {
@@ -202,16 +223,6 @@ DSV4_AVX512 inline __m512 e4m3_to_ps_avx512(__m128i bytes16, __m512 scale) {
                                           _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x80)), 24)));
   return _mm512_mul_ps(v, scale);
 }
-
-// The 8 e2m1 magnitudes (or their negatives) times a block scale, computed in
-// float like every other decode path (so that a product past the float range
-// is inf here too) and widened to doubles for a two-register permute.
-DSV4_AVX512 inline __m512d e2m1_table_pd(bool negative, float scale) {
-  const float m = negative ? -1.0f : 1.0f;
-  const __m256 mags = _mm256_setr_ps(0.0f * m, 0.5f * m, 1.0f * m, 1.5f * m, 2.0f * m, 3.0f * m, 4.0f * m, 6.0f * m);
-  return _mm512_cvtps_pd(_mm256_mul_ps(mags, _mm256_set1_ps(scale)));
-}
-
 // e4m3 read as the top bits of an fp16: sign-extending the byte to 16 bits
 // and shifting it left by 7 puts the exponent and mantissa where fp16 keeps
 // them (bit 14, a copy of the sign, is cleared). The fp16 then holds the
@@ -225,183 +236,180 @@ DSV4_AVX512 inline __m512 e4m3_to_ps_via_half(__m128i bytes16, __m512 scale256) 
 // Largest ue8m0 byte for which scale * 256 is still a finite float.
 constexpr uint8_t kMaxHalfPathScale = 127 + 119;
 
-// 16 FP4 values (8 bytes, low nibble first) to floats with the scale applied.
-DSV4_AVX512 inline __m512 e2m1_to_ps_avx512(const uint8_t* bytes8, __m512 scale) {
-  const __m512 table = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
-                                      -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
-  const __m512i shifts = _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
-  const __m512i pick = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-  __m512i b = _mm512_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)bytes8));
-  __m512i dup = _mm512_permutexvar_epi32(pick, b);  // byte k at elements 2k, 2k+1
-  __m512i nib = _mm512_and_si512(_mm512_srlv_epi32(dup, shifts), _mm512_set1_epi32(15));
-  return _mm512_mul_ps(_mm512_permutexvar_ps(nib, table), scale);
+
+// FP4 in storage order (see linear.h): the 16 bytes of a 32-column block
+// give its even elements (low nibbles) and then its odd ones (high nibbles).
+// `table` holds the 16 e2m1 codes' values times the block scale.
+DSV4_AVX512 inline void e2m1_block_avx512(const uint8_t* bytes16, __m512 table, __m512& even, __m512& odd) {
+  const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)bytes16));
+  even = _mm512_permutexvar_ps(_mm512_and_si512(b, _mm512_set1_epi32(15)), table);
+  odd = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), table);
 }
 
-DSV4_AVX512 double dot_avx512(const Linear& w, int64_t row, const double* x) {
-  __m512d a0 = _mm512_setzero_pd(), a1 = a0;
+DSV4_AVX512 inline __m512 e2m1_table_avx512(uint8_t scale) {
+  const __m512 codes = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                                      -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
+  return _mm512_mul_ps(codes, _mm512_set1_ps(e8m0_to_float(scale)));
+}
+
+// Storage positions [i, i+16) of a row, scale applied (plain decoders; the
+// row-group kernels below have faster ones).
+DSV4_AVX512 inline __m512 decode16_avx512(const Linear& w, int64_t row, int64_t i) {
   const int64_t n = w.cols;
   switch (w.format) {
-    case WeightFormat::F32: {
-      const float* p = reinterpret_cast<const float*>(w.data) + row * n;
-      for (int64_t i = 0; i < n; i += 16) fma16_avx512(_mm512_loadu_ps(p + i), x + i, a0, a1);
-      break;
-    }
-    case WeightFormat::BF16: {
-      const uint16_t* p = reinterpret_cast<const uint16_t*>(w.data) + row * n;
-      for (int64_t i = 0; i < n; i += 16) {
-        __m512i v = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(p + i))), 16);
-        fma16_avx512(_mm512_castsi512_ps(v), x + i, a0, a1);
-      }
-      break;
-    }
-    // Single rows only serve linear_dot and the rows left over after groups
-    // of four; the fast decoders live in dot4_tokens_*.
-    case WeightFormat::FP8_BLOCK128: {
-      const uint8_t* p = w.data + row * n;
-      const uint8_t* s = w.scale + (row / 128) * w.scale_cols;
-      for (int64_t i = 0; i < n; i += 16)
-        fma16_avx512(e4m3_to_ps_avx512(_mm_loadu_si128((const __m128i*)(p + i)), _mm512_set1_ps(e8m0_to_float(s[i / 128]))),
-                     x + i, a0, a1);
-      break;
-    }
+    case WeightFormat::F32: return _mm512_loadu_ps(reinterpret_cast<const float*>(w.data) + row * n + i);
+    case WeightFormat::BF16:
+      return _mm512_castsi512_ps(_mm512_slli_epi32(
+          _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(reinterpret_cast<const uint16_t*>(w.data) + row * n + i))),
+          16));
+    case WeightFormat::FP8_BLOCK128:
+      return e4m3_to_ps_avx512(_mm_loadu_si128((const __m128i*)(w.data + row * n + i)),
+                               _mm512_set1_ps(e8m0_to_float(w.scale[(row / 128) * w.scale_cols + i / 128])));
     case WeightFormat::FP4_BLOCK32: {
-      const uint8_t* p = w.data + row * (n / 2);
-      const uint8_t* s = w.scale + row * w.scale_cols;
-      for (int64_t i = 0; i < n; i += 16)
-        fma16_avx512(e2m1_to_ps_avx512(p + i / 2, _mm512_set1_ps(e8m0_to_float(s[i / 32]))), x + i, a0, a1);
-      break;
+      __m512 even, odd;
+      e2m1_block_avx512(w.data + row * (n / 2) + i / 32 * 16, e2m1_table_avx512(w.scale[row * w.scale_cols + i / 32]),
+                        even, odd);
+      return i % 32 ? odd : even;
     }
   }
-  // Lanes 0-7 in a0, 8-15 in a1: the first fold step is a0 + a1.
-  double acc[16];
-  _mm512_storeu_pd(acc, a0);
-  _mm512_storeu_pd(acc + 8, a1);
-  return fold16(acc);
+  return _mm512_setzero_ps();
 }
 
-// Four consecutive rows against T <= 3 tokens, the weights decoded in
-// registers once for all T. One row alone is bound by the latency of its two
-// accumulator chains (the canonical order allows no more per row); four rows
-// keep at least eight FMA chains in flight. Each (row, token) sees exactly
-// the sequence dot_avx512 gives it, so the bits are the same.
-template <int T>
-DSV4_AVX512 inline void fma16_tokens(__m512 v, const double* const* x, int64_t i, __m512d (*a)[2]) {
-  const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
-  const __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-  for (int t = 0; t < T; ++t) {
-    a[t][0] = _mm512_fmadd_pd(lo, _mm512_load_pd(x[t] + i), a[t][0]);
-    a[t][1] = _mm512_fmadd_pd(hi, _mm512_load_pd(x[t] + i + 8), a[t][1]);
+DSV4_AVX512 double dot_avx512(const Linear& w, int64_t row, const float* x) {
+  double sum = 0.0;
+  for (int64_t c0 = 0; c0 < w.cols; c0 += kChunk) {
+    const int64_t c1 = std::min(w.cols, c0 + kChunk);
+    __m512 a = _mm512_setzero_ps();
+    for (int64_t i = c0; i < c1; i += 16) a = _mm512_fmadd_ps(decode16_avx512(w, row, i), _mm512_loadu_ps(x + i), a);
+    float lanes[16];
+    _mm512_storeu_ps(lanes, a);
+    sum += fold16(lanes);
   }
+  return sum;
 }
 
+// Four consecutive rows against T <= 4 tokens, the weights decoded in
+// registers once for all T (decode and small batches: one pass over the
+// weights). Four rows keep at least four FMA chains in flight. Each
+// (row, token) sees exactly the sequence dot_avx512 gives it: same bits.
 template <int T>
-DSV4_AVX512 inline void fold_rows4(__m512d (*a)[T][2], double* out, int64_t out_stride) {
-  for (int r = 0; r < 4; ++r)
+DSV4_AVX512 inline void fma16_tokens(__m512 v, const float* const* x, int64_t i, __m512* a) {
+  for (int t = 0; t < T; ++t) a[t] = _mm512_fmadd_ps(v, _mm512_loadu_ps(x[t] + i), a[t]);
+}
+
+// Adds a chunk's folded lanes to the running sums and clears the lanes.
+template <int R, int T>
+DSV4_AVX512 inline void fold_chunk(__m512 (*a)[T], double (*sum)[T]) {
+  for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) {
-      double acc[16];
-      _mm512_storeu_pd(acc, a[r][t][0]);
-      _mm512_storeu_pd(acc + 8, a[r][t][1]);
-      out[t * out_stride + r] = fold16(acc);
+      float lanes[16];
+      _mm512_storeu_ps(lanes, a[r][t]);
+      sum[r][t] += fold16(lanes);
+      a[r][t] = _mm512_setzero_ps();
     }
+}
+
+template <int T>
+DSV4_AVX512 inline void store_rows4(const double (*sum)[T], double* out, int64_t out_stride) {
+  for (int r = 0; r < 4; ++r)
+    for (int t = 0; t < T; ++t) out[t * out_stride + r] = sum[r][t];
 }
 
 // One function per format: with the accumulators local to a small loop nest
-// the compiler keeps all of them in registers (in one function with a switch
-// over formats it spilled them at every scale block).
+// the compiler keeps all of them in registers.
 template <int T>
-DSV4_AVX512 void dot4_tokens_float_avx512(const Linear& w, int64_t row0, const double* const* x, double* out,
+DSV4_AVX512 void dot4_tokens_float_avx512(const Linear& w, int64_t row0, const float* const* x, double* out,
                                           int64_t out_stride) {
-  __m512d a[4][T][2];
+  __m512 a[4][T];
+  double sum[4][T] = {};
   for (auto& r : a)
-    for (auto& t : r) t[0] = t[1] = _mm512_setzero_pd();
+    for (auto& t : r) t = _mm512_setzero_ps();
   const int64_t n = w.cols;
-  if (w.format == WeightFormat::F32) {
-    const float* p = reinterpret_cast<const float*>(w.data) + row0 * n;
-    for (int64_t i = 0; i < n; i += 16)
-      for (int r = 0; r < 4; ++r) fma16_tokens<T>(_mm512_loadu_ps(p + r * n + i), x, i, a[r]);
-  } else {
-    const uint16_t* p = reinterpret_cast<const uint16_t*>(w.data) + row0 * n;
-    for (int64_t i = 0; i < n; i += 16)
-      for (int r = 0; r < 4; ++r)
-        fma16_tokens<T>(_mm512_castsi512_ps(_mm512_slli_epi32(
-                            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(p + r * n + i))), 16)),
-                        x, i, a[r]);
-  }
-  fold_rows4<T>(a, out, out_stride);
-}
-
-template <int T>
-DSV4_AVX512 void dot4_tokens_fp8_avx512(const Linear& w, int64_t row0, const double* const* x, double* out,
-                                        int64_t out_stride) {
-  __m512d a[4][T][2];
-  for (auto& r : a)
-    for (auto& t : r) t[0] = t[1] = _mm512_setzero_pd();
-  const int64_t n = w.cols;
-  // The four rows share their scale row unless they straddle a 128-row
-  // block (only when rows are not a multiple of 4 apart from 0).
-  const uint8_t* p = w.data + row0 * n;
-  for (int64_t b = 0; b < n; b += 128) {
-    const int64_t end = std::min(n, b + 128);
-    uint8_t sb[4];
-    bool half_ok = true;
-    for (int r = 0; r < 4; ++r) {
-      sb[r] = w.scale[((row0 + r) / 128) * w.scale_cols + b / 128];
-      half_ok = half_ok && sb[r] <= kMaxHalfPathScale;
-    }
-    if (half_ok) {
-      __m512 sc[4];
-      for (int r = 0; r < 4; ++r) sc[r] = _mm512_set1_ps(e8m0_to_float(sb[r]) * 256.0f);
-      for (int64_t i = b; i < end; i += 16)
-        for (int r = 0; r < 4; ++r)
-          fma16_tokens<T>(e4m3_to_ps_via_half(_mm_loadu_si128((const __m128i*)(p + r * n + i)), sc[r]), x, i, a[r]);
+  for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
+    const int64_t c1 = std::min(n, c0 + kChunk);
+    if (w.format == WeightFormat::F32) {
+      const float* p = reinterpret_cast<const float*>(w.data) + row0 * n;
+      for (int64_t i = c0; i < c1; i += 16)
+        for (int r = 0; r < 4; ++r) fma16_tokens<T>(_mm512_loadu_ps(p + r * n + i), x, i, a[r]);
     } else {
-      for (int64_t i = b; i < end; i += 16)
+      const uint16_t* p = reinterpret_cast<const uint16_t*>(w.data) + row0 * n;
+      for (int64_t i = c0; i < c1; i += 16)
         for (int r = 0; r < 4; ++r)
-          fma16_tokens<T>(e4m3_to_ps_avx512(_mm_loadu_si128((const __m128i*)(p + r * n + i)),
-                                            _mm512_set1_ps(e8m0_to_float(sb[r]))),
+          fma16_tokens<T>(_mm512_castsi512_ps(_mm512_slli_epi32(
+                              _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(p + r * n + i))), 16)),
                           x, i, a[r]);
     }
+    fold_chunk<4, T>(a, sum);
   }
-  fold_rows4<T>(a, out, out_stride);
+  store_rows4<T>(sum, out, out_stride);
 }
 
 template <int T>
-DSV4_AVX512 void dot4_tokens_fp4_avx512(const Linear& w, int64_t row0, const double* const* x, double* out,
+DSV4_AVX512 void dot4_tokens_fp8_avx512(const Linear& w, int64_t row0, const float* const* x, double* out,
                                         int64_t out_stride) {
-  __m512d a[4][T][2];
+  __m512 a[4][T];
+  double sum[4][T] = {};
   for (auto& r : a)
-    for (auto& t : r) t[0] = t[1] = _mm512_setzero_pd();
+    for (auto& t : r) t = _mm512_setzero_ps();
+  const int64_t n = w.cols;
+  const uint8_t* p = w.data + row0 * n;
+  for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
+    const int64_t c1 = std::min(n, c0 + kChunk);
+    for (int64_t b = c0; b < c1; b += 128) {
+      const int64_t end = std::min(c1, b + 128);
+      // The four rows share their scale row unless they straddle a 128-row
+      // block (only when rows are not a multiple of 4 apart from 0).
+      uint8_t sb[4];
+      bool half_ok = true;
+      for (int r = 0; r < 4; ++r) {
+        sb[r] = w.scale[((row0 + r) / 128) * w.scale_cols + b / 128];
+        half_ok = half_ok && sb[r] <= kMaxHalfPathScale;
+      }
+      if (half_ok) {
+        __m512 sc[4];
+        for (int r = 0; r < 4; ++r) sc[r] = _mm512_set1_ps(e8m0_to_float(sb[r]) * 256.0f);
+        for (int64_t i = b; i < end; i += 16)
+          for (int r = 0; r < 4; ++r)
+            fma16_tokens<T>(e4m3_to_ps_via_half(_mm_loadu_si128((const __m128i*)(p + r * n + i)), sc[r]), x, i, a[r]);
+      } else {
+        for (int64_t i = b; i < end; i += 16)
+          for (int r = 0; r < 4; ++r)
+            fma16_tokens<T>(e4m3_to_ps_avx512(_mm_loadu_si128((const __m128i*)(p + r * n + i)),
+                                              _mm512_set1_ps(e8m0_to_float(sb[r]))),
+                            x, i, a[r]);
+      }
+    }
+    fold_chunk<4, T>(a, sum);
+  }
+  store_rows4<T>(sum, out, out_stride);
+}
+
+template <int T>
+DSV4_AVX512 void dot4_tokens_fp4_avx512(const Linear& w, int64_t row0, const float* const* x, double* out,
+                                        int64_t out_stride) {
+  __m512 a[4][T];
+  double sum[4][T] = {};
+  for (auto& r : a)
+    for (auto& t : r) t = _mm512_setzero_ps();
   const int64_t n = w.cols;
   const uint8_t* p = w.data + row0 * (n / 2);
   const uint8_t* s = w.scale + row0 * w.scale_cols;
-  const __m512i shift_lo = _mm512_setr_epi64(0, 4, 8, 12, 16, 20, 24, 28);
-  const __m512i shift_hi = _mm512_setr_epi64(32, 36, 40, 44, 48, 52, 56, 60);
-  for (int64_t b = 0; b < n; b += 32) {
-    // The 16 signed e2m1 values times each row's block scale, as doubles:
-    // a two-register permute decodes 8 nibbles (index = low 4 bits).
-    __m512d pos[4], neg[4];
-    for (int r = 0; r < 4; ++r) {
-      pos[r] = e2m1_table_pd(false, e8m0_to_float(s[r * w.scale_cols + b / 32]));
-      neg[r] = e2m1_table_pd(true, e8m0_to_float(s[r * w.scale_cols + b / 32]));
-    }
-    for (int64_t i = b; i < b + 32; i += 16)
+  for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
+    const int64_t c1 = std::min(n, c0 + kChunk);
+    for (int64_t b = c0; b < c1; b += 32)
       for (int r = 0; r < 4; ++r) {
-        uint64_t bytes;
-        std::memcpy(&bytes, p + r * (n / 2) + i / 2, 8);
-        const __m512i packed = _mm512_set1_epi64(int64_t(bytes));
-        const __m512d w0 = _mm512_permutex2var_pd(pos[r], _mm512_srlv_epi64(packed, shift_lo), neg[r]);
-        const __m512d w1 = _mm512_permutex2var_pd(pos[r], _mm512_srlv_epi64(packed, shift_hi), neg[r]);
-        for (int t = 0; t < T; ++t) {
-          a[r][t][0] = _mm512_fmadd_pd(w0, _mm512_load_pd(x[t] + i), a[r][t][0]);
-          a[r][t][1] = _mm512_fmadd_pd(w1, _mm512_load_pd(x[t] + i + 8), a[r][t][1]);
-        }
+        __m512 even, odd;
+        e2m1_block_avx512(p + r * (n / 2) + b / 2, e2m1_table_avx512(s[r * w.scale_cols + b / 32]), even, odd);
+        fma16_tokens<T>(even, x, b, a[r]);
+        fma16_tokens<T>(odd, x, b + 16, a[r]);
       }
+    fold_chunk<4, T>(a, sum);
   }
-  fold_rows4<T>(a, out, out_stride);
+  store_rows4<T>(sum, out, out_stride);
 }
 
 template <int T>
-DSV4_AVX512 void dot4_tokens_avx512(const Linear& w, int64_t row0, const double* const* x, double* out,
+DSV4_AVX512 void dot4_tokens_avx512(const Linear& w, int64_t row0, const float* const* x, double* out,
                                     int64_t out_stride) {
   switch (w.format) {
     case WeightFormat::F32:
@@ -411,14 +419,21 @@ DSV4_AVX512 void dot4_tokens_avx512(const Linear& w, int64_t row0, const double*
   }
 }
 
-// Rows [row0, row0 + 4) against n tokens in groups of up to three; a group
-// after the first finds the four rows in L1.
-DSV4_AVX512 void dot4_all_tokens_avx512(const Linear& w, int64_t row0, const double* xd, int64_t n, double* out,
+constexpr int kSmallTokenGroup = 4;
+// Below this many tokens, weights are decoded in registers for each group of
+// up to four tokens (dot4_all_tokens_avx512) instead of into packed panels.
+constexpr int64_t kPackedMinTokens = 8;
+
+// Rows [row0, row0 + 4) against n < kPackedMinTokens tokens; a group after
+// the first finds the four rows in L1.
+DSV4_AVX512 void dot4_all_tokens_avx512(const Linear& w, int64_t row0, const float* xs, int64_t n, double* out,
                                         int64_t out_stride) {
   const int64_t cols = w.cols;
-  for (int64_t t = 0; t < n; t += 3) {
-    const double* x[3] = {xd + t * cols, xd + std::min(t + 1, n - 1) * cols, xd + std::min(t + 2, n - 1) * cols};
-    switch (std::min<int64_t>(3, n - t)) {
+  for (int64_t t = 0; t < n; t += kSmallTokenGroup) {
+    const float* x[kSmallTokenGroup];
+    for (int u = 0; u < kSmallTokenGroup; ++u) x[u] = xs + std::min(t + u, n - 1) * cols;
+    switch (std::min<int64_t>(kSmallTokenGroup, n - t)) {
+      case 4: dot4_tokens_avx512<4>(w, row0, x, out + t * out_stride, out_stride); break;
       case 3: dot4_tokens_avx512<3>(w, row0, x, out + t * out_stride, out_stride); break;
       case 2: dot4_tokens_avx512<2>(w, row0, x, out + t * out_stride, out_stride); break;
       default: dot4_tokens_avx512<1>(w, row0, x, out + t * out_stride, out_stride); break;
@@ -426,152 +441,159 @@ DSV4_AVX512 void dot4_all_tokens_avx512(const Linear& w, int64_t row0, const dou
   }
 }
 
-// Decodes a whole weight row to floats (scale applied), 16 at a time.
-DSV4_AVX512 void decode_row_avx512(const Linear& w, int64_t row, float* out) {
-  const int64_t n = w.cols;
-  switch (w.format) {
-    case WeightFormat::F32:
-      std::memcpy(out, reinterpret_cast<const float*>(w.data) + row * n, size_t(n) * 4);
-      return;
-    case WeightFormat::BF16: {
-      const uint16_t* p = reinterpret_cast<const uint16_t*>(w.data) + row * n;
-      for (int64_t i = 0; i < n; i += 16)
-        _mm512_storeu_ps(out + i, _mm512_castsi512_ps(_mm512_slli_epi32(
-                                      _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(p + i))), 16)));
-      return;
-    }
-    case WeightFormat::FP8_BLOCK128: {
-      const uint8_t* p = w.data + row * n;
-      const uint8_t* s = w.scale + (row / 128) * w.scale_cols;
-      for (int64_t i = 0; i < n; i += 16)
-        _mm512_storeu_ps(out + i, e4m3_to_ps_avx512(_mm_loadu_si128((const __m128i*)(p + i)),
-                                                    _mm512_set1_ps(e8m0_to_float(s[i / 128]))));
-      return;
-    }
-    case WeightFormat::FP4_BLOCK32: {
-      const uint8_t* p = w.data + row * (n / 2);
-      const uint8_t* s = w.scale + row * w.scale_cols;
-      for (int64_t i = 0; i < n; i += 16)
-        _mm512_storeu_ps(out + i, e2m1_to_ps_avx512(p + i / 2, _mm512_set1_ps(e8m0_to_float(s[i / 32]))));
-      return;
-    }
-  }
-}
+// Batches, GEMM-style (n >= kPackedMinTokens). Tokens are packed once in
+// groups of kTokenGroup: for every 16 storage positions, the group's tokens'
+// 16 floats back to back. A task takes kRowBlock rows x kTokenBlock tokens;
+// for each chunk it decodes its rows into a panel (for every 16 positions,
+// four rows' 16 floats back to back) that stays in L2, and sweeps register
+// blocks of 4 rows x 6 tokens (24 accumulators) over it while the token
+// group's chunk stays in L1. Every (row, token) still runs the canonical lane
+// sequence and chunk folds, so the bits equal dot_avx512's.
+constexpr int kMicroRows = 4, kTokenGroup = 6;
+constexpr int64_t kRowBlock = 64, kTokenBlock = 48;
+static_assert(kTokenBlock % kTokenGroup == 0 && kRowBlock % kMicroRows == 0, "blocks hold whole groups");
 
-// Batches, GEMM-style. Inputs and weight tiles are packed so that a block of
-// R rows x T tokens reads two sequential streams: for every 16 columns, the
-// R rows' 16 doubles back to back, and the T tokens' 16 doubles back to back.
-// Register blocks of 4 x 3 (24 accumulators) sweep column chunks of
-// kBatchChunk; between chunks the accumulators rest in memory. Every
-// (row, token) still updates its 16 lanes in increasing column order with
-// the same FMAs, so the bits equal dot_avx512's.
-constexpr int64_t kBatchChunk = 256;
-constexpr int kRowBlock = 4, kTokenBlock = 3;
-// Below this many tokens, weights are decoded in registers for each group of
-// three tokens (dot4_all_tokens_avx512) instead of into a packed tile.
-constexpr int64_t kPackedMinTokens = 8;
-
-// Element (t, i) of a group of `group` tokens packed from `first`.
+// Element (t, i) of the token group of `group` tokens that starts at `first`.
 inline int64_t packed_index(int64_t cols, int64_t first, int group, int64_t t, int64_t i) {
   return first * cols + (i / 16) * (group * 16) + t * 16 + (i % 16);
 }
 
-template <int R, int T>
-DSV4_AVX512 void packed_block_avx512(const double* w, const double* x, int64_t k0, int64_t k1, double* acc) {
-  __m512d a[R][T][2];
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) {
-      a[r][t][0] = _mm512_loadu_pd(acc + (r * T + t) * 16);
-      a[r][t][1] = _mm512_loadu_pd(acc + (r * T + t) * 16 + 8);
-    }
-  const double* wp = w + (k0 / 16) * R * 16;
-  const double* xp = x + (k0 / 16) * T * 16;
-  for (int64_t i = k0; i < k1; i += 16, wp += R * 16, xp += T * 16) {
-    __m512d x0[T], x1[T];
-    for (int t = 0; t < T; ++t) x0[t] = _mm512_loadu_pd(xp + t * 16), x1[t] = _mm512_loadu_pd(xp + t * 16 + 8);
-    for (int r = 0; r < R; ++r) {
-      const __m512d w0 = _mm512_loadu_pd(wp + r * 16), w1 = _mm512_loadu_pd(wp + r * 16 + 8);
-      for (int t = 0; t < T; ++t) {
-        a[r][t][0] = _mm512_fmadd_pd(w0, x0[t], a[r][t][0]);
-        a[r][t][1] = _mm512_fmadd_pd(w1, x1[t], a[r][t][1]);
+// Storage positions [c0, c1) of one row, decoded with the fast decoders into
+// dst, dst + step, dst + 2 * step, ... (16 floats each).
+DSV4_AVX512 void decode_chunk_avx512(const Linear& w, int64_t row, int64_t c0, int64_t c1, float* dst,
+                                     int64_t step) {
+  const int64_t n = w.cols;
+  switch (w.format) {
+    case WeightFormat::F32:
+    case WeightFormat::BF16:
+      for (int64_t i = c0; i < c1; i += 16, dst += step) _mm512_storeu_ps(dst, decode16_avx512(w, row, i));
+      return;
+    case WeightFormat::FP8_BLOCK128: {
+      const uint8_t* p = w.data + row * n;
+      for (int64_t b = c0; b < c1; b += 128) {
+        const uint8_t s = w.scale[(row / 128) * w.scale_cols + b / 128];
+        const int64_t end = std::min(c1, b + 128);
+        if (s <= kMaxHalfPathScale) {
+          const __m512 sc = _mm512_set1_ps(e8m0_to_float(s) * 256.0f);
+          for (int64_t i = b; i < end; i += 16, dst += step)
+            _mm512_storeu_ps(dst, e4m3_to_ps_via_half(_mm_loadu_si128((const __m128i*)(p + i)), sc));
+        } else {
+          const __m512 sc = _mm512_set1_ps(e8m0_to_float(s));
+          for (int64_t i = b; i < end; i += 16, dst += step)
+            _mm512_storeu_ps(dst, e4m3_to_ps_avx512(_mm_loadu_si128((const __m128i*)(p + i)), sc));
+        }
       }
+      return;
+    }
+    case WeightFormat::FP4_BLOCK32: {
+      const uint8_t* p = w.data + row * (n / 2);
+      for (int64_t b = c0; b < c1; b += 32, dst += 2 * step) {
+        __m512 even, odd;
+        e2m1_block_avx512(p + b / 2, e2m1_table_avx512(w.scale[row * w.scale_cols + b / 32]), even, odd);
+        _mm512_storeu_ps(dst, even);
+        _mm512_storeu_ps(dst + step, odd);
+      }
+      return;
+    }
+  }
+}
+
+// R rows of a panel against T tokens of a packed group, `steps` x 16
+// positions; the folded chunk is added to sum[r * sum_stride + t].
+template <int R, int T>
+DSV4_AVX512 void micro_kernel_avx512(const float* w, const float* x, int64_t steps, double* sum,
+                                     int64_t sum_stride) {
+  __m512 a[R][T];
+  for (auto& r : a)
+    for (auto& t : r) t = _mm512_setzero_ps();
+  for (int64_t s = 0; s < steps; ++s, w += R * 16, x += T * 16) {
+    __m512 xv[T];
+    for (int t = 0; t < T; ++t) xv[t] = _mm512_loadu_ps(x + t * 16);
+    for (int r = 0; r < R; ++r) {
+      const __m512 wv = _mm512_loadu_ps(w + r * 16);
+      for (int t = 0; t < T; ++t) a[r][t] = _mm512_fmadd_ps(wv, xv[t], a[r][t]);
     }
   }
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) {
-      _mm512_storeu_pd(acc + (r * T + t) * 16, a[r][t][0]);
-      _mm512_storeu_pd(acc + (r * T + t) * 16 + 8, a[r][t][1]);
+      float lanes[16];
+      _mm512_storeu_ps(lanes, a[r][t]);
+      sum[r * sum_stride + t] += fold16(lanes);
     }
 }
 
 template <int R>
-DSV4_AVX512 void packed_block_tokens_avx512(int tokens, const double* w, const double* x, int64_t k0, int64_t k1,
-                                            double* acc) {
+DSV4_AVX512 void micro_kernel_rows_avx512(int tokens, const float* w, const float* x, int64_t steps, double* sum,
+                                          int64_t sum_stride) {
   switch (tokens) {
-    case 3: packed_block_avx512<R, 3>(w, x, k0, k1, acc); break;
-    case 2: packed_block_avx512<R, 2>(w, x, k0, k1, acc); break;
-    default: packed_block_avx512<R, 1>(w, x, k0, k1, acc); break;
+    case 6: micro_kernel_avx512<R, 6>(w, x, steps, sum, sum_stride); break;
+    case 5: micro_kernel_avx512<R, 5>(w, x, steps, sum, sum_stride); break;
+    case 4: micro_kernel_avx512<R, 4>(w, x, steps, sum, sum_stride); break;
+    case 3: micro_kernel_avx512<R, 3>(w, x, steps, sum, sum_stride); break;
+    case 2: micro_kernel_avx512<R, 2>(w, x, steps, sum, sum_stride); break;
+    default: micro_kernel_avx512<R, 1>(w, x, steps, sum, sum_stride); break;
   }
 }
 
-DSV4_AVX512 void packed_block_any_avx512(int rows, int tokens, const double* w, const double* x, int64_t k0,
-                                         int64_t k1, double* acc) {
+DSV4_AVX512 void micro_kernel_any_avx512(int rows, int tokens, const float* w, const float* x, int64_t steps,
+                                         double* sum, int64_t sum_stride) {
   switch (rows) {
-    case 4: packed_block_tokens_avx512<4>(tokens, w, x, k0, k1, acc); break;
-    case 3: packed_block_tokens_avx512<3>(tokens, w, x, k0, k1, acc); break;
-    case 2: packed_block_tokens_avx512<2>(tokens, w, x, k0, k1, acc); break;
-    default: packed_block_tokens_avx512<1>(tokens, w, x, k0, k1, acc); break;
+    case 4: micro_kernel_rows_avx512<4>(tokens, w, x, steps, sum, sum_stride); break;
+    case 3: micro_kernel_rows_avx512<3>(tokens, w, x, steps, sum, sum_stride); break;
+    case 2: micro_kernel_rows_avx512<2>(tokens, w, x, steps, sum, sum_stride); break;
+    default: micro_kernel_rows_avx512<1>(tokens, w, x, steps, sum, sum_stride); break;
   }
 }
 
-// Decodes rows [row0, row0 + rows) into the packed layout (groups of 4).
-DSV4_AVX512 void decode_tile_packed_avx512(const Linear& w, int64_t row0, int64_t rows, float* scratch,
-                                           double* packed) {
+// Y[t][o] for rows [row_begin, row_begin + out) and n tokens in storage
+// order (xs), on `threads` threads.
+DSV4_AVX512 void packed_gemm_avx512(const Linear& w, int64_t row_begin, int64_t out, const float* xs, int64_t n,
+                                    float* y, int64_t y_stride, int threads) {
   const int64_t cols = w.cols;
-  for (int64_t r = 0; r < rows; ++r) {
-    decode_row_avx512(w, row0 + r, scratch);
-    const int64_t first = r / kRowBlock * kRowBlock;
-    const int group = int(std::min<int64_t>(kRowBlock, rows - first));
-    for (int64_t i = 0; i < cols; i += 16) {
-      const __m512 v = _mm512_loadu_ps(scratch + i);
-      double* dst = packed + packed_index(cols, first, group, r - first, i);
-      _mm512_storeu_pd(dst, _mm512_cvtps_pd(_mm512_castps512_ps256(v)));
-      _mm512_storeu_pd(dst + 8, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
-    }
+  AlignedVector<float> xp(size_t(n * cols));
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t first = t / kTokenGroup * kTokenGroup;
+    const int group = int(std::min<int64_t>(kTokenGroup, n - first));
+    for (int64_t i = 0; i < cols; i += 16)
+      std::copy_n(xs + t * cols + i, 16, xp.data() + packed_index(cols, first, group, t - first, i));
   }
-}
-
-// A packed tile of `rows` rows against all n packed tokens.
-DSV4_AVX512 void packed_tile_times_tokens_avx512(const double* wp, int64_t rows, int64_t cols, const double* xp,
-                                                 int64_t n, double* acc, double* out, int64_t out_stride) {
-  std::fill_n(acc, size_t(rows * n * 16), 0.0);
-  for (int64_t k0 = 0; k0 < cols; k0 += kBatchChunk) {
-    const int64_t k1 = std::min(cols, k0 + kBatchChunk);
-    // A token group's input chunk stays in L1 while all row groups of the
-    // tile (in L2) pass over it.
-    for (int64_t t = 0; t < n; t += kTokenBlock) {
-      const int tt = int(std::min<int64_t>(kTokenBlock, n - t));
-      for (int64_t r = 0; r < rows; r += kRowBlock) {
-        const int rr = int(std::min<int64_t>(kRowBlock, rows - r));
-        // Accumulators of block (r, t): rr * tt * 16 doubles at (r * n + t * rr) * 16.
-        packed_block_any_avx512(rr, tt, wp + r * cols, xp + t * cols, k0, k1, acc + (r * n + t * rr) * 16);
+  const int64_t row_blocks = (out + kRowBlock - 1) / kRowBlock, token_blocks = (n + kTokenBlock - 1) / kTokenBlock;
+#pragma omp parallel num_threads(threads)
+  {
+    AlignedVector<float> panel(size_t(kRowBlock * kChunk));
+    std::vector<double> sums(size_t(kRowBlock * kTokenBlock));
+    // Consecutive tasks of a thread share their tokens (in L2) and stream
+    // the weights.
+#pragma omp for schedule(static)
+    for (int64_t task = 0; task < row_blocks * token_blocks; ++task) {
+      const int64_t t0 = task / row_blocks * kTokenBlock, r0 = task % row_blocks * kRowBlock;
+      const int64_t nt = std::min(kTokenBlock, n - t0), nr = std::min(kRowBlock, out - r0);
+      std::fill(sums.begin(), sums.end(), 0.0);
+      for (int64_t c0 = 0; c0 < cols; c0 += kChunk) {
+        const int64_t c1 = std::min(cols, c0 + kChunk), steps = (c1 - c0) / 16;
+        for (int64_t r = 0; r < nr; ++r) {
+          const int64_t g = r / kMicroRows * kMicroRows;
+          const int64_t rows_in_group = std::min<int64_t>(kMicroRows, nr - g);
+          decode_chunk_avx512(w, row_begin + r0 + r, c0, c1, panel.data() + g * kChunk + (r - g) * 16,
+                              rows_in_group * 16);
+        }
+        for (int64_t tg = t0; tg < t0 + nt; tg += kTokenGroup) {
+          const int group = int(std::min<int64_t>(kTokenGroup, n - tg));
+          const float* xg = xp.data() + tg * cols + (c0 / 16) * (group * 16);
+          for (int64_t g = 0; g < nr; g += kMicroRows)
+            micro_kernel_any_avx512(int(std::min<int64_t>(kMicroRows, nr - g)), group, panel.data() + g * kChunk, xg,
+                                    steps, sums.data() + g * kTokenBlock + (tg - t0), kTokenBlock);
+        }
       }
-    }
-  }
-  for (int64_t r = 0; r < rows; r += kRowBlock) {
-    const int rr = int(std::min<int64_t>(kRowBlock, rows - r));
-    for (int64_t t = 0; t < n; t += kTokenBlock) {
-      const int tt = int(std::min<int64_t>(kTokenBlock, n - t));
-      const double* a = acc + (r * n + t * rr) * 16;
-      for (int q = 0; q < rr; ++q)
-        for (int u = 0; u < tt; ++u) out[(t + u) * out_stride + r + q] = fold16(a + (q * tt + u) * 16);
+      for (int64_t t = 0; t < nt; ++t)
+        for (int64_t r = 0; r < nr; ++r) y[(t0 + t) * y_stride + r0 + r] = float(sums[size_t(r * kTokenBlock + t)]);
     }
   }
 }
 
 // ------------------------------------------------------------- dispatch ---
 
-using DotFn = double (*)(const Linear&, int64_t, const double*);
+using DotFn = double (*)(const Linear&, int64_t, const float*);
 
 KernelIsa detect_best() {
   __builtin_cpu_init();
@@ -602,6 +624,12 @@ DotFn dot_for(KernelIsa isa) {
   }
 }
 
+void check_width(const Linear& w) {
+  if (w.cols % 16) throw Error("linear input width " + std::to_string(w.cols) + " is not a multiple of 16");
+  if (w.format == WeightFormat::FP4_BLOCK32 && w.cols % 32)
+    throw Error("FP4 weight width " + std::to_string(w.cols) + " is not a multiple of its 32-column scale blocks");
+}
+
 }  // namespace
 
 KernelIsa active_kernel_isa() { return g_isa; }
@@ -618,7 +646,12 @@ const char* kernel_isa_name(KernelIsa isa) {
   }
 }
 
-double linear_dot(const Linear& w, int64_t row, const double* x) { return dot_for(g_isa)(w, row, x); }
+double linear_dot(const Linear& w, int64_t row, const float* x) {
+  check_width(w);
+  AlignedVector<float> xs(static_cast<size_t>(w.cols));
+  to_storage_order(w, x, xs.data());
+  return dot_for(g_isa)(w, row, xs.data());
+}
 
 void linear_decode_row(const Linear& w, int64_t row, float* out) {
   float tmp[16];
@@ -642,9 +675,9 @@ void linear_forward(const Linear& w, const float* x, int64_t n, float* y, int64_
   const int64_t out = row_end - row_begin;
   if (y_stride < 0) y_stride = out;
   const int64_t cols = w.cols;
-  if (cols % 16) throw Error("linear input width " + std::to_string(cols) + " is not a multiple of 16");
-  // Inputs in double, once per token (rounded through FP8 first if asked).
-  AlignedVector<double> xd(size_t(n * cols));
+  check_width(w);
+  // Inputs in storage order, once per token (rounded through FP8 first if asked).
+  AlignedVector<float> xs(size_t(n * cols));
   std::vector<float> row(static_cast<size_t>(cols));
   for (int64_t t = 0; t < n; ++t) {
     const float* src = x + t * cols;
@@ -653,51 +686,29 @@ void linear_forward(const Linear& w, const float* x, int64_t n, float* y, int64_
       fp8_round_trip(row.data(), cols, 128);
       src = row.data();
     }
-    for (int64_t i = 0; i < cols; ++i) xd[size_t(t * cols + i)] = src[i];
+    to_storage_order(w, src, xs.data() + t * cols);
   }
-  const DotFn dot = dot_for(g_isa);
-  // Tiles of rows so that each weight tile is read once for all n tokens.
-  const int64_t tile = 16;
-  const int64_t n_tiles = (out + tile - 1) / tile;
   const int threads = threads_for(out * cols * std::max<int64_t>(n, 1));
-  const bool rows4 = g_isa == KernelIsa::Avx512 && (w.format != WeightFormat::FP4_BLOCK32 || cols % 32 == 0);
   if (n >= kPackedMinTokens && g_isa == KernelIsa::Avx512) {
-    AlignedVector<double> xp(size_t(n * cols));
-    for (int64_t t = 0; t < n; ++t) {
-      const int64_t first = t / kTokenBlock * kTokenBlock;
-      const int group = int(std::min<int64_t>(kTokenBlock, n - first));
-      for (int64_t i = 0; i < cols; i += 16)
-        std::copy_n(xd.data() + t * cols + i, 16, xp.data() + packed_index(cols, first, group, t - first, i));
-    }
-#pragma omp parallel num_threads(threads)
-    {
-      AlignedVector<float> scratch(static_cast<size_t>(cols));
-      AlignedVector<double> wp(static_cast<size_t>(tile * cols)), acc(static_cast<size_t>(tile * n * 16)),
-          res(static_cast<size_t>(n * tile));
-#pragma omp for schedule(static)
-      for (int64_t k = 0; k < n_tiles; ++k) {
-        const int64_t o0 = k * tile, rows = std::min(out, o0 + tile) - o0;
-        decode_tile_packed_avx512(w, row_begin + o0, rows, scratch.data(), wp.data());
-        packed_tile_times_tokens_avx512(wp.data(), rows, cols, xp.data(), n, acc.data(), res.data(), tile);
-        for (int64_t t = 0; t < n; ++t)
-          for (int64_t q = 0; q < rows; ++q) y[t * y_stride + o0 + q] = float(res[size_t(t * tile + q)]);
-      }
-    }
+    packed_gemm_avx512(w, row_begin, out, xs.data(), n, y, y_stride, threads);
     return;
   }
+  const DotFn dot = dot_for(g_isa);
+  const int64_t tile = 16;
+  const int64_t n_tiles = (out + tile - 1) / tile;
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t k = 0; k < n_tiles; ++k) {
     int64_t o0 = k * tile, o1 = std::min(out, o0 + tile);
     int64_t o = o0;
-    if (rows4)
+    if (g_isa == KernelIsa::Avx512)
       for (; o + 4 <= o1; o += 4) {
         double r[4 * kPackedMinTokens];
-        dot4_all_tokens_avx512(w, row_begin + o, xd.data(), n, r, 4);
+        dot4_all_tokens_avx512(w, row_begin + o, xs.data(), n, r, 4);
         for (int64_t t = 0; t < n; ++t)
           for (int q = 0; q < 4; ++q) y[t * y_stride + o + q] = float(r[t * 4 + q]);
       }
     for (; o < o1; ++o)
-      for (int64_t t = 0; t < n; ++t) y[t * y_stride + o] = float(dot(w, row_begin + o, xd.data() + t * cols));
+      for (int64_t t = 0; t < n; ++t) y[t * y_stride + o] = float(dot(w, row_begin + o, xs.data() + t * cols));
   }
 }
 

@@ -1,19 +1,28 @@
 // Weight matrices in their checkpoint formats and the products with them.
 //
 // Every output element y[t][o] is one dot product with a canonical reduction
-// order: each weight is decoded with its block scale applied (exact in fp32),
-// multiplied by the input in double (exact: at most 8 x 24 significant bits),
-// and summed in 16 double lanes (lane l takes the elements i = l mod 16) that
-// are folded in a fixed tree. Threads only split the (t, o) space. So a
-// token's result depends neither on its batch, nor on the chunk size, nor on
-// the thread count, nor on which SIMD path (scalar, AVX2, AVX-512) ran it.
+// order. Each weight is decoded with its block scale applied (exact in
+// fp32). The columns are taken in chunks of 1024; within a chunk, element i
+// goes into fp32 lane (i mod 16) with one fused multiply-add, in increasing
+// i; the 16 lanes are folded in double in a fixed tree and the chunk sums
+// added in double. FP4 matrices use their storage order instead of the column
+// order: in each 32-column block the 16 even columns (low nibbles) come
+// before the 16 odd ones (high nibbles), so that a vector of nibbles is a
+// vector of lanes; the input is permuted to match, once per token. Threads
+// only split the (t, o) space. So a token's result depends neither on its
+// batch, nor on the chunk size, nor on the thread count, nor on which SIMD
+// path (scalar, AVX2, AVX-512) ran it.
 //
-// Why double: with fp32 sums, the summation-order noise of a GEMM is enough
-// to flip the FP8 rounding of a downstream activation now and then (on
-// tiny-flash-fp8 one flip at position 95 moved 12% of the following logits
-// rows by up to 0.06). Exact products summed in double agree with a float64
-// evaluation of the reference math, which the golden data are stabilised
-// against.
+// Why fp32 lanes: the official kernels accumulate in fp32 too, and the golden
+// data (stabilised so that a float64 evaluation agrees) are matched as
+// closely as with the previous exact-products-in-double order (tiny-flash-fp8
+// median 1.7e-6, p99 5.0e-6, max 1.6e-5; see tests/test_model_golden.cpp),
+// at half the register width per lane and without any fp32->fp64
+// conversions, which is what bound the kernels. The chunks let a batched
+// GEMM keep 16-lane accumulators in registers only per chunk. An fp32 engine
+// can still, rarely, round a downstream FP8 activation the other way than the
+// float64 reference (golden/README.md section 5); the golden tolerances leave
+// room for that.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -52,8 +61,8 @@ void set_kernel_isa(KernelIsa isa);  // must be supported by the CPU
 bool kernel_isa_supported(KernelIsa isa);
 const char* kernel_isa_name(KernelIsa isa);
 
-// y = W[row] . x, with x given in double (see above).
-double linear_dot(const Linear& w, int64_t row, const double* x);
+// y = W[row] . x in the canonical order (x in column order).
+double linear_dot(const Linear& w, int64_t row, const float* x);
 // Scalar reference: dequantize each weight and sum left to right in long double.
 double linear_dot_reference(const Linear& w, int64_t row, const float* x);
 
