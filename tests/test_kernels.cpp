@@ -43,6 +43,31 @@ TEST(Numeric, E2m1RoundsTiesToEven) {
   for (size_t i = 0; i < std::size(in); ++i) EXPECT_EQ(round_to_e2m1(in[i]), out[i]) << in[i];
 }
 
+// round_to_e4m3 is bit arithmetic; the plain formula (step from frexp,
+// nearbyint) is the reference. Every midpoint of adjacent e4m3 values and its
+// float neighbours, and a sweep over the float bit patterns up to 448.
+TEST(Numeric, E4m3RoundingMatchesFormula) {
+  auto formula = [](float v) {
+    float a = std::fabs(v);
+    if (a == 0.0f) return v;
+    int exponent;
+    std::frexp(a, &exponent);
+    const float step = std::ldexp(1.0f, std::max(exponent - 1, -6) - 3);
+    return std::nearbyint(v / step) * step;
+  };
+  auto check = [&](float v) {
+    for (float s : {v, -v}) ASSERT_EQ(float_to_bits(round_to_e4m3(s)), float_to_bits(formula(s))) << s;
+  };
+  for (int code = 0; code < 0x7e; ++code) {
+    const float mid = (e4m3_to_float(uint8_t(code)) + e4m3_to_float(uint8_t(code + 1))) / 2;
+    check(mid);
+    check(std::nextafter(mid, 0.0f));
+    check(std::nextafter(mid, 1000.0f));
+  }
+  for (uint32_t bits = 0; bits <= float_to_bits(448.0f); bits += 97) check(bits_to_float(bits));
+  check(448.0f);
+}
+
 TEST(Numeric, Fp8RoundTripMatchesExhaustiveReference) {
   std::mt19937 rng(7);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -203,11 +228,11 @@ TEST_P(LinearFormats, BatchAndThreadsDoNotChangeBits) {
 
 // The SIMD paths follow the canonical reduction order exactly: same bits.
 // Tokens: register groups of 1-4 (below 8), packed groups of 6 and token
-// blocks of 48 (from 8). 70 rows leave remainders after row groups of 4 and
+// blocks of 96 (from 8). 70 rows leave remainders after row groups of 4 and
 // 16 and row blocks of 64; 2304 columns are two chunks and a partial one.
 TEST_P(LinearFormats, SimdPathsGiveScalarBits) {
   for (int64_t cols : {512, 2304})
-  for (int64_t n : {1, 2, 3, 4, 5, 7, 8, 10, 13, 50}) {
+  for (int64_t n : {1, 2, 3, 4, 5, 7, 8, 10, 13, 100}) {
   SCOPED_TRACE("tokens " + std::to_string(n) + ", columns " + std::to_string(cols));
   const int64_t rows = 70;
   RandomLinear w(GetParam(), rows, cols, 21);

@@ -30,9 +30,10 @@ void fp8_round_trip(float* x, int64_t n, int64_t block) {
     int64_t b1 = std::min(n, b0 + block);
     float amax = 1e-4f;
     for (int64_t i = b0; i < b1; ++i) amax = std::max(amax, std::fabs(x[i]));
-    float scale = pow2_ceil(amax * kInv448);
+    const float scale = pow2_ceil(amax * kInv448);
+    const float inverse = 1.0f / scale;  // exact: scale is a power of two, so x * inverse == x / scale
     for (int64_t i = b0; i < b1; ++i) {
-      float q = std::clamp(x[i] / scale, -448.0f, 448.0f);
+      float q = std::clamp(x[i] * inverse, -448.0f, 448.0f);
       x[i] = round_to_e4m3(q) * scale;
     }
   }

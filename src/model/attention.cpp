@@ -178,9 +178,7 @@ void attention_forward(const ModelConfig& c, const AttentionWeights& w, const Ro
     float* oh = o.data() + th * hd;
     std::fill(oh, oh + hd, 0.0f);
     for (size_t j = 0; j < keys.size(); ++j) {
-      const float p = logits[j] / denom;
-      const float* k = keys[j];
-      for (int64_t d = 0; d < hd; ++d) oh[d] += p * k[d];
+      add_scaled(oh, logits[j] / denom, keys[j], hd);
     }
     rope.apply(oh + nope, pos, /*inverse=*/true);
   }

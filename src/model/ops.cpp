@@ -6,7 +6,12 @@
 
 namespace dsv4 {
 
-float dot_fixed(const float* a, const float* b, int64_t n) {
+// Compiled for AVX-512, AVX2 and baseline x86-64, picked at load time; with
+// floating-point contraction off every clone does the same multiplies and
+// adds in the same lanes, so they give the same bits.
+#define DSV4_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+
+DSV4_VECTOR_CLONES float dot_fixed(const float* a, const float* b, int64_t n) {
   float acc[16] = {};
   int64_t i = 0;
   for (; i + 16 <= n; i += 16)
@@ -24,6 +29,10 @@ void rms_norm(float* x, const float* w, int64_t n, float eps) {
   } else {
     for (int64_t i = 0; i < n; ++i) x[i] *= inv;
   }
+}
+
+DSV4_VECTOR_CLONES void add_scaled(float* y, float a, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
 void hadamard_transform(float* x, int64_t n) {

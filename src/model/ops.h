@@ -13,6 +13,8 @@ namespace dsv4 {
 // how work is split).
 float dot_fixed(const float* a, const float* b, int64_t n);
 inline float sum_of_squares(const float* x, int64_t n) { return dot_fixed(x, x, n); }
+// y += a * x, element by element (a multiply, then an add).
+void add_scaled(float* y, float a, const float* x, int64_t n);
 // x <- w * x / sqrt(mean(x^2) + eps); w may be null (unweighted norm).
 void rms_norm(float* x, const float* w, int64_t n, float eps);
 inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }

@@ -210,6 +210,15 @@ __attribute__((target("avx2,fma"))) double dot_avx2(const Linear& w, int64_t row
 
 #define DSV4_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
 
+// fold16 of the 16 lanes of a register, in registers (the same additions).
+DSV4_AVX512 inline double fold16_avx512(__m512 lanes) {
+  const __m512d s8 = _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(lanes)),
+                                   _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(lanes), 1))));
+  const __m256d s4 = _mm256_add_pd(_mm512_castpd512_pd256(s8), _mm512_extractf64x4_pd(s8, 1));
+  const __m128d s2 = _mm_add_pd(_mm256_castpd256_pd128(s4), _mm256_extractf128_pd(s4, 1));
+  return _mm_cvtsd_f64(_mm_add_sd(s2, _mm_unpackhi_pd(s2, s2)));
+}
+
 // See e4m3_to_ps_avx2: rebiased exponent, subnormal codes as 1.m*2^-6 - 2^-6.
 DSV4_AVX512 inline __m512 e4m3_to_ps_avx512(__m128i bytes16, __m512 scale) {
   __m512i b = _mm512_cvtepu8_epi32(bytes16);
@@ -239,17 +248,31 @@ constexpr uint8_t kMaxHalfPathScale = 127 + 119;
 
 // FP4 in storage order (see linear.h): the 16 bytes of a 32-column block
 // give its even elements (low nibbles) and then its odd ones (high nibbles).
-// `table` holds the 16 e2m1 codes' values times the block scale.
+// `table` holds the 16 e2m1 codes' values times the block scale. vpermps
+// reads only the low 4 bits of each index, so the bytes need no masking.
 DSV4_AVX512 inline void e2m1_block_avx512(const uint8_t* bytes16, __m512 table, __m512& even, __m512& odd) {
   const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)bytes16));
-  even = _mm512_permutexvar_ps(_mm512_and_si512(b, _mm512_set1_epi32(15)), table);
+  even = _mm512_permutexvar_ps(b, table);
   odd = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), table);
 }
 
-DSV4_AVX512 inline __m512 e2m1_table_avx512(uint8_t scale) {
-  const __m512 codes = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
-                                      -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f);
-  return _mm512_mul_ps(codes, _mm512_set1_ps(e8m0_to_float(scale)));
+// The 16 e2m1 values times 2^(s - 127) for every ue8m0 byte s, computed as
+// the scalar decoder computes them (code value * scale in float): loading a
+// block's table is cheaper than scaling one per block and row.
+struct E2m1Tables {
+  alignas(64) float values[256][16];
+  E2m1Tables() {
+    for (int s = 0; s < 256; ++s)
+      for (int c = 0; c < 16; ++c) values[s][c] = e2m1_to_float(uint8_t(c)) * e8m0_to_float(uint8_t(s));
+  }
+};
+const E2m1Tables& e2m1_tables() {
+  static const E2m1Tables tables;
+  return tables;
+}
+
+DSV4_AVX512 inline __m512 e2m1_table_avx512(const E2m1Tables& tables, uint8_t scale) {
+  return _mm512_load_ps(tables.values[scale]);
 }
 
 // Storage positions [i, i+16) of a row, scale applied (plain decoders; the
@@ -267,7 +290,7 @@ DSV4_AVX512 inline __m512 decode16_avx512(const Linear& w, int64_t row, int64_t 
                                _mm512_set1_ps(e8m0_to_float(w.scale[(row / 128) * w.scale_cols + i / 128])));
     case WeightFormat::FP4_BLOCK32: {
       __m512 even, odd;
-      e2m1_block_avx512(w.data + row * (n / 2) + i / 32 * 16, e2m1_table_avx512(w.scale[row * w.scale_cols + i / 32]),
+      e2m1_block_avx512(w.data + row * (n / 2) + i / 32 * 16, e2m1_table_avx512(e2m1_tables(), w.scale[row * w.scale_cols + i / 32]),
                         even, odd);
       return i % 32 ? odd : even;
     }
@@ -281,9 +304,7 @@ DSV4_AVX512 double dot_avx512(const Linear& w, int64_t row, const float* x) {
     const int64_t c1 = std::min(w.cols, c0 + kChunk);
     __m512 a = _mm512_setzero_ps();
     for (int64_t i = c0; i < c1; i += 16) a = _mm512_fmadd_ps(decode16_avx512(w, row, i), _mm512_loadu_ps(x + i), a);
-    float lanes[16];
-    _mm512_storeu_ps(lanes, a);
-    sum += fold16(lanes);
+    sum += fold16_avx512(a);
   }
   return sum;
 }
@@ -302,9 +323,7 @@ template <int R, int T>
 DSV4_AVX512 inline void fold_chunk(__m512 (*a)[T], double (*sum)[T]) {
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < T; ++t) {
-      float lanes[16];
-      _mm512_storeu_ps(lanes, a[r][t]);
-      sum[r][t] += fold16(lanes);
+      sum[r][t] += fold16_avx512(a[r][t]);
       a[r][t] = _mm512_setzero_ps();
     }
 }
@@ -394,12 +413,13 @@ DSV4_AVX512 void dot4_tokens_fp4_avx512(const Linear& w, int64_t row0, const flo
   const int64_t n = w.cols;
   const uint8_t* p = w.data + row0 * (n / 2);
   const uint8_t* s = w.scale + row0 * w.scale_cols;
+  const E2m1Tables& tables = e2m1_tables();
   for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
     const int64_t c1 = std::min(n, c0 + kChunk);
     for (int64_t b = c0; b < c1; b += 32)
       for (int r = 0; r < 4; ++r) {
         __m512 even, odd;
-        e2m1_block_avx512(p + r * (n / 2) + b / 2, e2m1_table_avx512(s[r * w.scale_cols + b / 32]), even, odd);
+        e2m1_block_avx512(p + r * (n / 2) + b / 2, e2m1_table_avx512(tables, s[r * w.scale_cols + b / 32]), even, odd);
         fma16_tokens<T>(even, x, b, a[r]);
         fma16_tokens<T>(odd, x, b + 16, a[r]);
       }
@@ -443,14 +463,15 @@ DSV4_AVX512 void dot4_all_tokens_avx512(const Linear& w, int64_t row0, const flo
 
 // Batches, GEMM-style (n >= kPackedMinTokens). Tokens are packed once in
 // groups of kTokenGroup: for every 16 storage positions, the group's tokens'
-// 16 floats back to back. A task takes kRowBlock rows x kTokenBlock tokens;
+// 16 floats back to back. A task takes kRowBlock rows x kTokenBlock tokens
+// (the tokens' chunk, 384 KB, and the panel, 256 KB, share L2);
 // for each chunk it decodes its rows into a panel (for every 16 positions,
 // four rows' 16 floats back to back) that stays in L2, and sweeps register
 // blocks of 4 rows x 6 tokens (24 accumulators) over it while the token
 // group's chunk stays in L1. Every (row, token) still runs the canonical lane
 // sequence and chunk folds, so the bits equal dot_avx512's.
 constexpr int kMicroRows = 4, kTokenGroup = 6;
-constexpr int64_t kRowBlock = 64, kTokenBlock = 48;
+constexpr int64_t kRowBlock = 64, kTokenBlock = 96;
 static_assert(kTokenBlock % kTokenGroup == 0 && kRowBlock % kMicroRows == 0, "blocks hold whole groups");
 
 // Element (t, i) of the token group of `group` tokens that starts at `first`.
@@ -487,9 +508,10 @@ DSV4_AVX512 void decode_chunk_avx512(const Linear& w, int64_t row, int64_t c0, i
     }
     case WeightFormat::FP4_BLOCK32: {
       const uint8_t* p = w.data + row * (n / 2);
+      const E2m1Tables& tables = e2m1_tables();
       for (int64_t b = c0; b < c1; b += 32, dst += 2 * step) {
         __m512 even, odd;
-        e2m1_block_avx512(p + b / 2, e2m1_table_avx512(w.scale[row * w.scale_cols + b / 32]), even, odd);
+        e2m1_block_avx512(p + b / 2, e2m1_table_avx512(tables, w.scale[row * w.scale_cols + b / 32]), even, odd);
         _mm512_storeu_ps(dst, even);
         _mm512_storeu_ps(dst + step, odd);
       }
@@ -515,11 +537,7 @@ DSV4_AVX512 void micro_kernel_avx512(const float* w, const float* x, int64_t ste
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) {
-      float lanes[16];
-      _mm512_storeu_ps(lanes, a[r][t]);
-      sum[r * sum_stride + t] += fold16(lanes);
-    }
+    for (int t = 0; t < T; ++t) sum[r * sum_stride + t] += fold16_avx512(a[r][t]);
 }
 
 template <int R>
