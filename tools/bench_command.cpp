@@ -49,6 +49,15 @@ int64_t prefill_macs(const ModelConfig& c, const Model::TokenCost& cost, int64_t
   return macs;
 }
 
+// Multiply-adds of one decode step of `batch` tokens at `position`: every
+// token runs its own experts, attention and the head, whatever the batch.
+double decode_step_macs(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch, int64_t position) {
+  double macs = double(cost.head_macs);
+  for (const Model::LayerCost& l : cost.layers)
+    macs += double(l.linear_macs) + double(Model::attention_macs(c, l.ratio, position));
+  return double(batch) * macs;
+}
+
 double decode_step_bytes(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch) {
   const double e = double(c.n_routed_experts), k = double(c.n_activated_experts);
   const double distinct = e * (1.0 - std::pow(1.0 - k / e, double(batch)));
@@ -138,7 +147,7 @@ int run_bench(const BenchArgs& a) {
   }
   double prefill_flops_rate = 0, decode_bytes_rate = 0;
   BarGroup prefill_bars{"prefill: FLOP/s against the compute rooflines", {}};
-  BarGroup decode_bars{"decode: tokens/s against the memory roofline (bandwidth / weight bytes per step)", {}};
+  BarGroup decode_bars{"decode: tokens/s against the roofline (bytes per step at the bandwidth, FLOPs at the peak GEMM)", {}};
   auto num = [](const char* f, double v) {
     char b[64];
     std::snprintf(b, sizeof b, f, v);
@@ -202,8 +211,13 @@ int run_bench(const BenchArgs& a) {
     // A step of b tokens reads the shared weights once and every routed
     // expert that at least one token picked: with uniform routing (random
     // weights) E * (1 - (1 - k/E)^b) experts per layer instead of k.
+    // A batched step is also bounded by its FLOPs at the peak GEMM: on a CPU
+    // the head and the dense matrices at batch 16 cost about as much time in
+    // FMAs as in reading their bytes.
     const double step_bytes = decode_step_bytes(c, cost, batch);
-    const double roof = double(batch) * bandwidth / step_bytes;
+    const double memory_seconds = step_bytes / bandwidth;
+    const double compute_seconds = 2.0 * decode_step_macs(c, cost, batch, 16 + a.decode / 2) / peak.flops;
+    const double roof = double(batch) / std::max(memory_seconds, compute_seconds);
     decode_bars.bars.push_back({num("batch %.0f", double(batch)),
                                 num("%.2f tokens/s", rate) + num(" (roofline %.1f)", roof), rate, roof});
     std::printf("decode batch %3lld: %8.3f ms/step  %10.2f tokens/s", (long long)batch,
@@ -212,8 +226,10 @@ int run_bench(const BenchArgs& a) {
       std::printf("  %.2f GB/s of weights = %.1f%% of measured bandwidth", achieved / 1e9,
                   100 * achieved / bandwidth);
     else if (single_rate > 0)
-      std::printf("  %.2fx batch 1; roofline %.1f tokens/s (%.2f GB per step)", rate / single_rate, roof,
-                  step_bytes / 1e9);
+      std::printf("  %.2fx batch 1; roofline %.1f tokens/s (%.2f GB per step: %.0f ms at the bandwidth; "
+                  "%.1f GFLOP: %.0f ms at the peak GEMM)",
+                  rate / single_rate, roof, step_bytes / 1e9, 1e3 * memory_seconds,
+                  2.0 * decode_step_macs(c, cost, batch, 16 + a.decode / 2) / 1e9, 1e3 * compute_seconds);
     std::printf("\n");
     if (csv) {
       csv << "decode," << batch << "," << batch * a.decode << "," << dt << "," << rate << ",";
