@@ -563,18 +563,30 @@ DSV4_AVX512 void micro_kernel_any_avx512(int rows, int tokens, const float* w, c
   }
 }
 
-// Y[t][o] for rows [row_begin, row_begin + out) and n tokens in storage
-// order (xs), on `threads` threads.
-DSV4_AVX512 void packed_gemm_avx512(const Linear& w, int64_t row_begin, int64_t out, const float* xs, int64_t n,
+// Copies token t of n (cols floats in storage order) to its packed place.
+void pack_token(const float* src, int64_t cols, int64_t n, int64_t t, float* xp) {
+  const int64_t first = t / kTokenGroup * kTokenGroup;
+  const int group = int(std::min<int64_t>(kTokenGroup, n - first));
+  float* dst = xp + packed_index(cols, first, group, t - first, 0);
+  for (int64_t i = 0; i < cols; i += 16, dst += group * 16) std::copy_n(src + i, 16, dst);
+}
+
+// Asks L2 for the weight bytes of storage positions [c0, c1) of rows
+// [row0, row1), so that reading the next panel overlaps the FMAs of this one.
+void prefetch_weights(const Linear& w, int64_t row0, int64_t row1, int64_t c0, int64_t c1) {
+  const int64_t bits = w.format == WeightFormat::F32 ? 32 : w.format == WeightFormat::BF16 ? 16
+                       : w.format == WeightFormat::FP8_BLOCK128 ? 8 : 4;
+  for (int64_t r = row0; r < row1; ++r) {
+    const uint8_t* p = w.data + r * w.cols * bits / 8;
+    for (int64_t b = c0 * bits / 8; b < c1 * bits / 8; b += 64) _mm_prefetch((const char*)(p + b), _MM_HINT_T1);
+  }
+}
+
+// Y[t][o] for rows [row_begin, row_begin + out) and n packed tokens (xp),
+// on `threads` threads.
+DSV4_AVX512 void packed_gemm_avx512(const Linear& w, int64_t row_begin, int64_t out, const float* xp, int64_t n,
                                     float* y, int64_t y_stride, int threads) {
   const int64_t cols = w.cols;
-  AlignedVector<float> xp(size_t(n * cols));
-  for (int64_t t = 0; t < n; ++t) {
-    const int64_t first = t / kTokenGroup * kTokenGroup;
-    const int group = int(std::min<int64_t>(kTokenGroup, n - first));
-    for (int64_t i = 0; i < cols; i += 16)
-      std::copy_n(xs + t * cols + i, 16, xp.data() + packed_index(cols, first, group, t - first, i));
-  }
   const int64_t row_blocks = (out + kRowBlock - 1) / kRowBlock, token_blocks = (n + kTokenBlock - 1) / kTokenBlock;
 #pragma omp parallel num_threads(threads)
   {
@@ -589,6 +601,17 @@ DSV4_AVX512 void packed_gemm_avx512(const Linear& w, int64_t row_begin, int64_t 
       std::fill(sums.begin(), sums.end(), 0.0);
       for (int64_t c0 = 0; c0 < cols; c0 += kChunk) {
         const int64_t c1 = std::min(cols, c0 + kChunk), steps = (c1 - c0) / 16;
+        // The next panel: this task's next chunk, or the first chunk of the
+        // next row block (the thread's next task under the static schedule).
+        int64_t next_r0 = r0, next_nr = nr, next_c0 = c1;
+        if (c1 == cols) {
+          next_r0 = (task + 1) % row_blocks * kRowBlock;
+          next_nr = std::min(kRowBlock, out - next_r0);
+          next_c0 = 0;
+        }
+        const int64_t next_c1 = std::min(cols, next_c0 + kChunk);
+        const int64_t token_groups = (nt + kTokenGroup - 1) / kTokenGroup;
+        const int64_t rows_per_group = (next_nr + token_groups - 1) / token_groups;
         for (int64_t r = 0; r < nr; ++r) {
           const int64_t g = r / kMicroRows * kMicroRows;
           const int64_t rows_in_group = std::min<int64_t>(kMicroRows, nr - g);
@@ -596,8 +619,11 @@ DSV4_AVX512 void packed_gemm_avx512(const Linear& w, int64_t row_begin, int64_t 
                               rows_in_group * 16);
         }
         for (int64_t tg = t0; tg < t0 + nt; tg += kTokenGroup) {
+          const int64_t first = (tg - t0) / kTokenGroup * rows_per_group;
+          prefetch_weights(w, row_begin + next_r0 + std::min(first, next_nr),
+                           row_begin + next_r0 + std::min(first + rows_per_group, next_nr), next_c0, next_c1);
           const int group = int(std::min<int64_t>(kTokenGroup, n - tg));
-          const float* xg = xp.data() + tg * cols + (c0 / 16) * (group * 16);
+          const float* xg = xp + tg * cols + (c0 / 16) * (group * 16);
           for (int64_t g = 0; g < nr; g += kMicroRows)
             micro_kernel_any_avx512(int(std::min<int64_t>(kMicroRows, nr - g)), group, panel.data() + g * kChunk, xg,
                                     steps, sums.data() + g * kTokenBlock + (tg - t0), kTokenBlock);
@@ -694,20 +720,24 @@ void linear_forward(const Linear& w, const float* x, int64_t n, float* y, int64_
   if (y_stride < 0) y_stride = out;
   const int64_t cols = w.cols;
   check_width(w);
-  // Inputs in storage order, once per token (rounded through FP8 first if asked).
+  // Inputs in storage order (rounded through FP8 if asked: the round trip
+  // works on 128-column blocks, which the FP4 storage order only permutes
+  // within), packed for the GEMM when there are enough tokens.
+  const bool packed = n >= kPackedMinTokens && g_isa == KernelIsa::Avx512;
   AlignedVector<float> xs(size_t(n * cols));
-  std::vector<float> row(static_cast<size_t>(cols));
-  for (int64_t t = 0; t < n; ++t) {
-    const float* src = x + t * cols;
-    if (w.quantize_input) {
-      std::copy_n(src, cols, row.data());
-      fp8_round_trip(row.data(), cols, 128);
-      src = row.data();
+#pragma omp parallel num_threads(threads_for(n * cols * 16))
+  {
+    AlignedVector<float> row(static_cast<size_t>(cols));
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < n; ++t) {
+      float* dst = packed ? row.data() : xs.data() + t * cols;
+      to_storage_order(w, x + t * cols, dst);
+      if (w.quantize_input) fp8_round_trip(dst, cols, 128);
+      if (packed) pack_token(dst, cols, n, t, xs.data());
     }
-    to_storage_order(w, src, xs.data() + t * cols);
   }
   const int threads = threads_for(out * cols * std::max<int64_t>(n, 1));
-  if (n >= kPackedMinTokens && g_isa == KernelIsa::Avx512) {
+  if (packed) {
     packed_gemm_avx512(w, row_begin, out, xs.data(), n, y, y_stride, threads);
     return;
   }
