@@ -269,6 +269,33 @@ INSTANTIATE_TEST_SUITE_P(Kernels, LinearFormats,
                          ::testing::Values(WeightFormat::F32, WeightFormat::BF16,
                                            WeightFormat::FP8_BLOCK128, WeightFormat::FP4_BLOCK32));
 
+// The many-head attention helpers give the bits of the per-pair functions
+// (head and key counts that leave remainders after blocks of 4 and 8).
+TEST(Ops, AttentionRowsMatchPerPairFunctions) {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> nd;
+  for (int64_t dim : {48, 512, 40})
+    for (int64_t heads : {1, 4, 7, 9})
+      for (int64_t n_keys : {1, 5, 13}) {
+        SCOPED_TRACE(std::to_string(dim) + " dims, " + std::to_string(heads) + " heads, " + std::to_string(n_keys) + " keys");
+        std::vector<float> q(size_t(heads * dim)), k(size_t(n_keys * dim)), p(size_t(heads * n_keys));
+        for (auto* v : {&q, &k, &p})
+          for (auto& x : *v) x = nd(rng);
+        std::vector<const float*> keys;
+        for (int64_t j = 0; j < n_keys; ++j) keys.push_back(k.data() + j * dim);
+        std::vector<float> scores(size_t(heads * n_keys)), expected(scores.size());
+        dot_fixed_rows(q.data(), heads, keys.data(), n_keys, dim, scores.data());
+        for (int64_t h = 0; h < heads; ++h)
+          for (int64_t j = 0; j < n_keys; ++j) expected[size_t(h * n_keys + j)] = dot_fixed(q.data() + h * dim, keys[size_t(j)], dim);
+        EXPECT_EQ(0, std::memcmp(scores.data(), expected.data(), scores.size() * 4));
+        std::vector<float> out(size_t(heads * dim), 0.5f), want = out;
+        add_scaled_rows(out.data(), heads, p.data(), keys.data(), n_keys, dim);
+        for (int64_t h = 0; h < heads; ++h)
+          for (int64_t j = 0; j < n_keys; ++j) add_scaled(want.data() + h * dim, p[size_t(h * n_keys + j)], keys[size_t(j)], dim);
+        EXPECT_EQ(0, std::memcmp(out.data(), want.data(), out.size() * 4));
+      }
+}
+
 TEST(Ops, HadamardMatchesSylvesterMatrix) {
   const int n = 128;
   std::vector<float> x(n);

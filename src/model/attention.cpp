@@ -147,9 +147,12 @@ void attention_forward(const ModelConfig& c, const AttentionWeights& w, const Ro
   // and batching.
   std::vector<float> o(size_t(n * H * hd));
   const float scale = 1.0f / std::sqrt(float(hd));
+  // Work items: a token and a block of heads, which share the token's keys.
+  const int64_t head_block = std::min<int64_t>(H, 16), blocks = (H + head_block - 1) / head_block;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads_for(attention_work(rows, ratio, c)))
-  for (int64_t th = 0; th < n * H; ++th) {
-    const int64_t t = th / H, h = th % H, pos = position[size_t(t)];
+  for (int64_t item = 0; item < n * blocks; ++item) {
+    const int64_t t = item / blocks, h0 = item % blocks * head_block, heads = std::min(head_block, H - h0);
+    const int64_t pos = position[size_t(t)];
     const Segment& seg = *owner[size_t(t)];
     const LayerState& state = *seg.state;
     std::vector<const float*> keys;
@@ -164,23 +167,25 @@ void attention_forward(const ModelConfig& c, const AttentionWeights& w, const Ro
     for (int64_t p = std::max<int64_t>(0, pos - win + 1); p <= pos; ++p)
       keys.push_back(p >= seg.start ? kv.data() + (seg.row0 + p - seg.start) * hd
                                     : state.window.data() + (p % win) * hd);
+    const int64_t n_keys = int64_t(keys.size());
 
-    const float* qh = q.data() + th * hd;
-    std::vector<float> logits(keys.size());
-    float mx = w.sink[size_t(h)];
-    for (size_t j = 0; j < keys.size(); ++j) {
-      logits[j] = dot(qh, keys[j], hd) * scale;
-      mx = std::max(mx, logits[j]);
+    // Scores, then per head the softmax with the sink, as probabilities.
+    std::vector<float> probs(size_t(heads * n_keys));
+    dot_fixed_rows(q.data() + (t * H + h0) * hd, heads, keys.data(), n_keys, hd, probs.data());
+    for (int64_t h = 0; h < heads; ++h) {
+      float* logits = probs.data() + h * n_keys;
+      const float sink = w.sink[size_t(h0 + h)];
+      float mx = sink;
+      for (int64_t j = 0; j < n_keys; ++j) mx = std::max(mx, logits[j] *= scale);
+      float denom = 0.0f;
+      for (int64_t j = 0; j < n_keys; ++j) denom += (logits[j] = std::exp(logits[j] - mx));
+      denom += std::exp(sink - mx);
+      for (int64_t j = 0; j < n_keys; ++j) logits[j] /= denom;
     }
-    float denom = 0.0f;
-    for (size_t j = 0; j < keys.size(); ++j) denom += (logits[j] = std::exp(logits[j] - mx));
-    denom += std::exp(w.sink[size_t(h)] - mx);
-    float* oh = o.data() + th * hd;
-    std::fill(oh, oh + hd, 0.0f);
-    for (size_t j = 0; j < keys.size(); ++j) {
-      add_scaled(oh, logits[j] / denom, keys[j], hd);
-    }
-    rope.apply(oh + nope, pos, /*inverse=*/true);
+    float* oh = o.data() + (t * H + h0) * hd;
+    std::fill(oh, oh + heads * hd, 0.0f);
+    add_scaled_rows(oh, heads, probs.data(), keys.data(), n_keys, hd);
+    for (int64_t h = 0; h < heads; ++h) rope.apply(oh + h * hd + nope, pos, /*inverse=*/true);
   }
 
   // The ring keeps the last `win` window rows of each sequence.

@@ -1,5 +1,7 @@
 #include "model/ops.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -33,6 +35,100 @@ void rms_norm(float* x, const float* w, int64_t n, float eps) {
 
 DSV4_VECTOR_CLONES void add_scaled(float* y, float a, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+// ---- attention over many heads: the same bits as dot_fixed / add_scaled
+// per pair, with register blocks that load each key once for several heads.
+
+#define DSV4_AVX512_OPS __attribute__((target("avx512f,avx512dq")))
+
+namespace {
+
+bool have_avx512() {
+  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+  return yes;
+}
+
+// dot_fixed's fold of its 16 lanes (l += l + 8, then + 4, + 2, + 1).
+DSV4_AVX512_OPS inline float fold_fixed(__m512 v) {
+  const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+
+// Four heads against four keys: 16 accumulators, each lane summing
+// q[i] * k[i] (multiply, then add) for i = l mod 16 in increasing i.
+DSV4_AVX512_OPS void dot_fixed_4x4(const float* q, int64_t q_stride, const float* const* keys, int64_t dim,
+                                   float* scores, int64_t score_stride) {
+  __m512 acc[4][4];
+  for (auto& r : acc)
+    for (auto& a : r) a = _mm512_setzero_ps();
+  for (int64_t i = 0; i < dim; i += 16) {
+    __m512 k[4];
+    for (int j = 0; j < 4; ++j) k[j] = _mm512_loadu_ps(keys[j] + i);
+    for (int h = 0; h < 4; ++h) {
+      const __m512 qv = _mm512_loadu_ps(q + h * q_stride + i);
+      for (int j = 0; j < 4; ++j) acc[h][j] = _mm512_add_ps(acc[h][j], _mm512_mul_ps(qv, k[j]));
+    }
+  }
+  for (int h = 0; h < 4; ++h)
+    for (int j = 0; j < 4; ++j) scores[h * score_stride + j] = fold_fixed(acc[h][j]);
+}
+
+// out[h][d] += p[h][j] * key_j[d] for j in order, HB heads, 16 dims at d.
+template <int HB>
+DSV4_AVX512_OPS void add_scaled_block(float* out, int64_t out_stride, const float* p, int64_t p_stride,
+                                      const float* const* keys, int64_t n_keys, int64_t d) {
+  __m512 acc[HB];
+  for (int h = 0; h < HB; ++h) acc[h] = _mm512_loadu_ps(out + h * out_stride + d);
+  for (int64_t j = 0; j < n_keys; ++j) {
+    const __m512 k = _mm512_loadu_ps(keys[j] + d);
+    for (int h = 0; h < HB; ++h)
+      acc[h] = _mm512_add_ps(acc[h], _mm512_mul_ps(_mm512_set1_ps(p[h * p_stride + j]), k));
+  }
+  for (int h = 0; h < HB; ++h) _mm512_storeu_ps(out + h * out_stride + d, acc[h]);
+}
+
+}  // namespace
+
+void dot_fixed_rows(const float* q, int64_t heads, const float* const* keys, int64_t n_keys, int64_t dim,
+                    float* scores) {
+  int64_t h0 = 0, j0 = 0;
+  if (have_avx512() && dim % 16 == 0) {
+    for (; h0 + 4 <= heads; h0 += 4)
+      for (int64_t j = 0; j + 4 <= n_keys; j += 4)
+        dot_fixed_4x4(q + h0 * dim, dim, keys + j, dim, scores + h0 * n_keys + j, n_keys);
+    j0 = n_keys / 4 * 4;
+  }
+  // What the blocks left: the last keys of the blocked heads, then the
+  // remaining heads.
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t j = h < h0 ? j0 : 0; j < n_keys; ++j) scores[h * n_keys + j] = dot_fixed(q + h * dim, keys[j], dim);
+}
+
+void add_scaled_rows(float* out, int64_t heads, const float* p, const float* const* keys, int64_t n_keys,
+                     int64_t dim) {
+  if (!have_avx512() || dim % 16) {
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t j = 0; j < n_keys; ++j) add_scaled(out + h * dim, p[h * n_keys + j], keys[j], dim);
+    return;
+  }
+  for (int64_t h0 = 0; h0 < heads; h0 += 8)
+    for (int64_t d = 0; d < dim; d += 16) {
+      float* o = out + h0 * dim;
+      const float* ph = p + h0 * n_keys;
+      switch (std::min<int64_t>(8, heads - h0)) {
+        case 8: add_scaled_block<8>(o, dim, ph, n_keys, keys, n_keys, d); break;
+        case 7: add_scaled_block<7>(o, dim, ph, n_keys, keys, n_keys, d); break;
+        case 6: add_scaled_block<6>(o, dim, ph, n_keys, keys, n_keys, d); break;
+        case 5: add_scaled_block<5>(o, dim, ph, n_keys, keys, n_keys, d); break;
+        case 4: add_scaled_block<4>(o, dim, ph, n_keys, keys, n_keys, d); break;
+        case 3: add_scaled_block<3>(o, dim, ph, n_keys, keys, n_keys, d); break;
+        case 2: add_scaled_block<2>(o, dim, ph, n_keys, keys, n_keys, d); break;
+        default: add_scaled_block<1>(o, dim, ph, n_keys, keys, n_keys, d); break;
+      }
+    }
 }
 
 void hadamard_transform(float* x, int64_t n) {

@@ -15,6 +15,14 @@ float dot_fixed(const float* a, const float* b, int64_t n);
 inline float sum_of_squares(const float* x, int64_t n) { return dot_fixed(x, x, n); }
 // y += a * x, element by element (a multiply, then an add).
 void add_scaled(float* y, float a, const float* x, int64_t n);
+// Attention over the keys of one token for several heads at once, with the
+// bits of the per-pair functions: scores[h * n_keys + j] = dot_fixed(q + h *
+// dim, keys[j], dim); out + h * dim gets add_scaled(p[h * n_keys + j],
+// keys[j]) for j = 0, 1, ... in order.
+void dot_fixed_rows(const float* q, int64_t heads, const float* const* keys, int64_t n_keys, int64_t dim,
+                    float* scores);
+void add_scaled_rows(float* out, int64_t heads, const float* p, const float* const* keys, int64_t n_keys,
+                     int64_t dim);
 // x <- w * x / sqrt(mean(x^2) + eps); w may be null (unweighted norm).
 void rms_norm(float* x, const float* w, int64_t n, float eps);
 inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
