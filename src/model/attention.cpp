@@ -17,8 +17,6 @@ namespace dsv4 {
 
 namespace {
 
-inline float dot(const float* a, const float* b, int64_t n) { return dot_fixed(a, b, n); }
-
 // Which sequence and position each row of a batch belongs to.
 struct RowMap {
   std::vector<int64_t> position;
@@ -87,13 +85,14 @@ std::vector<std::vector<int32_t>> indexer_select(const ModelConfig& c, const Ind
   for (int64_t r = 0; r < n_rows; ++r) {
     const int64_t visible = (position[size_t(r)] + 1) / 4;
     const float* keys = owner[size_t(r)]->state->index_keys.data();
-    std::vector<float> scores(static_cast<size_t>(visible));
+    std::vector<const float*> rows_of_keys(static_cast<size_t>(visible));
+    for (int64_t i = 0; i < visible; ++i) rows_of_keys[size_t(i)] = keys + i * hd;
+    std::vector<float> dots(size_t(heads * visible)), scores(static_cast<size_t>(visible));
+    dot_fixed_rows(q.data() + r * heads * hd, heads, rows_of_keys.data(), visible, hd, dots.data());
     for (int64_t i = 0; i < visible; ++i) {
       float s = 0.0f;
-      for (int64_t h = 0; h < heads; ++h) {
-        float d = dot(q.data() + (r * heads + h) * hd, keys + i * hd, hd);
-        s += std::max(d, 0.0f) * head_weights[size_t(r * heads + h)];
-      }
+      for (int64_t h = 0; h < heads; ++h)
+        s += std::max(dots[size_t(h * visible + i)], 0.0f) * head_weights[size_t(r * heads + h)];
       scores[size_t(i)] = s;
     }
     selected[size_t(r)] = top_k_indices(scores.data(), visible, c.index_topk);
