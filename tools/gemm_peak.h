@@ -1,7 +1,7 @@
 // The machine's compute roofline for `dsv4 bench`: the best matrix-product
 // throughput it reaches, measured in the same run with oneDNN (the reference
-// GEMM library for x86 CPUs), beside the double-precision FMA ceiling of
-// dsv4's exact kernels.
+// GEMM library for x86 CPUs), beside the fp32 FMA ceiling of the cores (dsv4's
+// kernels multiply-add in fp32 lanes).
 #pragma once
 #include <string>
 #include <vector>
@@ -15,8 +15,8 @@ struct GemmPeak {
 
 // oneDNN f32 and bf16 matmuls (empty when dsv4 was built without oneDNN).
 std::vector<GemmPeak> measure_onednn_gemm_peaks();
-// Independent double FMA chains on every thread: what a kernel that sums in
-// double can do at most.
-GemmPeak measure_fp64_fma_peak();
+// Independent fp32 FMA chains on every thread: what any fp32 kernel can do
+// at most.
+GemmPeak measure_fp32_fma_peak();
 
 }  // namespace dsv4::tools
