@@ -228,11 +228,11 @@ TEST_P(LinearFormats, BatchAndThreadsDoNotChangeBits) {
 
 // The SIMD paths follow the canonical reduction order exactly: same bits.
 // Tokens: register groups of 1-4 (below 8), packed groups of 6 and token
-// blocks of 96 (from 8). 70 rows leave remainders after row groups of 4 and
+// blocks of 192 (from 8). 70 rows leave remainders after row groups of 4 and
 // 16 and row blocks of 64; 2304 columns are two chunks and a partial one.
 TEST_P(LinearFormats, SimdPathsGiveScalarBits) {
   for (int64_t cols : {512, 2304})
-  for (int64_t n : {1, 2, 3, 4, 5, 7, 8, 10, 13, 100}) {
+  for (int64_t n : {1, 2, 3, 4, 5, 7, 8, 10, 13, 200}) {
   SCOPED_TRACE("tokens " + std::to_string(n) + ", columns " + std::to_string(cols));
   const int64_t rows = 70;
   RandomLinear w(GetParam(), rows, cols, 21);

@@ -480,14 +480,15 @@ DSV4_AVX512 void dot4_all_tokens_avx512(const Linear& w, int64_t row0, const flo
 // Batches, GEMM-style (n >= kPackedMinTokens). Tokens are packed once in
 // groups of kTokenGroup: for every 16 storage positions, the group's tokens'
 // 16 floats back to back. A task takes kRowBlock rows x kTokenBlock tokens
-// (the tokens' chunk, 384 KB, and the panel, 256 KB, share L2);
+// (the tokens' chunk, 768 KB, and the panel, 256 KB, share L2; a panel is
+// decoded once per 192 tokens);
 // for each chunk it decodes its rows into a panel (for every 16 positions,
 // four rows' 16 floats back to back) that stays in L2, and sweeps register
 // blocks of 4 rows x 6 tokens (24 accumulators) over it while the token
 // group's chunk stays in L1. Every (row, token) still runs the canonical lane
 // sequence and chunk folds, so the bits equal dot_avx512's.
 constexpr int kMicroRows = 4, kTokenGroup = 6;
-constexpr int64_t kRowBlock = 64, kTokenBlock = 96;
+constexpr int64_t kRowBlock = 64, kTokenBlock = 192;
 static_assert(kTokenBlock % kTokenGroup == 0 && kRowBlock % kMicroRows == 0, "blocks hold whole groups");
 
 // Element (t, i) of the token group of `group` tokens that starts at `first`.
