@@ -380,6 +380,7 @@ DSV4_AVX512 void dot4_tokens_fp8_avx512(const Linear& w, int64_t row0, const flo
     for (auto& t : r) t = _mm512_setzero_ps();
   const int64_t n = w.cols;
   const uint8_t* p = w.data + row0 * n;
+  const bool prefetch = row0 + kPrefetchRowsAhead + 4 <= w.rows;
   for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
     const int64_t c1 = std::min(n, c0 + kChunk);
     for (int64_t b = c0; b < c1; b += 128) {
@@ -396,7 +397,7 @@ DSV4_AVX512 void dot4_tokens_fp8_avx512(const Linear& w, int64_t row0, const flo
         __m512 sc[4];
         for (int r = 0; r < 4; ++r) sc[r] = _mm512_set1_ps(e8m0_to_float(sb[r]) * 256.0f);
         for (int64_t i = b; i < end; i += 16) {
-          if (i % 64 == 0)  // one cache line per row
+          if (prefetch && i % 64 == 0)  // one cache line per row
             for (int r = 0; r < 4; ++r)
               _mm_prefetch((const char*)(p + (r + kPrefetchRowsAhead) * n + i), _MM_HINT_T0);
           for (int r = 0; r < 4; ++r)
@@ -426,10 +427,11 @@ DSV4_AVX512 void dot4_tokens_fp4_avx512(const Linear& w, int64_t row0, const flo
   const uint8_t* p = w.data + row0 * (n / 2);
   const uint8_t* s = w.scale + row0 * w.scale_cols;
   const E2m1Tables& tables = e2m1_tables();
+  const bool prefetch = row0 + kPrefetchRowsAhead + 4 <= w.rows;
   for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
     const int64_t c1 = std::min(n, c0 + kChunk);
     for (int64_t b = c0; b < c1; b += 32) {
-      if (b % 128 == 0)  // one cache line per row
+      if (prefetch && b % 128 == 0)  // one cache line per row
         for (int r = 0; r < 4; ++r)
           _mm_prefetch((const char*)(p + (r + kPrefetchRowsAhead) * (n / 2) + b / 2), _MM_HINT_T0);
       for (int r = 0; r < 4; ++r) {
