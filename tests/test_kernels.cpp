@@ -208,7 +208,7 @@ TEST_P(LinearFormats, DotMatchesScalarReference) {
 }
 
 TEST_P(LinearFormats, BatchAndThreadsDoNotChangeBits) {
-  const int64_t rows = 200, cols = 256, n = 9;
+  const int64_t rows = 520, cols = 256, n = 9;
   static_assert(rows * cols * n >= kMinParallelWork, "the batched call must run on several threads");
   RandomLinear w(GetParam(), rows, cols, 5);
   w.lin.quantize_input = GetParam() == WeightFormat::FP8_BLOCK128 || GetParam() == WeightFormat::FP4_BLOCK32;
@@ -258,6 +258,36 @@ TEST_P(LinearFormats, SimdPathsGiveScalarBits) {
   }
 }
 
+// A slice of rows [6, 150) written with a stride (how the grouped output
+// projection calls it), over 200 rows: row groups and panels straddle the
+// FP8 128-row scale blocks.
+TEST_P(LinearFormats, RowSliceWithStrideGivesScalarBits) {
+  const int64_t rows = 200, cols = 256, row_begin = 6, row_end = 150, stride = 160;
+  RandomLinear w(GetParam(), rows, cols, 23);
+  for (int64_t n : {1, 3, 9}) {
+    SCOPED_TRACE("tokens " + std::to_string(n));
+    std::mt19937 rng(5);
+    std::normal_distribution<float> nd;
+    std::vector<float> x(size_t(n * cols));
+    for (auto& v : x) v = nd(rng);
+    KernelIsa saved = active_kernel_isa();
+    set_kernel_isa(KernelIsa::Scalar);
+    std::vector<float> scalar(size_t(n * stride), -1.0f);
+    linear_forward(w.lin, x.data(), n, scalar.data(), row_begin, row_end, stride);
+    for (KernelIsa isa : {KernelIsa::Avx2, KernelIsa::Avx512}) {
+      if (!kernel_isa_supported(isa)) continue;
+      set_kernel_isa(isa);
+      std::vector<float> simd(size_t(n * stride), -1.0f);
+      linear_forward(w.lin, x.data(), n, simd.data(), row_begin, row_end, stride);
+      EXPECT_EQ(0, std::memcmp(simd.data(), scalar.data(), simd.size() * 4)) << kernel_isa_name(isa);
+    }
+    set_kernel_isa(saved);
+    // Outside the slice nothing is written.
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t o = row_end - row_begin; o < stride; ++o) ASSERT_EQ(scalar[size_t(t * stride + o)], -1.0f);
+  }
+}
+
 TEST(Linear, Fp4WidthMustBeWholeScaleBlocks) {
   RandomLinear w(WeightFormat::FP4_BLOCK32, 4, 64, 1);
   w.lin.cols = 48;  // the scale blocks are 32 wide
@@ -286,7 +316,19 @@ TEST(Ops, AttentionRowsMatchPerPairFunctions) {
         std::vector<float> scores(size_t(heads * n_keys)), expected(scores.size());
         dot_fixed_rows(q.data(), heads, keys.data(), n_keys, dim, scores.data());
         for (int64_t h = 0; h < heads; ++h)
-          for (int64_t j = 0; j < n_keys; ++j) expected[size_t(h * n_keys + j)] = dot_fixed(q.data() + h * dim, keys[size_t(j)], dim);
+          for (int64_t j = 0; j < n_keys; ++j) {
+            expected[size_t(h * n_keys + j)] = dot_fixed(q.data() + h * dim, keys[size_t(j)], dim);
+            // dot_fixed's order written out here (compiled without the
+            // AVX-512/AVX2 clones): the clone this CPU runs gives its bits.
+            float lanes[16] = {};
+            int64_t i = 0;
+            for (; i + 16 <= dim; i += 16)
+              for (int l = 0; l < 16; ++l) lanes[l] += q[size_t(h * dim + i + l)] * keys[size_t(j)][i + l];
+            for (int l = 0; i < dim; ++i, ++l) lanes[l] += q[size_t(h * dim + i)] * keys[size_t(j)][i];
+            for (int width = 8; width >= 1; width /= 2)
+              for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
+            ASSERT_EQ(float_to_bits(lanes[0]), float_to_bits(expected[size_t(h * n_keys + j)]));
+          }
         EXPECT_EQ(0, std::memcmp(scores.data(), expected.data(), scores.size() * 4));
         std::vector<float> out(size_t(heads * dim), 0.5f), want = out;
         add_scaled_rows(out.data(), heads, p.data(), keys.data(), n_keys, dim);

@@ -65,6 +65,17 @@ TEST(Threads, CgroupV1CfsQuota) {
   EXPECT_TRUE(std::isinf(cgroup_cpu_limit(t.root.string(), self)));
 }
 
+// A path without a leading slash (seen in odd sandboxes) ends at the mount's
+// root instead of looping.
+TEST(Threads, RelativeCgroupPathEndsAtTheRoot) {
+  FakeCgroupTree t;
+  t.write("cpu.max", "300000 100000\n");
+  t.write("box/cpu.max", "100000 100000\n");
+  EXPECT_DOUBLE_EQ(1.0, cgroup_cpu_limit(t.root.string(), "0::box\n"));
+  EXPECT_DOUBLE_EQ(3.0, cgroup_cpu_limit(t.root.string(), "0::elsewhere\n"));
+  EXPECT_DOUBLE_EQ(3.0, cgroup_cpu_limit(t.root.string(), "0::\n"));
+}
+
 TEST(Threads, NoCgroupFilesMeansNoLimit) {
   FakeCgroupTree t;
   EXPECT_TRUE(std::isinf(cgroup_cpu_limit(t.root.string(), "0::/\n4:cpu:/\n")));

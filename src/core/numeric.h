@@ -46,7 +46,8 @@ inline float pow2_ceil(float s) {
 // of |v| is 2^(max(e, -6) - 3) for |v| in [2^e, 2^(e+1)); adding and then
 // subtracting 1.5 * 2^23 steps rounds to it in the current (nearest-even)
 // mode. Branch-free bit arithmetic, so that the loops over activations
-// vectorize (frexp/ldexp/nearbyint calls cost 8% of a prefill).
+// vectorize (frexp/ldexp/nearbyint calls cost 8% of a prefill). Callers
+// clamp to +-448 first; past 2^100 the magic constant would overflow.
 inline float round_to_e4m3(float v) {
   const uint32_t bits = float_to_bits(v), sign = bits & 0x80000000u, magnitude = bits ^ sign;
   const int32_t biased_exponent = int32_t(magnitude >> 23);

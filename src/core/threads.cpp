@@ -81,10 +81,15 @@ double cgroup_cpu_limit(const std::string& root, const std::string& proc_self_cg
     for (const std::string& mount : mounts) {
       std::string p = path;
       while (true) {
-        const std::string dir = p == "/" || p.empty() ? mount : mount + p;
+        const std::string dir = p == "/" || p.empty() ? mount : mount + (p[0] == '/' ? "" : "/") + p;
         limit = std::min(limit, v2 ? read_v2_limit(dir) : read_v1_limit(dir));
-        if (p.empty() || p == "/") break;
-        p = p.substr(0, p.find_last_of('/'));
+        const size_t slash = p.find_last_of('/');
+        if (slash == std::string::npos || slash == 0) {
+          if (p == "/") break;
+          p = "/";  // a relative or one-level path: the mount's root is next
+        } else {
+          p.resize(slash);
+        }
       }
     }
   }
@@ -98,8 +103,10 @@ int usable_cpu_count() {
     std::stringstream text;
     text << f.rdbuf();
     const double limit = cgroup_cpu_limit("/sys/fs/cgroup", text.str());
-    if (!std::isfinite(limit)) return cpus;
-    return std::clamp(int(std::ceil(limit - 1e-9)), 1, cpus);
+    if (!(limit < double(cpus))) return cpus;  // no quota, or one above the CPU count
+    // Rounded down: with 1.5 CPUs of quota a second spinning thread would
+    // only get the process throttled.
+    return std::max(1, int(std::floor(limit + 1e-9)));
   }();
   return count;
 }

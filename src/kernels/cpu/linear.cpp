@@ -68,8 +68,6 @@ inline void decode16(const Linear& w, int64_t row, int64_t i0, float* out) {
   }
 }
 
-// The canonical fold of the 16 lanes.
-
 // Storage positions [i0, i0+16) of a row (see linear.h: FP4 blocks of 32
 // columns are stored even elements first), decoded with the scale applied.
 inline void decode16_storage(const Linear& w, int64_t row, int64_t i0, float* out) {
@@ -242,6 +240,9 @@ DSV4_AVX512 inline __m512 e4m3_to_ps_via_half(__m128i bytes16, __m512 scale256) 
   h = _mm256_and_si256(h, _mm256_set1_epi16(int16_t(0xBFFF)));
   return _mm512_mul_ps(_mm512_cvtph_ps(h), scale256);
 }
+// The SIMD e4m3 decoders read the two NaN codes (0x7F, 0xFF) as +-480 where
+// the scalar table says NaN: checkpoints never hold them (a NaN weight), so
+// the bit-identity of the paths is only claimed for real e4m3 values.
 // Largest ue8m0 byte for which scale * 256 is still a finite float.
 constexpr uint8_t kMaxHalfPathScale = 127 + 119;
 
@@ -317,10 +318,6 @@ DSV4_AVX512 double dot_avx512(const Linear& w, int64_t row, const float* x) {
 // (8 KB) gain nothing from it.
 constexpr int64_t kPrefetchRowsAhead = 4;
 
-// Four consecutive rows against T <= 4 tokens, the weights decoded in
-// registers once for all T (decode and small batches: one pass over the
-// weights). Four rows keep at least four FMA chains in flight. Each
-// (row, token) sees exactly the sequence dot_avx512 gives it: same bits.
 template <int T>
 DSV4_AVX512 inline void fma16_tokens(__m512 v, const float* const* x, int64_t i, __m512* a) {
   for (int t = 0; t < T; ++t) a[t] = _mm512_fmadd_ps(v, _mm512_loadu_ps(x[t] + i), a[t]);
@@ -342,6 +339,10 @@ DSV4_AVX512 inline void store_rows4(const double (*sum)[T], double* out, int64_t
     for (int t = 0; t < T; ++t) out[t * out_stride + r] = sum[r][t];
 }
 
+// dot4_tokens_*: four consecutive rows against T <= 4 tokens, the weights
+// decoded in registers once for all T (decode and small batches: one pass
+// over the weights). Four rows keep at least four FMA chains in flight. Each
+// (row, token) sees exactly the sequence dot_avx512 gives it: same bits.
 // One function per format: with the accumulators local to a small loop nest
 // the compiler keeps all of them in registers.
 template <int T>
@@ -606,7 +607,13 @@ void prefetch_weights(const Linear& w, int64_t row0, int64_t row1, int64_t c0, i
 DSV4_AVX512 void packed_gemm_avx512(const Linear& w, int64_t row_begin, int64_t out, const float* xp, int64_t n,
                                     float* y, int64_t y_stride, int threads) {
   const int64_t cols = w.cols;
-  const int64_t row_blocks = (out + kRowBlock - 1) / kRowBlock, token_blocks = (n + kTokenBlock - 1) / kTokenBlock;
+  const int64_t token_blocks = (n + kTokenBlock - 1) / kTokenBlock;
+  // Fewer tasks than threads (a small matrix, few tokens): smaller row
+  // blocks, so that every thread gets rows. The blocking never changes bits.
+  int64_t row_block = kRowBlock;
+  if (((out + kRowBlock - 1) / kRowBlock) * token_blocks < threads)
+    row_block = std::clamp<int64_t>((out + threads - 1) / threads, kMicroRows, kRowBlock) / kMicroRows * kMicroRows;
+  const int64_t row_blocks = (out + row_block - 1) / row_block;
 #pragma omp parallel num_threads(threads)
   {
     AlignedVector<float> panel(size_t(kRowBlock * kChunk));
@@ -615,8 +622,8 @@ DSV4_AVX512 void packed_gemm_avx512(const Linear& w, int64_t row_begin, int64_t 
     // the weights.
 #pragma omp for schedule(static)
     for (int64_t task = 0; task < row_blocks * token_blocks; ++task) {
-      const int64_t t0 = task / row_blocks * kTokenBlock, r0 = task % row_blocks * kRowBlock;
-      const int64_t nt = std::min(kTokenBlock, n - t0), nr = std::min(kRowBlock, out - r0);
+      const int64_t t0 = task / row_blocks * kTokenBlock, r0 = task % row_blocks * row_block;
+      const int64_t nt = std::min(kTokenBlock, n - t0), nr = std::min(row_block, out - r0);
       std::fill(sums.begin(), sums.end(), 0.0);
       for (int64_t c0 = 0; c0 < cols; c0 += kChunk) {
         const int64_t c1 = std::min(cols, c0 + kChunk), steps = (c1 - c0) / 16;
@@ -624,8 +631,8 @@ DSV4_AVX512 void packed_gemm_avx512(const Linear& w, int64_t row_begin, int64_t 
         // next row block (the thread's next task under the static schedule).
         int64_t next_r0 = r0, next_nr = nr, next_c0 = c1;
         if (c1 == cols) {
-          next_r0 = (task + 1) % row_blocks * kRowBlock;
-          next_nr = std::min(kRowBlock, out - next_r0);
+          next_r0 = (task + 1) % row_blocks * row_block;
+          next_nr = std::min(row_block, out - next_r0);
           next_c0 = 0;
         }
         const int64_t next_c1 = std::min(cols, next_c0 + kChunk);
@@ -742,7 +749,8 @@ void linear_forward(const Linear& w, const float* x, int64_t n, float* y, int64_
   // Inputs in storage order (rounded through FP8 if asked: the round trip
   // works on 128-column blocks, which the FP4 storage order only permutes
   // within), packed for the GEMM when there are enough tokens.
-  const bool packed = n >= kPackedMinTokens && g_isa == KernelIsa::Avx512;
+  const KernelIsa isa = g_isa;  // one choice per call (tests switch it between calls)
+  const bool packed = n >= kPackedMinTokens && isa == KernelIsa::Avx512;
   AlignedVector<float> xs(size_t(n * cols));
 #pragma omp parallel num_threads(threads_for(n * cols * 16))
   {
@@ -760,14 +768,14 @@ void linear_forward(const Linear& w, const float* x, int64_t n, float* y, int64_
     packed_gemm_avx512(w, row_begin, out, xs.data(), n, y, y_stride, threads);
     return;
   }
-  const DotFn dot = dot_for(g_isa);
+  const DotFn dot = dot_for(isa);
   const int64_t tile = 16;
   const int64_t n_tiles = (out + tile - 1) / tile;
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t k = 0; k < n_tiles; ++k) {
     int64_t o0 = k * tile, o1 = std::min(out, o0 + tile);
     int64_t o = o0;
-    if (g_isa == KernelIsa::Avx512)
+    if (isa == KernelIsa::Avx512)
       for (; o + 4 <= o1; o += 4) {
         double r[4 * kPackedMinTokens];
         dot4_all_tokens_avx512(w, row_begin + o, xs.data(), n, r, 4);

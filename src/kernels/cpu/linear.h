@@ -16,13 +16,14 @@
 // Why fp32 lanes: the official kernels accumulate in fp32 too, and the golden
 // data (stabilised so that a float64 evaluation agrees) are matched as
 // closely as with the previous exact-products-in-double order (tiny-flash-fp8
-// median 1.7e-6, p99 5.0e-6, max 1.6e-5; see tests/test_model_golden.cpp),
+// median 1.7e-6, p99 5.0e-6, max 1.6e-5, as printed by
+// tests/test_model_golden.cpp),
 // at half the register width per lane and without any fp32->fp64
 // conversions, which is what bound the kernels. The chunks let a batched
 // GEMM keep 16-lane accumulators in registers only per chunk. An fp32 engine
 // can still, rarely, round a downstream FP8 activation the other way than the
-// float64 reference (golden/README.md section 5); the golden tolerances leave
-// room for that.
+// float64 reference (section 5 of the notes that came with the golden data);
+// the golden tolerances leave room for that.
 #pragma once
 #include <cstdint>
 #include <string>
