@@ -229,7 +229,8 @@ int run_bench(const BenchArgs& a) {
     // FMAs as in reading their bytes.
     const double step_bytes = decode_step_bytes(c, cost, batch);
     const double memory_seconds = step_bytes / bandwidth;
-    const double compute_seconds = 2.0 * decode_step_macs(c, cost, batch, 16 + a.decode / 2) / peak.flops;
+    const double step_flops = 2.0 * decode_step_macs(c, cost, batch, 16 + a.decode / 2);
+    const double compute_seconds = step_flops / peak.flops;
     const double roof = double(batch) / std::max(memory_seconds, compute_seconds);
     decode_bars.bars.push_back({num("batch %.0f", double(batch)),
                                 num("%.2f tokens/s", rate) + num(" (roofline %.1f)", roof), rate, roof});
@@ -242,7 +243,7 @@ int run_bench(const BenchArgs& a) {
       std::printf("  %.2fx batch 1; roofline %.1f tokens/s (%.2f GB per step: %.0f ms at the bandwidth; "
                   "%.1f GFLOP: %.0f ms at the peak GEMM)",
                   rate / single_rate, roof, step_bytes / 1e9, 1e3 * memory_seconds,
-                  2.0 * decode_step_macs(c, cost, batch, 16 + a.decode / 2) / 1e9, 1e3 * compute_seconds);
+                  step_flops / 1e9, 1e3 * compute_seconds);
     std::printf("\n");
     if (csv) {
       csv << "decode," << batch << "," << batch * a.decode << "," << dt << "," << rate << ",";

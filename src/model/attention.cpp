@@ -12,6 +12,7 @@
 #include "core/threads.h"
 #include "kernels/cpu/linear.h"
 #include "model/layers.h"
+#include "model/model.h"
 
 namespace dsv4 {
 
@@ -39,16 +40,11 @@ int64_t indexer_scoring_work(const RowMap& rows, int64_t head_widths) {
   return visible * head_widths;
 }
 
-// Multiply-adds of sink attention: scores and the weighted sum, per head,
-// over the window and the compressed rows each row attends to.
+// Multiply-adds of the rows' attention (the count `dsv4 bench` uses).
 int64_t attention_work(const RowMap& rows, int64_t ratio, const ModelConfig& c) {
-  int64_t keys = 0;
-  for (int64_t p : rows.position) {
-    int64_t compressed = ratio > 0 ? (p + 1) / ratio : 0;
-    if (ratio == 4) compressed = std::min(compressed, c.index_topk);
-    keys += std::min(p + 1, c.window) + compressed;
-  }
-  return keys * 2 * c.n_heads * c.head_dim;
+  int64_t macs = 0;
+  for (int64_t p : rows.position) macs += Model::attention_macs(c, ratio, p);
+  return macs;
 }
 
 // Lightning indexer: for every row, the compressed rows its query attends
