@@ -343,18 +343,30 @@ DSV4_AVX512 inline void store_rows4(const double (*sum)[T], double* out, int64_t
 // decoded in registers once for all T (decode and small batches: one pass
 // over the weights). Four rows keep at least four FMA chains in flight. Each
 // (row, token) sees exactly the sequence dot_avx512 gives it: same bits.
-// One function per format: with the accumulators local to a small loop nest
-// the compiler keeps all of them in registers.
-template <int T>
-DSV4_AVX512 void dot4_tokens_float_avx512(const Linear& w, int64_t row0, const float* const* x, double* out,
-                                          int64_t out_stride) {
+//
+// The part every format shares: accumulators, chunks, folds and the stores.
+// `add_chunk(c0, c1, a)` adds the products of columns [c0, c1) to a[row][t];
+// one lambda per format, inlined into this small loop nest, so that the
+// compiler keeps the accumulators in registers (one function with a switch
+// over formats spilled them at every scale block).
+template <int T, class AddChunk>
+DSV4_AVX512 inline void dot4_tokens_chunks(int64_t cols, double* out, int64_t out_stride, AddChunk add_chunk) {
   __m512 a[4][T];
   double sum[4][T] = {};
   for (auto& r : a)
     for (auto& t : r) t = _mm512_setzero_ps();
+  for (int64_t c0 = 0; c0 < cols; c0 += kChunk) {
+    add_chunk(c0, std::min(cols, c0 + kChunk), a);
+    fold_chunk<4, T>(a, sum);
+  }
+  store_rows4<T>(sum, out, out_stride);
+}
+
+template <int T>
+DSV4_AVX512 void dot4_tokens_float_avx512(const Linear& w, int64_t row0, const float* const* x, double* out,
+                                          int64_t out_stride) {
   const int64_t n = w.cols;
-  for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
-    const int64_t c1 = std::min(n, c0 + kChunk);
+  dot4_tokens_chunks<T>(n, out, out_stride, [&](int64_t c0, int64_t c1, __m512 (*a)[T]) DSV4_AVX512 {
     if (w.format == WeightFormat::F32) {
       const float* p = reinterpret_cast<const float*>(w.data) + row0 * n;
       for (int64_t i = c0; i < c1; i += 16)
@@ -367,23 +379,16 @@ DSV4_AVX512 void dot4_tokens_float_avx512(const Linear& w, int64_t row0, const f
                               _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(p + r * n + i))), 16)),
                           x, i, a[r]);
     }
-    fold_chunk<4, T>(a, sum);
-  }
-  store_rows4<T>(sum, out, out_stride);
+  });
 }
 
 template <int T>
 DSV4_AVX512 void dot4_tokens_fp8_avx512(const Linear& w, int64_t row0, const float* const* x, double* out,
                                         int64_t out_stride) {
-  __m512 a[4][T];
-  double sum[4][T] = {};
-  for (auto& r : a)
-    for (auto& t : r) t = _mm512_setzero_ps();
   const int64_t n = w.cols;
   const uint8_t* p = w.data + row0 * n;
   const bool prefetch = row0 + kPrefetchRowsAhead + 4 <= w.rows;
-  for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
-    const int64_t c1 = std::min(n, c0 + kChunk);
+  dot4_tokens_chunks<T>(n, out, out_stride, [&](int64_t c0, int64_t c1, __m512 (*a)[T]) DSV4_AVX512 {
     for (int64_t b = c0; b < c1; b += 128) {
       const int64_t end = std::min(c1, b + 128);
       // The four rows share their scale row unless they straddle a 128-row
@@ -412,25 +417,18 @@ DSV4_AVX512 void dot4_tokens_fp8_avx512(const Linear& w, int64_t row0, const flo
                             x, i, a[r]);
       }
     }
-    fold_chunk<4, T>(a, sum);
-  }
-  store_rows4<T>(sum, out, out_stride);
+  });
 }
 
 template <int T>
 DSV4_AVX512 void dot4_tokens_fp4_avx512(const Linear& w, int64_t row0, const float* const* x, double* out,
                                         int64_t out_stride) {
-  __m512 a[4][T];
-  double sum[4][T] = {};
-  for (auto& r : a)
-    for (auto& t : r) t = _mm512_setzero_ps();
   const int64_t n = w.cols;
   const uint8_t* p = w.data + row0 * (n / 2);
   const uint8_t* s = w.scale + row0 * w.scale_cols;
   const E2m1Tables& tables = e2m1_tables();
   const bool prefetch = row0 + kPrefetchRowsAhead + 4 <= w.rows;
-  for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
-    const int64_t c1 = std::min(n, c0 + kChunk);
+  dot4_tokens_chunks<T>(n, out, out_stride, [&](int64_t c0, int64_t c1, __m512 (*a)[T]) DSV4_AVX512 {
     for (int64_t b = c0; b < c1; b += 32) {
       if (prefetch && b % 128 == 0)  // one cache line per row
         for (int r = 0; r < 4; ++r)
@@ -442,9 +440,7 @@ DSV4_AVX512 void dot4_tokens_fp4_avx512(const Linear& w, int64_t row0, const flo
         fma16_tokens<T>(odd, x, b + 16, a[r]);
       }
     }
-    fold_chunk<4, T>(a, sum);
-  }
-  store_rows4<T>(sum, out, out_stride);
+  });
 }
 
 template <int T>
