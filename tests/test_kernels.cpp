@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <vector>
 
@@ -226,36 +227,49 @@ TEST_P(LinearFormats, BatchAndThreadsDoNotChangeBits) {
   EXPECT_EQ(0, std::memcmp(batched.data(), single.data(), batched.size() * 4));
 }
 
-// The SIMD paths follow the canonical reduction order exactly: same bits.
-// Tokens: register groups of 1-4 (below 8), packed groups of 6 and token
-// blocks of 192 (from 8). 70 rows leave remainders after row groups of 4 and
-// 16 and row blocks of 64; 2304 columns are two chunks and a partial one.
-TEST_P(LinearFormats, SimdPathsGiveScalarBits) {
-  for (int64_t cols : {512, 2304})
-  for (int64_t n : {1, 2, 3, 4, 5, 7, 8, 10, 13, 200}) {
-  SCOPED_TRACE("tokens " + std::to_string(n) + ", columns " + std::to_string(cols));
-  const int64_t rows = 70;
-  RandomLinear w(GetParam(), rows, cols, 21);
-  std::mt19937 rng(4);
-  std::normal_distribution<float> nd;
-  std::vector<float> x(size_t(n * cols));
-  for (auto& v : x) v = nd(rng);
-  KernelIsa saved = active_kernel_isa();
+// Runs `product` (which fills an output of `size` floats, first set to -1)
+// with the scalar kernels and with every SIMD path this CPU has; all must
+// give the same bits. Returns the scalar output.
+std::vector<float> expect_simd_gives_scalar_bits(size_t size, const std::function<void(float*)>& product) {
+  const KernelIsa saved = active_kernel_isa();
   set_kernel_isa(KernelIsa::Scalar);
-  std::vector<float> scalar(size_t(n * rows));
-  linear_forward(w.lin, x.data(), n, scalar.data());
+  std::vector<float> scalar(size, -1.0f);
+  product(scalar.data());
   for (KernelIsa isa : {KernelIsa::Avx2, KernelIsa::Avx512}) {
     if (!kernel_isa_supported(isa)) {
       std::printf("skipping %s: not supported by this CPU\n", kernel_isa_name(isa));
       continue;
     }
     set_kernel_isa(isa);
-    std::vector<float> simd(size_t(n * rows));
-    linear_forward(w.lin, x.data(), n, simd.data());
-    EXPECT_EQ(0, std::memcmp(simd.data(), scalar.data(), simd.size() * 4)) << kernel_isa_name(isa);
+    std::vector<float> simd(size, -1.0f);
+    product(simd.data());
+    EXPECT_EQ(0, std::memcmp(simd.data(), scalar.data(), size * 4)) << kernel_isa_name(isa);
   }
   set_kernel_isa(saved);
-  }
+  return scalar;
+}
+
+std::vector<float> normal_floats(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd;
+  std::vector<float> x(n);
+  for (auto& v : x) v = nd(rng);
+  return x;
+}
+
+// The SIMD paths follow the canonical reduction order exactly: same bits.
+// Tokens: register groups of 1-4 (below 8), packed groups of 6 and token
+// blocks of 192 (from 8). 70 rows leave remainders after row groups of 4 and
+// 16 and row blocks of 64; 2304 columns are two chunks and a partial one.
+TEST_P(LinearFormats, SimdPathsGiveScalarBits) {
+  for (int64_t cols : {512, 2304})
+    for (int64_t n : {1, 2, 3, 4, 5, 7, 8, 10, 13, 200}) {
+      SCOPED_TRACE("tokens " + std::to_string(n) + ", columns " + std::to_string(cols));
+      const int64_t rows = 70;
+      RandomLinear w(GetParam(), rows, cols, 21);
+      const std::vector<float> x = normal_floats(size_t(n * cols), 4);
+      expect_simd_gives_scalar_bits(size_t(n * rows), [&](float* y) { linear_forward(w.lin, x.data(), n, y); });
+    }
 }
 
 // A slice of rows [6, 150) written with a stride (how the grouped output
@@ -266,22 +280,9 @@ TEST_P(LinearFormats, RowSliceWithStrideGivesScalarBits) {
   RandomLinear w(GetParam(), rows, cols, 23);
   for (int64_t n : {1, 3, 9}) {
     SCOPED_TRACE("tokens " + std::to_string(n));
-    std::mt19937 rng(5);
-    std::normal_distribution<float> nd;
-    std::vector<float> x(size_t(n * cols));
-    for (auto& v : x) v = nd(rng);
-    KernelIsa saved = active_kernel_isa();
-    set_kernel_isa(KernelIsa::Scalar);
-    std::vector<float> scalar(size_t(n * stride), -1.0f);
-    linear_forward(w.lin, x.data(), n, scalar.data(), row_begin, row_end, stride);
-    for (KernelIsa isa : {KernelIsa::Avx2, KernelIsa::Avx512}) {
-      if (!kernel_isa_supported(isa)) continue;
-      set_kernel_isa(isa);
-      std::vector<float> simd(size_t(n * stride), -1.0f);
-      linear_forward(w.lin, x.data(), n, simd.data(), row_begin, row_end, stride);
-      EXPECT_EQ(0, std::memcmp(simd.data(), scalar.data(), simd.size() * 4)) << kernel_isa_name(isa);
-    }
-    set_kernel_isa(saved);
+    const std::vector<float> x = normal_floats(size_t(n * cols), 5);
+    const std::vector<float> scalar = expect_simd_gives_scalar_bits(
+        size_t(n * stride), [&](float* y) { linear_forward(w.lin, x.data(), n, y, row_begin, row_end, stride); });
     // Outside the slice nothing is written.
     for (int64_t t = 0; t < n; ++t)
       for (int64_t o = row_end - row_begin; o < stride; ++o) ASSERT_EQ(scalar[size_t(t * stride + o)], -1.0f);
