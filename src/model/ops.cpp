@@ -6,6 +6,8 @@
 #include <cmath>
 #include <numeric>
 
+#include "kernels/cpu/linear.h"
+
 namespace dsv4 {
 
 // Compiled for AVX-512, AVX2 and baseline x86-64, picked at load time; with
@@ -44,8 +46,9 @@ DSV4_VECTOR_CLONES void add_scaled(float* y, float a, const float* x, int64_t n)
 
 namespace {
 
+// The CPU check of the matrix kernels (AVX-512 F/BW/VL/DQ), made once.
 bool have_avx512() {
-  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+  static const bool yes = kernel_isa_supported(KernelIsa::Avx512);
   return yes;
 }
 
