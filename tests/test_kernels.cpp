@@ -258,9 +258,9 @@ std::vector<float> normal_floats(size_t n, uint32_t seed) {
 }
 
 // The SIMD paths follow the canonical reduction order exactly: same bits.
-// Tokens: register groups of 1-4 (below 8), packed groups of 6 and token
-// blocks of 192 (from 8). 70 rows leave remainders after row groups of 4 and
-// 16 and row blocks of 64; 2304 columns are two chunks and a partial one.
+// Tokens: register groups of 1-4 (below 8), packed groups of 6 (from 8).
+// 70 rows leave remainders after row groups of 4 and 16 and row blocks of
+// 64; 2304 columns are two chunks and a partial one.
 TEST_P(LinearFormats, SimdPathsGiveScalarBits) {
   for (int64_t cols : {512, 2304})
     for (int64_t n : {1, 2, 3, 4, 5, 7, 8, 10, 13, 200}) {
@@ -270,6 +270,15 @@ TEST_P(LinearFormats, SimdPathsGiveScalarBits) {
       const std::vector<float> x = normal_floats(size_t(n * cols), 4);
       expect_simd_gives_scalar_bits(size_t(n * rows), [&](float* y) { linear_forward(w.lin, x.data(), n, y); });
     }
+}
+
+// More tokens than one packed task takes (4092): the second token block
+// and its partial token group.
+TEST_P(LinearFormats, TokensBeyondOneTaskGiveScalarBits) {
+  const int64_t rows = 12, cols = 128, n = 4100;
+  RandomLinear w(GetParam(), rows, cols, 22);
+  const std::vector<float> x = normal_floats(size_t(n * cols), 6);
+  expect_simd_gives_scalar_bits(size_t(n * rows), [&](float* y) { linear_forward(w.lin, x.data(), n, y); });
 }
 
 // A slice of rows [6, 150) written with a stride (how the grouped output

@@ -25,11 +25,22 @@ const float kInv448 = 1.0f / 448.0f;
 const float kInv6 = 1.0f / 6.0f;
 }  // namespace
 
-void fp8_round_trip(float* x, int64_t n, int64_t block) {
+// Runs on every matrix product's input (3-4% of a prefill when scalar).
+// The clones let the compiler vectorize both loops; the maximum is kept in
+// 16 lanes so that it needs no reassociation, and every step is exact, so
+// all clones give the same bits.
+__attribute__((target_clones("avx512f", "avx2", "default"))) void fp8_round_trip(float* x, int64_t n,
+                                                                                   int64_t block) {
   for (int64_t b0 = 0; b0 < n; b0 += block) {
     int64_t b1 = std::min(n, b0 + block);
-    float amax = 1e-4f;
-    for (int64_t i = b0; i < b1; ++i) amax = std::max(amax, std::fabs(x[i]));
+    float lanes[16];
+    std::fill_n(lanes, 16, 1e-4f);
+    int64_t i = b0;
+    for (; i + 16 <= b1; i += 16)
+      for (int j = 0; j < 16; ++j) lanes[j] = std::max(lanes[j], std::fabs(x[i + j]));
+    for (; i < b1; ++i) lanes[0] = std::max(lanes[0], std::fabs(x[i]));
+    float amax = lanes[0];
+    for (int j = 1; j < 16; ++j) amax = std::max(amax, lanes[j]);
     const float scale = pow2_ceil(amax * kInv448);
     const float inverse = 1.0f / scale;  // exact: scale is a power of two, so x * inverse == x / scale
     for (int64_t i = b0; i < b1; ++i) {

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/machine.h"
+#include "core/scratch.h"
 #include "core/threads.h"
 
 namespace dsv4 {
@@ -248,7 +249,10 @@ void Engine::loop() {
     running_count_ = int64_t(running.size());
     // Idle again: hand freed sequence memory back to the OS, so a server's
     // footprint returns to its baseline after a burst.
-    if (running.empty() && waiting_.empty()) malloc_trim(0);
+    if (running.empty() && waiting_.empty()) {
+      release_thread_scratch();  // the kernels' buffers of this (the model's) thread
+      malloc_trim(0);
+    }
   }
   for (auto& s : running) finish(*s, FinishReason::Abort, "server shutting down");
   std::lock_guard<std::mutex> lock(mutex_);
