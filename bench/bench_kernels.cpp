@@ -108,6 +108,8 @@ void linear_args(benchmark::internal::Benchmark* b) {
   // Prefill-sized batches: the packed GEMM's throughput.
   for (int f : {int(WeightFormat::FP8_BLOCK128), int(WeightFormat::FP4_BLOCK32)})
     b->Args({f, int(KernelIsa::Avx512), 1024, 0});
+  // A routed expert in a prefill: ~100 tokens, FP4 weights from DRAM.
+  b->Args({int(WeightFormat::FP4_BLOCK32), int(KernelIsa::Avx512), 96, 256});
 }
 BENCHMARK(BM_Linear)->Apply(linear_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 

@@ -477,24 +477,33 @@ DSV4_AVX512 void dot4_all_tokens_avx512(const Linear& w, int64_t row0, const flo
   }
 }
 
-// Batches, GEMM-style (n >= kPackedMinTokens). Tokens are packed once in
-// groups of kTokenGroup: for every 16 storage positions, the group's tokens'
-// 16 floats back to back. A task takes kRowBlock rows x all tokens (up to
-// kMaxTokenBlock); for each chunk it decodes its rows once into a panel (for
-// every 16 positions, four rows' 16 floats back to back, 256 KB) that stays
-// in L2, and sweeps register blocks of 4 rows x 6 tokens (24 accumulators)
-// over it while the token group's chunk (24 KB, read once per panel from
-// wherever it is) stays in L1. Tasks of 192 tokens decoded each panel 21
-// times in a 4096-token prefill: 11% of its time; with all tokens in one task
-// a 1024-token FP8 product went from 83 to 102 GMAC/s. Every (row, token) still runs the canonical lane
-// sequence and chunk folds, so the bits equal dot_avx512's.
-constexpr int kMicroRows = 4, kTokenGroup = 6;
-constexpr int64_t kRowBlock = 64, kMaxTokenBlock = 4096 - 4096 % kTokenGroup;
-static_assert(kMaxTokenBlock % kTokenGroup == 0 && kRowBlock % kMicroRows == 0, "blocks hold whole groups");
+// Batches, GEMM-style (n >= kPackedMinTokens), as outer products: a vector
+// holds 16 rows, not 16 columns. The canonical order is kept lane by lane:
+// lane l of (row, token) is the fp32 FMA chain over the columns c0 + 16k + l
+// of a chunk, k = 0, 1, ...; the kernel runs that chain for 32 rows x 12
+// tokens at once (24 accumulators, two weight vectors and one broadcast
+// input per step), one lane after the other, and the 16 lanes' results are
+// then folded in double with vertical adds that make the same tree as
+// fold16_avx512. Same bits as dot_avx512, with half the L2 traffic of the
+// dot-product form (4 rows x 6 tokens: four 64-byte weight loads per 24
+// FMAs) and a third of its fold work: one core went from ~120 to ~170
+// GFLOP/s (its fp32 FMA peak) over a 256 KB panel in L2.
+//
+// A task takes kRowBlock rows x all tokens (up to kMaxTokenBlock). For each
+// chunk it decodes its rows once into a panel laid out [row group of 32]
+// [lane][step][32 rows] (256 KB, in L2); each token group's inputs for the
+// chunk, laid out [lane][step][token], are 48 KB and stay close in cache.
+constexpr int kPanelRows = 32, kOuterTokens = 12;
+// From this many tokens on, the outer form (below, the dot form).
+constexpr int64_t kOuterMinTokens = 48;
+constexpr int64_t kRowBlock = 64, kMaxTokenBlock = 4096 - 4096 % kOuterTokens;
+static_assert(kMaxTokenBlock % kOuterTokens == 0 && kRowBlock % kPanelRows == 0, "blocks hold whole groups");
 
-// Element (t, i) of the token group of `group` tokens that starts at `first`.
-inline int64_t packed_index(int64_t cols, int64_t first, int group, int64_t t, int64_t i) {
-  return first * cols + (i / 16) * (group * 16) + t * 16 + (i % 16);
+// Where column i of token `first + t` goes, in the group of `group` tokens
+// that starts at `first`: chunk by chunk, lane by lane, step by step.
+inline int64_t outer_packed_index(int64_t cols, int64_t first, int group, int64_t t, int64_t i) {
+  const int64_t c0 = i / kChunk * kChunk, steps = (std::min(cols, c0 + kChunk) - c0) / 16;
+  return first * cols + group * c0 + (i % 16) * steps * group + (i - c0) / 16 * group + t;
 }
 
 // Storage positions [c0, c1) of one row, decoded with the fast decoders into
@@ -538,6 +547,145 @@ DSV4_AVX512 void decode_chunk_avx512(const Linear& w, int64_t row, int64_t c0, i
   }
 }
 
+// r[i][j] -> r[j][i] for a 16 x 16 block of floats.
+DSV4_AVX512 inline void transpose16x16(__m512 r[16]) {
+  __m512 a[16], b[16];
+  for (int i = 0; i < 8; ++i) {
+    a[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    a[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    const __m512d a0 = _mm512_castps_pd(a[4 * i]), a1 = _mm512_castps_pd(a[4 * i + 1]);
+    const __m512d a2 = _mm512_castps_pd(a[4 * i + 2]), a3 = _mm512_castps_pd(a[4 * i + 3]);
+    b[4 * i + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(a0, a2));
+    b[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a0, a2));
+    b[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(a1, a3));
+    b[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(a1, a3));
+  }
+  // b[4i + m], 128-bit lane L, holds rows 4i..4i+3 of column 4L + m.
+  for (int m = 0; m < 4; ++m) {
+    const __m512 e0 = _mm512_shuffle_f32x4(b[m], b[4 + m], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512 e1 = _mm512_shuffle_f32x4(b[m], b[4 + m], _MM_SHUFFLE(3, 2, 3, 2));
+    const __m512 e2 = _mm512_shuffle_f32x4(b[8 + m], b[12 + m], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512 e3 = _mm512_shuffle_f32x4(b[8 + m], b[12 + m], _MM_SHUFFLE(3, 2, 3, 2));
+    r[m] = _mm512_shuffle_f32x4(e0, e2, _MM_SHUFFLE(2, 0, 2, 0));
+    r[4 + m] = _mm512_shuffle_f32x4(e0, e2, _MM_SHUFFLE(3, 1, 3, 1));
+    r[8 + m] = _mm512_shuffle_f32x4(e1, e3, _MM_SHUFFLE(2, 0, 2, 0));
+    r[12 + m] = _mm512_shuffle_f32x4(e1, e3, _MM_SHUFFLE(3, 1, 3, 1));
+  }
+}
+
+// Rows [row, row + count) (count <= 16; the rest of the 16 are zeros),
+// storage positions [c0, c0 + 16 * steps), into a panel row group: for lane
+// l and step k, the 16 rows land at panel[(l * steps + k) * kPanelRows].
+DSV4_AVX512 void decode_rows_to_panel(const Linear& w, int64_t row, int count, int64_t c0, int64_t steps,
+                                      float* rows_tmp, float* panel) {
+  for (int r = 0; r < 16; ++r) {
+    float* dst = rows_tmp + r * steps * 16;
+    if (r < count) decode_chunk_avx512(w, row + r, c0, c0 + steps * 16, dst, 16);
+    else std::fill_n(dst, steps * 16, 0.0f);
+  }
+  for (int64_t k = 0; k < steps; ++k) {
+    __m512 v[16];
+    for (int r = 0; r < 16; ++r) v[r] = _mm512_loadu_ps(rows_tmp + r * steps * 16 + k * 16);
+    transpose16x16(v);
+    for (int l = 0; l < 16; ++l) _mm512_storeu_ps(panel + (l * steps + k) * kPanelRows, v[l]);
+  }
+}
+
+// One lane's FMA chains over `steps` steps for 32 rows (w: 32 floats per
+// step) and T tokens (x: T floats per step); the chains' fp32 results go to
+// out[t * 32 + row].
+template <int T>
+DSV4_AVX512 void outer_lane_kernel(const float* w, const float* x, int64_t steps, float* out) {
+  __m512 a[T][2];
+  for (auto& t : a) t[0] = t[1] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < steps; ++k, w += kPanelRows, x += T) {
+    const __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16);
+    for (int t = 0; t < T; ++t) {
+      const __m512 xb = _mm512_set1_ps(x[t]);
+      a[t][0] = _mm512_fmadd_ps(w0, xb, a[t][0]);
+      a[t][1] = _mm512_fmadd_ps(w1, xb, a[t][1]);
+    }
+  }
+  for (int t = 0; t < T; ++t) {
+    _mm512_storeu_ps(out + t * kPanelRows, a[t][0]);
+    _mm512_storeu_ps(out + t * kPanelRows + 16, a[t][1]);
+  }
+}
+
+// The 16 lanes of a row group x T tokens (lane l's results at
+// lanes[(l * T + t) * 32 + row]), folded with fold16_avx512's tree, eight
+// rows at a time, and added to sums[t * sums_stride + row].
+DSV4_AVX512 void fold_lanes(const float* lanes, int tokens, double* sums, int64_t sums_stride) {
+  for (int t = 0; t < tokens; ++t)
+    for (int h = 0; h < kPanelRows; h += 8) {
+      __m512d l[16];
+      for (int q = 0; q < 16; ++q) l[q] = _mm512_cvtps_pd(_mm256_loadu_ps(lanes + (q * tokens + t) * kPanelRows + h));
+      for (int q = 0; q < 8; ++q) l[q] = _mm512_add_pd(l[q], l[q + 8]);
+      for (int q = 0; q < 4; ++q) l[q] = _mm512_add_pd(l[q], l[q + 4]);
+      for (int q = 0; q < 2; ++q) l[q] = _mm512_add_pd(l[q], l[q + 2]);
+      double* s = sums + t * sums_stride + h;
+      _mm512_storeu_pd(s, _mm512_add_pd(_mm512_loadu_pd(s), _mm512_add_pd(l[0], l[1])));
+    }
+}
+
+DSV4_AVX512 void outer_lane_kernel_any(int tokens, const float* w, const float* x, int64_t steps, float* out) {
+  switch (tokens) {
+    case 12: outer_lane_kernel<12>(w, x, steps, out); break;
+    case 11: outer_lane_kernel<11>(w, x, steps, out); break;
+    case 10: outer_lane_kernel<10>(w, x, steps, out); break;
+    case 9: outer_lane_kernel<9>(w, x, steps, out); break;
+    case 8: outer_lane_kernel<8>(w, x, steps, out); break;
+    case 7: outer_lane_kernel<7>(w, x, steps, out); break;
+    case 6: outer_lane_kernel<6>(w, x, steps, out); break;
+    case 5: outer_lane_kernel<5>(w, x, steps, out); break;
+    case 4: outer_lane_kernel<4>(w, x, steps, out); break;
+    case 3: outer_lane_kernel<3>(w, x, steps, out); break;
+    case 2: outer_lane_kernel<2>(w, x, steps, out); break;
+    default: outer_lane_kernel<1>(w, x, steps, out); break;
+  }
+}
+
+// Copies token t of n (cols floats in storage order) to its packed place.
+void pack_token_outer(const float* src, int64_t cols, int64_t n, int64_t t, float* xp) {
+  const int64_t first = t / kOuterTokens * kOuterTokens;
+  const int group = int(std::min<int64_t>(kOuterTokens, n - first));
+  for (int64_t c0 = 0; c0 < cols; c0 += kChunk) {
+    const int64_t steps = (std::min(cols, c0 + kChunk) - c0) / 16;
+    float* dst = xp + outer_packed_index(cols, first, group, t - first, c0);
+    for (int l = 0; l < 16; ++l)
+      for (int64_t k = 0; k < steps; ++k) dst[(l * steps + k) * group] = src[c0 + k * 16 + l];
+  }
+}
+
+// Asks L2 for the weight bytes of storage positions [c0, c1) of rows
+// [row0, row1), so that reading the next panel overlaps the FMAs of this one.
+void prefetch_weights(const Linear& w, int64_t row0, int64_t row1, int64_t c0, int64_t c1) {
+  const int64_t bits = w.format == WeightFormat::F32 ? 32 : w.format == WeightFormat::BF16 ? 16
+                       : w.format == WeightFormat::FP8_BLOCK128 ? 8 : 4;
+  for (int64_t r = row0; r < row1; ++r) {
+    const uint8_t* p = w.data + r * w.cols * bits / 8;
+    for (int64_t b = c0 * bits / 8; b < c1 * bits / 8; b += 64) _mm_prefetch((const char*)(p + b), _MM_HINT_T1);
+  }
+}
+
+// The dot-product form, for 8 <= n < kOuterMinTokens: a vector holds 16
+// columns of one (row, token) pair, the canonical lanes themselves. Tokens
+// are packed in groups of kDotTokens: for every 16 storage positions, the
+// group's tokens' 16 floats back to back. For each chunk a task decodes its
+// rows into a panel (for every 16 positions, four rows' 16 floats back to
+// back) and sweeps register blocks of 4 rows x 6 tokens over it; each chunk's
+// lanes are folded with fold16_avx512. Its panel needs no transpose, which
+// is what a batch of 16 decoding sequences wants: 75 GMAC/s at 16 tokens
+// against 51 for the outer form.
+constexpr int kDotRows = 4, kDotTokens = 6;
+static_assert(kMaxTokenBlock % kDotTokens == 0 && kRowBlock % kDotRows == 0, "blocks hold whole groups");
+
+// Element (t, i) of the token group of `group` tokens that starts at `first`.
+inline int64_t dot_packed_index(int64_t cols, int64_t first, int group, int64_t t, int64_t i) {
+  return first * cols + (i / 16) * (group * 16) + t * 16 + (i % 16);
+}
 // R rows of a panel against T tokens of a packed group, `steps` x 16
 // positions; the folded chunk is added to sum[r * sum_stride + t].
 template <int R, int T>
@@ -582,36 +730,25 @@ DSV4_AVX512 void micro_kernel_any_avx512(int rows, int tokens, const float* w, c
 }
 
 // Copies token t of n (cols floats in storage order) to its packed place.
-void pack_token(const float* src, int64_t cols, int64_t n, int64_t t, float* xp) {
-  const int64_t first = t / kTokenGroup * kTokenGroup;
-  const int group = int(std::min<int64_t>(kTokenGroup, n - first));
-  float* dst = xp + packed_index(cols, first, group, t - first, 0);
+void pack_token_dot(const float* src, int64_t cols, int64_t n, int64_t t, float* xp) {
+  const int64_t first = t / kDotTokens * kDotTokens;
+  const int group = int(std::min<int64_t>(kDotTokens, n - first));
+  float* dst = xp + dot_packed_index(cols, first, group, t - first, 0);
   for (int64_t i = 0; i < cols; i += 16, dst += group * 16) std::copy_n(src + i, 16, dst);
-}
-
-// Asks L2 for the weight bytes of storage positions [c0, c1) of rows
-// [row0, row1), so that reading the next panel overlaps the FMAs of this one.
-void prefetch_weights(const Linear& w, int64_t row0, int64_t row1, int64_t c0, int64_t c1) {
-  const int64_t bits = w.format == WeightFormat::F32 ? 32 : w.format == WeightFormat::BF16 ? 16
-                       : w.format == WeightFormat::FP8_BLOCK128 ? 8 : 4;
-  for (int64_t r = row0; r < row1; ++r) {
-    const uint8_t* p = w.data + r * w.cols * bits / 8;
-    for (int64_t b = c0 * bits / 8; b < c1 * bits / 8; b += 64) _mm_prefetch((const char*)(p + b), _MM_HINT_T1);
-  }
 }
 
 // Y[t][o] for rows [row_begin, row_begin + out) and n packed tokens (xp),
 // on `threads` threads.
-DSV4_AVX512 void packed_gemm_avx512(const Linear& w, int64_t row_begin, int64_t out, const float* xp, int64_t n,
+DSV4_AVX512 void packed_gemm_dot_avx512(const Linear& w, int64_t row_begin, int64_t out, const float* xp, int64_t n,
                                     float* y, int64_t y_stride, int threads) {
   const int64_t cols = w.cols;
-  const int64_t token_block = std::min(kMaxTokenBlock, (n + kTokenGroup - 1) / kTokenGroup * kTokenGroup);
+  const int64_t token_block = std::min(kMaxTokenBlock, (n + kDotTokens - 1) / kDotTokens * kDotTokens);
   const int64_t token_blocks = (n + token_block - 1) / token_block;
   // Fewer tasks than threads (a small matrix, few tokens): smaller row
   // blocks, so that every thread gets rows. The blocking never changes bits.
   int64_t row_block = kRowBlock;
   if (((out + kRowBlock - 1) / kRowBlock) * token_blocks < threads)
-    row_block = std::clamp<int64_t>((out + threads - 1) / threads, kMicroRows, kRowBlock) / kMicroRows * kMicroRows;
+    row_block = std::clamp<int64_t>((out + threads - 1) / threads, kDotRows, kRowBlock) / kDotRows * kDotRows;
   const int64_t row_blocks = (out + row_block - 1) / row_block;
 #pragma omp parallel num_threads(threads)
   {
@@ -635,27 +772,91 @@ DSV4_AVX512 void packed_gemm_avx512(const Linear& w, int64_t row_begin, int64_t 
           next_c0 = 0;
         }
         const int64_t next_c1 = std::min(cols, next_c0 + kChunk);
-        const int64_t token_groups = (nt + kTokenGroup - 1) / kTokenGroup;
+        const int64_t token_groups = (nt + kDotTokens - 1) / kDotTokens;
         const int64_t rows_per_group = (next_nr + token_groups - 1) / token_groups;
         for (int64_t r = 0; r < nr; ++r) {
-          const int64_t g = r / kMicroRows * kMicroRows;
-          const int64_t rows_in_group = std::min<int64_t>(kMicroRows, nr - g);
+          const int64_t g = r / kDotRows * kDotRows;
+          const int64_t rows_in_group = std::min<int64_t>(kDotRows, nr - g);
           decode_chunk_avx512(w, row_begin + r0 + r, c0, c1, panel + g * kChunk + (r - g) * 16,
                               rows_in_group * 16);
         }
-        for (int64_t tg = t0; tg < t0 + nt; tg += kTokenGroup) {
-          const int64_t first = (tg - t0) / kTokenGroup * rows_per_group;
+        for (int64_t tg = t0; tg < t0 + nt; tg += kDotTokens) {
+          const int64_t first = (tg - t0) / kDotTokens * rows_per_group;
           prefetch_weights(w, row_begin + next_r0 + std::min(first, next_nr),
                            row_begin + next_r0 + std::min(first + rows_per_group, next_nr), next_c0, next_c1);
-          const int group = int(std::min<int64_t>(kTokenGroup, n - tg));
+          const int group = int(std::min<int64_t>(kDotTokens, n - tg));
           const float* xg = xp + tg * cols + (c0 / 16) * (group * 16);
-          for (int64_t g = 0; g < nr; g += kMicroRows)
-            micro_kernel_any_avx512(int(std::min<int64_t>(kMicroRows, nr - g)), group, panel + g * kChunk, xg,
+          for (int64_t g = 0; g < nr; g += kDotRows)
+            micro_kernel_any_avx512(int(std::min<int64_t>(kDotRows, nr - g)), group, panel + g * kChunk, xg,
                                     steps, sums + g * token_block + (tg - t0), token_block);
         }
       }
       for (int64_t t = 0; t < nt; ++t)
         for (int64_t r = 0; r < nr; ++r) y[(t0 + t) * y_stride + r0 + r] = float(sums[size_t(r * token_block + t)]);
+    }
+  }
+}
+
+// Y[t][o] for rows [row_begin, row_begin + out) and n packed tokens (xp),
+// on `threads` threads.
+DSV4_AVX512 void packed_gemm_outer_avx512(const Linear& w, int64_t row_begin, int64_t out, const float* xp, int64_t n,
+                                    float* y, int64_t y_stride, int threads) {
+  const int64_t cols = w.cols;
+  const int64_t token_block = std::min(kMaxTokenBlock, (n + kOuterTokens - 1) / kOuterTokens * kOuterTokens);
+  const int64_t token_blocks = (n + token_block - 1) / token_block;
+  // Fewer tasks than threads (a small matrix, few tokens): smaller row
+  // blocks, so that every thread gets rows. The blocking never changes bits.
+  int64_t row_block = kRowBlock;
+  if (((out + kRowBlock - 1) / kRowBlock) * token_blocks < threads)
+    row_block = std::clamp<int64_t>((out + threads - 1) / threads, kPanelRows, kRowBlock) / kPanelRows * kPanelRows;
+  const int64_t row_blocks = (out + row_block - 1) / row_block;
+#pragma omp parallel num_threads(threads)
+  {
+    float* panel = thread_scratch_array<float>(ScratchSlot::GemmPanel, kRowBlock * kChunk);
+    float* rows_tmp = thread_scratch_array<float>(ScratchSlot::GemmRows, 16 * kChunk);
+    float* lanes = thread_scratch_array<float>(ScratchSlot::GemmLanes, 16 * kOuterTokens * kPanelRows);
+    double* sums = thread_scratch_array<double>(ScratchSlot::GemmSums, token_block * kRowBlock);
+    // Consecutive tasks of a thread share their tokens and stream the
+    // weights.
+#pragma omp for schedule(static)
+    for (int64_t task = 0; task < row_blocks * token_blocks; ++task) {
+      const int64_t t0 = task / row_blocks * token_block, r0 = task % row_blocks * row_block;
+      const int64_t nt = std::min(token_block, n - t0), nr = std::min(row_block, out - r0);
+      const int64_t row_groups = (nr + kPanelRows - 1) / kPanelRows;
+      std::fill_n(sums, nt * kRowBlock, 0.0);
+      for (int64_t c0 = 0; c0 < cols; c0 += kChunk) {
+        const int64_t c1 = std::min(cols, c0 + kChunk), steps = (c1 - c0) / 16;
+        // The next panel: this task's next chunk, or the first chunk of the
+        // next row block (the thread's next task under the static schedule).
+        int64_t next_r0 = r0, next_nr = nr, next_c0 = c1;
+        if (c1 == cols) {
+          next_r0 = (task + 1) % row_blocks * row_block;
+          next_nr = std::min(row_block, out - next_r0);
+          next_c0 = 0;
+        }
+        const int64_t next_c1 = std::min(cols, next_c0 + kChunk);
+        const int64_t token_groups = (nt + kOuterTokens - 1) / kOuterTokens;
+        const int64_t rows_per_group = (next_nr + token_groups - 1) / token_groups;
+        for (int64_t r = 0; r < row_groups * kPanelRows; r += 16)
+          decode_rows_to_panel(w, row_begin + r0 + r, int(std::clamp<int64_t>(nr - r, 0, 16)), c0, steps, rows_tmp,
+                               panel + (r / kPanelRows) * 16 * steps * kPanelRows + r % kPanelRows);
+        for (int64_t tg = t0; tg < t0 + nt; tg += kOuterTokens) {
+          const int64_t first = (tg - t0) / kOuterTokens * rows_per_group;
+          prefetch_weights(w, row_begin + next_r0 + std::min(first, next_nr),
+                           row_begin + next_r0 + std::min(first + rows_per_group, next_nr), next_c0, next_c1);
+          const int group = int(std::min<int64_t>(kOuterTokens, n - tg));
+          const float* xg = xp + tg * cols + group * c0;
+          for (int64_t g = 0; g < row_groups; ++g) {
+            const float* pg = panel + g * 16 * steps * kPanelRows;
+            for (int l = 0; l < 16; ++l)
+              outer_lane_kernel_any(group, pg + l * steps * kPanelRows, xg + l * steps * group, steps,
+                                    lanes + l * group * kPanelRows);
+            fold_lanes(lanes, group, sums + (tg - t0) * kRowBlock + g * kPanelRows, kRowBlock);
+          }
+        }
+      }
+      for (int64_t t = 0; t < nt; ++t)
+        for (int64_t r = 0; r < nr; ++r) y[(t0 + t) * y_stride + r0 + r] = float(sums[t * kRowBlock + r]);
     }
   }
 }
@@ -750,6 +951,7 @@ void linear_forward(const Linear& w, const float* x, int64_t n, float* y, int64_
   // within), packed for the GEMM when there are enough tokens.
   const KernelIsa isa = g_isa;  // one choice per call (tests switch it between calls)
   const bool packed = n >= kPackedMinTokens && isa == KernelIsa::Avx512;
+  const bool outer = n >= kOuterMinTokens;
   float* xs = thread_scratch_array<float>(ScratchSlot::LinearInput, n * cols);
 #pragma omp parallel num_threads(threads_for(n * cols * 16))
   {
@@ -759,12 +961,14 @@ void linear_forward(const Linear& w, const float* x, int64_t n, float* y, int64_
       float* dst = packed ? row : xs + t * cols;
       to_storage_order(w, x + t * cols, dst);
       if (w.quantize_input) fp8_round_trip(dst, cols, 128);
-      if (packed) pack_token(dst, cols, n, t, xs);
+      if (packed && outer) pack_token_outer(dst, cols, n, t, xs);
+      else if (packed) pack_token_dot(dst, cols, n, t, xs);
     }
   }
   const int threads = threads_for(out * cols * std::max<int64_t>(n, 1));
   if (packed) {
-    packed_gemm_avx512(w, row_begin, out, xs, n, y, y_stride, threads);
+    if (outer) packed_gemm_outer_avx512(w, row_begin, out, xs, n, y, y_stride, threads);
+    else packed_gemm_dot_avx512(w, row_begin, out, xs, n, y, y_stride, threads);
     return;
   }
   const DotFn dot = dot_for(isa);
