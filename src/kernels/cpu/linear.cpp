@@ -494,8 +494,12 @@ DSV4_AVX512 void dot4_all_tokens_avx512(const Linear& w, int64_t row0, const flo
 // [lane][step][32 rows] (256 KB, in L2); each token group's inputs for the
 // chunk, laid out [lane][step][token], are 48 KB and stay close in cache.
 constexpr int kPanelRows = 32, kOuterTokens = 12;
-// From this many tokens on, the outer form (below, the dot form).
-constexpr int64_t kOuterMinTokens = 48;
+// From this many tokens on, the outer form (below, the dot form). Its panel
+// transpose and input packing pay off only over many tokens: with FP4
+// weights from DRAM the dot form was as fast or faster up to 96 tokens
+// (24: 92 vs 63 GMAC/s, 48: 98 vs 93, 96: 117 vs 114), the outer form
+// faster at 128 (111 vs 95) and 1024 (115-122 vs 99-103).
+constexpr int64_t kOuterMinTokens = 128;
 constexpr int64_t kRowBlock = 64, kMaxTokenBlock = 4096 - 4096 % kOuterTokens;
 static_assert(kMaxTokenBlock % kOuterTokens == 0 && kRowBlock % kPanelRows == 0, "blocks hold whole groups");
 
@@ -677,8 +681,8 @@ void prefetch_weights(const Linear& w, int64_t row0, int64_t row1, int64_t c0, i
 // rows into a panel (for every 16 positions, four rows' 16 floats back to
 // back) and sweeps register blocks of 4 rows x 6 tokens over it; each chunk's
 // lanes are folded with fold16_avx512. Its panel needs no transpose, which
-// is what a batch of 16 decoding sequences wants: 75 GMAC/s at 16 tokens
-// against 51 for the outer form.
+// is what a batch of 16 decoding sequences or a prefill's routed experts
+// (~100 tokens each) want.
 constexpr int kDotRows = 4, kDotTokens = 6;
 static_assert(kMaxTokenBlock % kDotTokens == 0 && kRowBlock % kDotRows == 0, "blocks hold whole groups");
 
