@@ -222,6 +222,22 @@ TEST(TextOutputParser, ThinkTagsInsideToolArgumentsAreData) {
   EXPECT_EQ(m.finish_reason, "tool_calls");
 }
 
+// Found by fuzz_output_parser: a NUL ends nlohmann's input, so a value of
+// "null" + NUL + junk passed as JSON and was spliced in, breaking the
+// arguments object.
+TEST(TextOutputParser, NonStringValueWithNulByteStaysAString) {
+  ParserConfig cfg;
+  cfg.tools_enabled = true;
+  const std::string value = std::string("null") + '\0' + "junk";
+  const std::string raw = "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n<｜DSML｜parameter name=\"note\" "
+                          "string=\"false\">" + value + "</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+  const auto m = parse_output(cfg, raw, StopReason::Stop);
+  ASSERT_EQ(m.tool_calls.size(), 1u);
+  const auto args = json::parse(m.tool_calls[0].arguments, nullptr, false);
+  ASSERT_TRUE(args.is_object()) << m.tool_calls[0].arguments;
+  EXPECT_EQ(args["note"], value);
+}
+
 TEST(TextOutputParser, JsonBodyAndImplicitWrapper) {
   ParserConfig cfg;
   cfg.reasoning = ReasoningParserKind::DeepSeekV41;

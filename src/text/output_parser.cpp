@@ -539,7 +539,10 @@ struct OutputParser::Impl {
         const bool string_param = !is_str || *is_str != "false";
         // Non-string values are inserted as written when they are JSON (the
         // official parser does so); otherwise, leniently, as a string.
-        const bool verbatim = !string_param && utf8::is_valid(value) && nlohmann::json::accept(value);
+        // nlohmann's lexer takes a NUL byte for the end of its input, so
+        // "null\0junk" would pass as JSON: values with NULs are strings.
+        const bool verbatim = !string_param && value.find('\0') == std::string::npos && utf8::is_valid(value) &&
+                              nlohmann::json::accept(value);
         args += verbatim ? value : python_json_dumps(utf8::to_valid_lossy(value));
         i += len + vend + vclose;
         continue;
