@@ -334,8 +334,8 @@ TEST(Ops, AttentionRowsMatchPerPairFunctions) {
             float lanes[16] = {};
             int64_t i = 0;
             for (; i + 16 <= dim; i += 16)
-              for (int l = 0; l < 16; ++l) lanes[l] += q[size_t(h * dim + i + l)] * keys[size_t(j)][i + l];
-            for (int l = 0; i < dim; ++i, ++l) lanes[l] += q[size_t(h * dim + i)] * keys[size_t(j)][i];
+              for (int l = 0; l < 16; ++l) lanes[l] = std::fma(q[size_t(h * dim + i + l)], keys[size_t(j)][i + l], lanes[l]);
+            for (int l = 0; i < dim; ++i, ++l) lanes[l] = std::fma(q[size_t(h * dim + i)], keys[size_t(j)][i], lanes[l]);
             for (int width = 8; width >= 1; width /= 2)
               for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
             ASSERT_EQ(float_to_bits(lanes[0]), float_to_bits(expected[size_t(h * n_keys + j)]));

@@ -10,10 +10,11 @@
 namespace dsv4 {
 
 // Dot product with a fixed 16-lane order (per-token results never depend on
-// how work is split).
+// how work is split): lane l is the fused multiply-add chain over i = l mod
+// 16, then the lanes fold l += l + 8, + 4, + 2, + 1.
 float dot_fixed(const float* a, const float* b, int64_t n);
 inline float sum_of_squares(const float* x, int64_t n) { return dot_fixed(x, x, n); }
-// y += a * x, element by element (a multiply, then an add).
+// y += a * x, element by element (one fused multiply-add each).
 void add_scaled(float* y, float a, const float* x, int64_t n);
 // Attention over the keys of one token for several heads at once, with the
 // bits of the per-pair functions: scores[h * n_keys + j] = dot_fixed(q + h *
