@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # `dsv4 bench` on the smoke checkpoint: the CSV has its documented columns and
-# one row per phase with positive rates, the SVG chart is written, and bad
-# arguments fail with one clear line.
+# one row per phase with positive rates, the SVG chart is written, --repeat
+# reports every run and keeps the best, and bad arguments fail with one
+# clear line.
 set -euo pipefail
 BIN="${DSV4_BIN:?}"; MODEL="${DSV4_TEST_MODEL:?}"
 WORK="$(mktemp -d)"; trap 'rm -rf "$WORK"' EXIT
-OMP_WAIT_POLICY=passive "$BIN" bench --model "$MODEL" --prompt 40 --decode 3 --batch 1,2 \
+OMP_WAIT_POLICY=passive "$BIN" bench --model "$MODEL" --prompt 40 --decode 3 --batch 1,2 --repeat 2 \
   --csv "$WORK/b.csv" --plot "$WORK/b.svg" > "$WORK/out.txt"
 fail() { echo "FAIL: $*"; cat "$WORK/out.txt"; cat "$WORK/b.csv" 2>/dev/null; exit 1; }
 head -1 "$WORK/b.csv" | grep -qx 'phase,batch,tokens,seconds,tokens_per_second,weight_bytes_per_token,achieved_gb_per_s,bandwidth_gb_per_s,achieved_gflop_per_s,peak_gemm_gflop_per_s' \
@@ -18,6 +19,13 @@ awk -F, 'NR > 1 && !($5 > 0) { exit 1 }' "$WORK/b.csv" || fail "non-positive tok
 awk -F, '$1 == "prefill" && !($9 > 0 && $10 > 0) { exit 1 }' "$WORK/b.csv" || fail "prefill FLOP/s or peak missing"
 grep -q "measured memory read bandwidth" "$WORK/out.txt" || fail "no bandwidth line"
 grep -q "of the peak GEMM" "$WORK/out.txt" || fail "no peak GEMM share"
+# Two runs of each measurement; the CSV's time is the smaller of the two.
+grep -q "^prefill: 2 runs, " "$WORK/out.txt" && grep -q "^decode batch 2: 2 runs, " "$WORK/out.txt" || fail "no per-run times"
+runs=$(grep "^prefill: 2 runs, " "$WORK/out.txt" | sed 's/.*runs, \([0-9.]*\) \([0-9.]*\) s.*/\1 \2/')
+best=$(awk -F, '$1 == "prefill" { print $4 }' "$WORK/b.csv")
+awk -v r="$runs" -v b="$best" 'BEGIN { split(r, t, " "); m = t[1] < t[2] ? t[1] : t[2]; exit !(b <= m + 0.0005 && b >= m - 0.0005) }' \
+  || fail "prefill time $best is not the best of the runs $runs"
+if "$BIN" bench --model "$MODEL" --repeat 0 > "$WORK/err.txt" 2>&1; then fail "--repeat 0 accepted"; fi
 grep -q "<svg" "$WORK/b.svg" && grep -q "batch 2" "$WORK/b.svg" || fail "SVG chart"
 if "$BIN" bench --model "$MODEL" --batch 1,x > "$WORK/err.txt" 2>&1; then fail "bad --batch accepted"; fi
 grep -q "invalid batch list" "$WORK/err.txt" || fail "bad --batch message: $(cat "$WORK/err.txt")"
