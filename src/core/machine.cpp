@@ -35,6 +35,22 @@ __attribute__((target("avx512f"))) uint64_t read_avx512(const uint8_t* p, int64_
   return uint64_t(_mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3))));
 }
 
+// The same read as four streams, each thread's share cut in four and read
+// 128 bytes from each in turn: a matrix kernel walks four or more rows at
+// once, and on the development VM this pattern reads 10-15% faster than one
+// stream (31 against 27 GB/s), so the roofline takes the better of the two.
+__attribute__((target("avx512f"))) uint64_t read4_avx512(const uint8_t* p, int64_t bytes) {
+  const int64_t part = bytes / 4;  // a multiple of 128
+  __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t i = 0; i + 128 <= part; i += 128) {
+    a0 = _mm512_add_epi64(a0, _mm512_add_epi64(_mm512_load_si512(p + i), _mm512_load_si512(p + i + 64)));
+    a1 = _mm512_add_epi64(a1, _mm512_add_epi64(_mm512_load_si512(p + part + i), _mm512_load_si512(p + part + i + 64)));
+    a2 = _mm512_add_epi64(a2, _mm512_add_epi64(_mm512_load_si512(p + 2 * part + i), _mm512_load_si512(p + 2 * part + i + 64)));
+    a3 = _mm512_add_epi64(a3, _mm512_add_epi64(_mm512_load_si512(p + 3 * part + i), _mm512_load_si512(p + 3 * part + i + 64)));
+  }
+  return uint64_t(_mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3))));
+}
+
 __attribute__((target("avx2"))) uint64_t read_avx2(const uint8_t* p, int64_t bytes) {
   __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
   for (int64_t i = 0; i + 128 <= bytes; i += 128) {
@@ -72,26 +88,27 @@ double measure_read_bandwidth(int64_t bytes, int repeats) {
   {
     // Touch the pages from the threads that will read them.
     const int nt = omp_get_num_threads(), id = omp_get_thread_num();
-    const int64_t share = (bytes / nt) & ~int64_t(255);
+    const int64_t share = (bytes / nt) & ~int64_t(511);
     std::memset(raw + id * share, id + 1, size_t(share));
   }
   double best = 0;
   volatile uint64_t sink = 0;
-  for (int r = 0; r < repeats; ++r) {
-    uint64_t total = 0;
-    int64_t read_bytes = 0;
-    const double t0 = now_seconds();
+  for (int r = 0; r < repeats; ++r)
+    for (auto pass : {read, f.avx512f ? read4_avx512 : read}) {
+      uint64_t total = 0;
+      int64_t read_bytes = 0;
+      const double t0 = now_seconds();
 #pragma omp parallel reduction(+ : total, read_bytes) num_threads(threads)
-    {
-      const int nt = omp_get_num_threads(), id = omp_get_thread_num();
-      const int64_t share = (bytes / nt) & ~int64_t(255);
-      total += read(raw + id * share, share);
-      read_bytes += share;
+      {
+        const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+        const int64_t share = (bytes / nt) & ~int64_t(511);  // whole 128-byte steps of four streams
+        total += pass(raw + id * share, share);
+        read_bytes += share;
+      }
+      const double dt = now_seconds() - t0;
+      sink = sink + total;
+      best = std::max(best, double(read_bytes) / dt);
     }
-    const double dt = now_seconds() - t0;
-    sink = sink + total;
-    best = std::max(best, double(read_bytes) / dt);
-  }
   (void)sink;
   return best;
 }

@@ -6,8 +6,9 @@
 
 namespace dsv4 {
 
-// Streams a buffer much larger than the caches with all threads and returns
-// the best of `repeats` runs, in bytes per second.
+// Streams a buffer much larger than the caches with all threads, as one
+// stream and as four streams per thread, and returns the best of `repeats`
+// runs of each, in bytes per second.
 double measure_read_bandwidth(int64_t bytes = int64_t(1) << 30, int repeats = 5);
 
 struct CpuFeatures {
