@@ -110,6 +110,8 @@ void linear_args(benchmark::internal::Benchmark* b) {
     b->Args({f, int(KernelIsa::Avx512), 1024, 0});
   // A routed expert in a prefill: ~100 tokens, FP4 weights from DRAM.
   b->Args({int(WeightFormat::FP4_BLOCK32), int(KernelIsa::Avx512), 96, 256});
+  // The head of a 16-sequence decode step: BF16 from DRAM, 16 tokens.
+  b->Args({int(WeightFormat::BF16), int(KernelIsa::Avx512), 16, 512});
 }
 BENCHMARK(BM_Linear)->Apply(linear_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 

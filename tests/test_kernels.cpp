@@ -258,13 +258,13 @@ std::vector<float> normal_floats(size_t n, uint32_t seed) {
 }
 
 // The SIMD paths follow the canonical reduction order exactly: same bits.
-// Tokens: register groups of 1-4 (below 8), the dot form's packed groups of
-// 6 (8-127), the outer form's groups of 12 (from 128). 70 rows leave
+// Tokens: register groups of 1-4 (below 8; BF16 below 17), the dot form's
+// packed groups of 6 (to 127), the outer form's groups of 12 (from 128). 70 rows leave
 // remainders after row groups of 4, 16 and 32 and row blocks of 64; 2304
 // columns are two chunks and a partial one.
 TEST_P(LinearFormats, SimdPathsGiveScalarBits) {
   for (int64_t cols : {512, 2304})
-    for (int64_t n : {1, 2, 3, 4, 5, 7, 8, 10, 13, 127, 128, 141, 200}) {
+    for (int64_t n : {1, 2, 3, 4, 5, 7, 8, 10, 13, 16, 17, 127, 128, 141, 200}) {
       SCOPED_TRACE("tokens " + std::to_string(n) + ", columns " + std::to_string(cols));
       const int64_t rows = 70;
       RandomLinear w(GetParam(), rows, cols, 21);
@@ -376,9 +376,13 @@ TEST(Ops, RopeInverseUndoesRotation) {
   RopeTable unscaled_c = [&] { ModelConfig d = c; d.original_seq_len = 0; return RopeTable(d, true); }();
   for (int j = 0; j < 32; ++j) {
     float f = unscaled_c.frequencies()[size_t(j)], g = yarn.frequencies()[size_t(j)];
-    if (j <= 15) EXPECT_EQ(f, g);
-    if (j >= 25) EXPECT_FLOAT_EQ(g, f / 16);
-    if (j > 15 && j < 25) EXPECT_TRUE(g < f && g > f / 16);
+    if (j <= 15) {
+      EXPECT_EQ(f, g);
+    } else if (j >= 25) {
+      EXPECT_FLOAT_EQ(g, f / 16);
+    } else {
+      EXPECT_TRUE(g < f && g > f / 16);
+    }
   }
   std::vector<float> x(64);
   for (int i = 0; i < 64; ++i) x[size_t(i)] = float(i) * 0.1f - 3;

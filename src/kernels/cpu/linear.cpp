@@ -458,10 +458,21 @@ DSV4_AVX512 void dot4_tokens_avx512(const Linear& w, int64_t row0, const float* 
 constexpr int kSmallTokenGroup = 4;
 // Below this many tokens, weights are decoded in registers for each group of
 // up to four tokens (dot4_all_tokens_avx512) instead of into packed panels.
-constexpr int64_t kPackedMinTokens = 8;
+// BF16 rows decode with one shift, so decoding them again for each group
+// costs little, and the head of a 16-sequence decode step (BF16 from DRAM)
+// ran at 53-64 GMAC/s in registers against 37-53 packed; FP8 and FP4 rows
+// cost more to decode: packed from 8 tokens (16 tokens in cache: FP8 68-71
+// against 46-52, FP4 72-76 against 50-69).
+constexpr int64_t kPackedMinTokens = 8, kPackedMinTokensBf16 = 17;
+constexpr int64_t kMaxRegisterTokens = std::max(kPackedMinTokens, kPackedMinTokensBf16) - 1;
 
-// Rows [row0, row0 + 4) against n < kPackedMinTokens tokens; a group after
-// the first finds the four rows in L1.
+int64_t packed_min_tokens(const Linear& w) {
+  return w.format == WeightFormat::FP8_BLOCK128 || w.format == WeightFormat::FP4_BLOCK32 ? kPackedMinTokens
+                                                                                          : kPackedMinTokensBf16;
+}
+
+// Rows [row0, row0 + 4) against n < packed_min_tokens(w) tokens; a group
+// after the first finds the four rows in L1.
 DSV4_AVX512 void dot4_all_tokens_avx512(const Linear& w, int64_t row0, const float* xs, int64_t n, double* out,
                                         int64_t out_stride) {
   const int64_t cols = w.cols;
@@ -477,7 +488,7 @@ DSV4_AVX512 void dot4_all_tokens_avx512(const Linear& w, int64_t row0, const flo
   }
 }
 
-// Batches, GEMM-style (n >= kPackedMinTokens), as outer products: a vector
+// Batches, GEMM-style (n >= packed_min_tokens(w)), as outer products: a vector
 // holds 16 rows, not 16 columns. The canonical order is kept lane by lane:
 // lane l of (row, token) is the fp32 FMA chain over the columns c0 + 16k + l
 // of a chunk, k = 0, 1, ...; the kernel runs that chain for 32 rows x 12
@@ -674,9 +685,10 @@ void prefetch_weights(const Linear& w, int64_t row0, int64_t row1, int64_t c0, i
   }
 }
 
-// The dot-product form, for 8 <= n < kOuterMinTokens: a vector holds 16
-// columns of one (row, token) pair, the canonical lanes themselves. Tokens
-// are packed in groups of kDotTokens: for every 16 storage positions, the
+// The dot-product form, from packed_min_tokens(w) to kOuterMinTokens - 1
+// tokens: a vector holds 16 columns of one (row, token) pair, the canonical
+// lanes themselves. Tokens are packed in groups of kDotTokens: for every 16
+// storage positions, the
 // group's tokens' 16 floats back to back. For each chunk a task decodes its
 // rows into a panel (for every 16 positions, four rows' 16 floats back to
 // back) and sweeps register blocks of 4 rows x 6 tokens over it; each chunk's
@@ -954,7 +966,7 @@ void linear_forward(const Linear& w, const float* x, int64_t n, float* y, int64_
   // works on 128-column blocks, which the FP4 storage order only permutes
   // within), packed for the GEMM when there are enough tokens.
   const KernelIsa isa = g_isa;  // one choice per call (tests switch it between calls)
-  const bool packed = n >= kPackedMinTokens && isa == KernelIsa::Avx512;
+  const bool packed = n >= packed_min_tokens(w) && isa == KernelIsa::Avx512;
   const bool outer = n >= kOuterMinTokens;
   float* xs = thread_scratch_array<float>(ScratchSlot::LinearInput, n * cols);
 #pragma omp parallel num_threads(threads_for(n * cols * 16))
@@ -984,7 +996,7 @@ void linear_forward(const Linear& w, const float* x, int64_t n, float* y, int64_
     int64_t o = o0;
     if (isa == KernelIsa::Avx512)
       for (; o + 4 <= o1; o += 4) {
-        double r[4 * kPackedMinTokens];
+        double r[4 * kMaxRegisterTokens];
         dot4_all_tokens_avx512(w, row_begin + o, xs, n, r, 4);
         for (int64_t t = 0; t < n; ++t)
           for (int q = 0; q < 4; ++q) y[t * y_stride + o + q] = float(r[t * 4 + q]);
