@@ -693,8 +693,7 @@ void prefetch_weights(const Linear& w, int64_t row0, int64_t row1, int64_t c0, i
 // rows' 16 floats back to back) and sweeps register blocks of 4 rows x 6
 // tokens over it; each chunk's lanes are folded with fold16_avx512. Its
 // panel needs no transpose, which is what a batch of 16 decoding sequences
-// or a prefill's routed experts
-// (~100 tokens each) want.
+// or a prefill's routed experts (~100 tokens each) want.
 constexpr int kDotRows = 4, kDotTokens = 6;
 static_assert(kMaxTokenBlock % kDotTokens == 0 && kRowBlock % kDotRows == 0, "blocks hold whole groups");
 
