@@ -514,6 +514,15 @@ constexpr int64_t kOuterMinTokens = 128;
 constexpr int64_t kRowBlock = 64, kMaxTokenBlock = 4096 - 4096 % kOuterTokens;
 static_assert(kMaxTokenBlock % kOuterTokens == 0 && kRowBlock % kPanelRows == 0, "blocks hold whole groups");
 
+// Tokens per task: all of them, or for more than kMaxTokenBlock equal
+// blocks (4096 tokens: two of 2052 and 2044, not 4092 and a 4-token block
+// that decodes every panel again for almost no work), whole groups each.
+inline int64_t balanced_token_block(int64_t n, int group) {
+  const int64_t blocks = (n + kMaxTokenBlock - 1) / kMaxTokenBlock;
+  const int64_t per_block = (n + blocks - 1) / blocks;
+  return (per_block + group - 1) / group * group;
+}
+
 // Where column i of token `first + t` goes, in the group of `group` tokens
 // that starts at `first`: chunk by chunk, lane by lane, step by step.
 inline int64_t outer_packed_index(int64_t cols, int64_t first, int group, int64_t t, int64_t i) {
@@ -757,7 +766,7 @@ void pack_token_dot(const float* src, int64_t cols, int64_t n, int64_t t, float*
 DSV4_AVX512 void packed_gemm_dot_avx512(const Linear& w, int64_t row_begin, int64_t out, const float* xp, int64_t n,
                                     float* y, int64_t y_stride, int threads) {
   const int64_t cols = w.cols;
-  const int64_t token_block = std::min(kMaxTokenBlock, (n + kDotTokens - 1) / kDotTokens * kDotTokens);
+  const int64_t token_block = balanced_token_block(n, kDotTokens);
   const int64_t token_blocks = (n + token_block - 1) / token_block;
   // Fewer tasks than threads (a small matrix, few tokens): smaller row
   // blocks, so that every thread gets rows. The blocking never changes bits.
@@ -817,7 +826,7 @@ DSV4_AVX512 void packed_gemm_dot_avx512(const Linear& w, int64_t row_begin, int6
 DSV4_AVX512 void packed_gemm_outer_avx512(const Linear& w, int64_t row_begin, int64_t out, const float* xp, int64_t n,
                                     float* y, int64_t y_stride, int threads) {
   const int64_t cols = w.cols;
-  const int64_t token_block = std::min(kMaxTokenBlock, (n + kOuterTokens - 1) / kOuterTokens * kOuterTokens);
+  const int64_t token_block = balanced_token_block(n, kOuterTokens);
   const int64_t token_blocks = (n + token_block - 1) / token_block;
   // Fewer tasks than threads (a small matrix, few tokens): smaller row
   // blocks, so that every thread gets rows. The blocking never changes bits.
