@@ -694,6 +694,64 @@ void prefetch_weights(const Linear& w, int64_t row0, int64_t row1, int64_t c0, i
   }
 }
 
+// How a packed product splits into tasks of row_block rows x token_block
+// tokens (token blocks major, so that a thread's consecutive tasks share
+// their tokens). Fewer tasks than threads (a small matrix, few tokens):
+// smaller row blocks, whole multiples of `row_unit`, so that every thread
+// gets rows. The blocking never changes bits.
+struct PackedTasks {
+  int64_t token_block, token_blocks, row_block, row_blocks;
+  int64_t count() const { return row_blocks * token_blocks; }
+  int64_t first_token(int64_t task) const { return task / row_blocks * token_block; }
+  int64_t first_row(int64_t task) const { return task % row_blocks * row_block; }
+};
+
+PackedTasks packed_tasks(int64_t out, int64_t n, int threads, int token_group, int64_t row_unit) {
+  PackedTasks p;
+  p.token_block = balanced_token_block(n, token_group);
+  p.token_blocks = (n + p.token_block - 1) / p.token_block;
+  p.row_block = kRowBlock;
+  if (((out + kRowBlock - 1) / kRowBlock) * p.token_blocks < threads)
+    p.row_block = std::clamp<int64_t>((out + threads - 1) / threads, row_unit, kRowBlock) / row_unit * row_unit;
+  p.row_blocks = (out + p.row_block - 1) / p.row_block;
+  return p;
+}
+
+// The panel after the one of (task, chunk [.., c1)): this task's next chunk,
+// or the first chunk of the next row block (the thread's next task under
+// the static schedule). Its rows are asked for in `token_groups` parts, one
+// before each token group of the current panel, so that reading it overlaps
+// the FMAs.
+struct NextPanel {
+  int64_t row0, rows, c0, c1, rows_per_part;
+};
+
+NextPanel next_panel(const PackedTasks& tasks, int64_t out, int64_t cols, int64_t task, int64_t c1,
+                     int64_t token_groups) {
+  NextPanel next{tasks.first_row(task), 0, c1, 0, 0};
+  if (c1 == cols) {
+    next.row0 = tasks.first_row(task + 1);
+    next.c0 = 0;
+  }
+  next.rows = std::min(tasks.row_block, out - next.row0);
+  next.c1 = std::min(cols, next.c0 + kChunk);
+  next.rows_per_part = (next.rows + token_groups - 1) / token_groups;
+  return next;
+}
+
+void prefetch_next_panel_part(const Linear& w, int64_t row_begin, const NextPanel& next, int64_t part) {
+  const int64_t first = part * next.rows_per_part;
+  prefetch_weights(w, row_begin + next.row0 + std::min(first, next.rows),
+                   row_begin + next.row0 + std::min(first + next.rows_per_part, next.rows), next.c0, next.c1);
+}
+
+// Y[t][o] for the task's rows and tokens, from its double sums.
+void store_task_sums(const double* sums, int64_t row_stride, int64_t token_stride, int64_t nt, int64_t nr,
+                     float* y, int64_t y_stride) {
+  for (int64_t t = 0; t < nt; ++t)
+    for (int64_t r = 0; r < nr; ++r) y[t * y_stride + r] = float(sums[r * row_stride + t * token_stride]);
+}
+
 // The dot-product form, from packed_min_tokens(w) to kOuterMinTokens - 1
 // tokens: a vector holds 16 columns of one (row, token) pair, the canonical
 // lanes themselves. Tokens are packed in groups of kDotTokens: for every 16
@@ -766,38 +824,20 @@ void pack_token_dot(const float* src, int64_t cols, int64_t n, int64_t t, float*
 DSV4_AVX512 void packed_gemm_dot_avx512(const Linear& w, int64_t row_begin, int64_t out, const float* xp, int64_t n,
                                     float* y, int64_t y_stride, int threads) {
   const int64_t cols = w.cols;
-  const int64_t token_block = balanced_token_block(n, kDotTokens);
-  const int64_t token_blocks = (n + token_block - 1) / token_block;
-  // Fewer tasks than threads (a small matrix, few tokens): smaller row
-  // blocks, so that every thread gets rows. The blocking never changes bits.
-  int64_t row_block = kRowBlock;
-  if (((out + kRowBlock - 1) / kRowBlock) * token_blocks < threads)
-    row_block = std::clamp<int64_t>((out + threads - 1) / threads, kDotRows, kRowBlock) / kDotRows * kDotRows;
-  const int64_t row_blocks = (out + row_block - 1) / row_block;
+  const PackedTasks tasks = packed_tasks(out, n, threads, kDotTokens, kDotRows);
+  const int64_t token_block = tasks.token_block;
 #pragma omp parallel num_threads(threads)
   {
     float* panel = thread_scratch_array<float>(ScratchSlot::GemmPanel, kRowBlock * kChunk);
     double* sums = thread_scratch_array<double>(ScratchSlot::GemmSums, kRowBlock * token_block);
-    // Consecutive tasks of a thread share their tokens (in L2) and stream
-    // the weights.
 #pragma omp for schedule(static)
-    for (int64_t task = 0; task < row_blocks * token_blocks; ++task) {
-      const int64_t t0 = task / row_blocks * token_block, r0 = task % row_blocks * row_block;
-      const int64_t nt = std::min(token_block, n - t0), nr = std::min(row_block, out - r0);
+    for (int64_t task = 0; task < tasks.count(); ++task) {
+      const int64_t t0 = tasks.first_token(task), r0 = tasks.first_row(task);
+      const int64_t nt = std::min(token_block, n - t0), nr = std::min(tasks.row_block, out - r0);
       std::fill_n(sums, kRowBlock * token_block, 0.0);
       for (int64_t c0 = 0; c0 < cols; c0 += kChunk) {
         const int64_t c1 = std::min(cols, c0 + kChunk), steps = (c1 - c0) / 16;
-        // The next panel: this task's next chunk, or the first chunk of the
-        // next row block (the thread's next task under the static schedule).
-        int64_t next_r0 = r0, next_nr = nr, next_c0 = c1;
-        if (c1 == cols) {
-          next_r0 = (task + 1) % row_blocks * row_block;
-          next_nr = std::min(row_block, out - next_r0);
-          next_c0 = 0;
-        }
-        const int64_t next_c1 = std::min(cols, next_c0 + kChunk);
-        const int64_t token_groups = (nt + kDotTokens - 1) / kDotTokens;
-        const int64_t rows_per_group = (next_nr + token_groups - 1) / token_groups;
+        const NextPanel next = next_panel(tasks, out, cols, task, c1, (nt + kDotTokens - 1) / kDotTokens);
         for (int64_t r = 0; r < nr; ++r) {
           const int64_t g = r / kDotRows * kDotRows;
           const int64_t rows_in_group = std::min<int64_t>(kDotRows, nr - g);
@@ -805,9 +845,7 @@ DSV4_AVX512 void packed_gemm_dot_avx512(const Linear& w, int64_t row_begin, int6
                               rows_in_group * 16);
         }
         for (int64_t tg = t0; tg < t0 + nt; tg += kDotTokens) {
-          const int64_t first = (tg - t0) / kDotTokens * rows_per_group;
-          prefetch_weights(w, row_begin + next_r0 + std::min(first, next_nr),
-                           row_begin + next_r0 + std::min(first + rows_per_group, next_nr), next_c0, next_c1);
+          prefetch_next_panel_part(w, row_begin, next, (tg - t0) / kDotTokens);
           const int group = int(std::min<int64_t>(kDotTokens, n - tg));
           const float* xg = xp + tg * cols + (c0 / 16) * (group * 16);
           for (int64_t g = 0; g < nr; g += kDotRows)
@@ -815,8 +853,7 @@ DSV4_AVX512 void packed_gemm_dot_avx512(const Linear& w, int64_t row_begin, int6
                                     steps, sums + g * token_block + (tg - t0), token_block);
         }
       }
-      for (int64_t t = 0; t < nt; ++t)
-        for (int64_t r = 0; r < nr; ++r) y[(t0 + t) * y_stride + r0 + r] = float(sums[size_t(r * token_block + t)]);
+      store_task_sums(sums, token_block, 1, nt, nr, y + t0 * y_stride + r0, y_stride);
     }
   }
 }
@@ -826,48 +863,28 @@ DSV4_AVX512 void packed_gemm_dot_avx512(const Linear& w, int64_t row_begin, int6
 DSV4_AVX512 void packed_gemm_outer_avx512(const Linear& w, int64_t row_begin, int64_t out, const float* xp, int64_t n,
                                     float* y, int64_t y_stride, int threads) {
   const int64_t cols = w.cols;
-  const int64_t token_block = balanced_token_block(n, kOuterTokens);
-  const int64_t token_blocks = (n + token_block - 1) / token_block;
-  // Fewer tasks than threads (a small matrix, few tokens): smaller row
-  // blocks, so that every thread gets rows. The blocking never changes bits.
-  int64_t row_block = kRowBlock;
-  if (((out + kRowBlock - 1) / kRowBlock) * token_blocks < threads)
-    row_block = std::clamp<int64_t>((out + threads - 1) / threads, kPanelRows, kRowBlock) / kPanelRows * kPanelRows;
-  const int64_t row_blocks = (out + row_block - 1) / row_block;
+  const PackedTasks tasks = packed_tasks(out, n, threads, kOuterTokens, kPanelRows);
+  const int64_t token_block = tasks.token_block;
 #pragma omp parallel num_threads(threads)
   {
     float* panel = thread_scratch_array<float>(ScratchSlot::GemmPanel, kRowBlock * kChunk);
     float* rows_tmp = thread_scratch_array<float>(ScratchSlot::GemmRows, 16 * kChunk);
     float* lanes = thread_scratch_array<float>(ScratchSlot::GemmLanes, 16 * kOuterTokens * kPanelRows);
     double* sums = thread_scratch_array<double>(ScratchSlot::GemmSums, token_block * kRowBlock);
-    // Consecutive tasks of a thread share their tokens and stream the
-    // weights.
 #pragma omp for schedule(static)
-    for (int64_t task = 0; task < row_blocks * token_blocks; ++task) {
-      const int64_t t0 = task / row_blocks * token_block, r0 = task % row_blocks * row_block;
-      const int64_t nt = std::min(token_block, n - t0), nr = std::min(row_block, out - r0);
+    for (int64_t task = 0; task < tasks.count(); ++task) {
+      const int64_t t0 = tasks.first_token(task), r0 = tasks.first_row(task);
+      const int64_t nt = std::min(token_block, n - t0), nr = std::min(tasks.row_block, out - r0);
       const int64_t row_groups = (nr + kPanelRows - 1) / kPanelRows;
       std::fill_n(sums, nt * kRowBlock, 0.0);
       for (int64_t c0 = 0; c0 < cols; c0 += kChunk) {
         const int64_t c1 = std::min(cols, c0 + kChunk), steps = (c1 - c0) / 16;
-        // The next panel: this task's next chunk, or the first chunk of the
-        // next row block (the thread's next task under the static schedule).
-        int64_t next_r0 = r0, next_nr = nr, next_c0 = c1;
-        if (c1 == cols) {
-          next_r0 = (task + 1) % row_blocks * row_block;
-          next_nr = std::min(row_block, out - next_r0);
-          next_c0 = 0;
-        }
-        const int64_t next_c1 = std::min(cols, next_c0 + kChunk);
-        const int64_t token_groups = (nt + kOuterTokens - 1) / kOuterTokens;
-        const int64_t rows_per_group = (next_nr + token_groups - 1) / token_groups;
+        const NextPanel next = next_panel(tasks, out, cols, task, c1, (nt + kOuterTokens - 1) / kOuterTokens);
         for (int64_t r = 0; r < row_groups * kPanelRows; r += 16)
           decode_rows_to_panel(w, row_begin + r0 + r, int(std::clamp<int64_t>(nr - r, 0, 16)), c0, steps, rows_tmp,
                                panel + (r / kPanelRows) * 16 * steps * kPanelRows + r % kPanelRows);
         for (int64_t tg = t0; tg < t0 + nt; tg += kOuterTokens) {
-          const int64_t first = (tg - t0) / kOuterTokens * rows_per_group;
-          prefetch_weights(w, row_begin + next_r0 + std::min(first, next_nr),
-                           row_begin + next_r0 + std::min(first + rows_per_group, next_nr), next_c0, next_c1);
+          prefetch_next_panel_part(w, row_begin, next, (tg - t0) / kOuterTokens);
           const int group = int(std::min<int64_t>(kOuterTokens, n - tg));
           const float* xg = xp + tg * cols + group * c0;
           for (int64_t g = 0; g < row_groups; ++g) {
@@ -879,8 +896,7 @@ DSV4_AVX512 void packed_gemm_outer_avx512(const Linear& w, int64_t row_begin, in
           }
         }
       }
-      for (int64_t t = 0; t < nt; ++t)
-        for (int64_t r = 0; r < nr; ++r) y[(t0 + t) * y_stride + r0 + r] = float(sums[t * kRowBlock + r]);
+      store_task_sums(sums, 1, kRowBlock, nt, nr, y + t0 * y_stride + r0, y_stride);
     }
   }
 }
