@@ -319,77 +319,136 @@ DSV4_AVX512 double dot_avx512(const Linear& w, int64_t row, const float* x) {
 // (8 KB) gain nothing from it.
 constexpr int64_t kPrefetchRowsAhead = 4;
 
+// Few tokens (decode and small batches), in registers: four consecutive rows
+// against the tokens in groups of up to four, the weights decoded in
+// registers for each group (one pass over the weights from memory: a group
+// after the first finds the rows' chunk in L1). Four rows x four tokens keep
+// 16 FMA chains in flight. Each (row, token) sees exactly the sequence
+// dot_avx512 gives it: same bits.
+//
+// The loop nest is chunk-major: for each 1024-column chunk, every token group
+// in turn. When each group walked whole rows instead, the first group
+// stalled on DRAM while the others ran from cache, with no overlap between
+// the two (the head of a 16-sequence decode step, BF16 from DRAM: 55-65
+// GMAC/s); now the groups ask for the rows' next chunk while they compute
+// this one.
+//
+// Each format gives one generic lambda, add_chunk(c0, c1, x, a, group,
+// groups), that adds the products of columns [c0, c1) of the four rows with
+// the group's T tokens x[0..T) to a[row][t]. It is inlined into this small
+// loop nest, so that the compiler keeps the accumulators in registers (one
+// function with a switch over formats spilled them at every scale block).
+constexpr int kSmallTokenGroup = 4;
+// Below this many tokens, weights are decoded in registers (above) instead of
+// into packed panels. BF16 rows decode with one shift, so decoding them
+// again for each group costs little, and the head of a 16-sequence decode
+// step (BF16 from DRAM) ran at 53-64 GMAC/s in registers against 37-53
+// packed; FP8 and FP4 rows cost more to decode: packed from 8 tokens (16
+// tokens in cache: FP8 68-71 against 46-52, FP4 72-76 against 50-69).
+constexpr int64_t kPackedMinTokens = 8, kPackedMinTokensBf16 = 17;
+constexpr int64_t kMaxRegisterTokens = std::max(kPackedMinTokens, kPackedMinTokensBf16) - 1;
+
+int64_t packed_min_tokens(const Linear& w) {
+  return w.format == WeightFormat::FP8_BLOCK128 || w.format == WeightFormat::FP4_BLOCK32 ? kPackedMinTokens
+                                                                                          : kPackedMinTokensBf16;
+}
+
+// 16 bf16 values as floats: one word permutation (vpermw, zero-masked) puts
+// value j in the high half of lane j, where a float keeps the bf16 bits;
+// one p5 uop where widening and shifting take a p5 and a p0 uop.
+DSV4_AVX512 inline __m512i bf16_widen_index() {
+  alignas(64) static const uint16_t index[32] = {0, 0, 0, 1, 0, 2, 0, 3, 0, 4, 0, 5, 0, 6, 0, 7,
+                                                0, 8, 0, 9, 0, 10, 0, 11, 0, 12, 0, 13, 0, 14, 0, 15};
+  return _mm512_load_si512(index);
+}
+DSV4_AVX512 inline __m512 bf16x16_to_ps_avx512(const uint16_t* p, __m512i widen) {
+  return _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(
+      __mmask32(0xAAAAAAAAu), widen, _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)p))));
+}
+
 template <int T>
 DSV4_AVX512 inline void fma16_tokens(__m512 v, const float* const* x, int64_t i, __m512* a) {
   for (int t = 0; t < T; ++t) a[t] = _mm512_fmadd_ps(v, _mm512_loadu_ps(x[t] + i), a[t]);
 }
 
-// Adds a chunk's folded lanes to the running sums and clears the lanes.
-template <int R, int T>
-DSV4_AVX512 inline void fold_chunk(__m512 (*a)[T], double (*sum)[T]) {
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) {
-      sum[r][t] += fold16_avx512(a[r][t]);
-      a[r][t] = _mm512_setzero_ps();
-    }
-}
-
-template <int T>
-DSV4_AVX512 inline void store_rows4(const double (*sum)[T], double* out, int64_t out_stride) {
-  for (int r = 0; r < 4; ++r)
-    for (int t = 0; t < T; ++t) out[t * out_stride + r] = sum[r][t];
-}
-
-// dot4_tokens_*: four consecutive rows against T <= 4 tokens, the weights
-// decoded in registers once for all T (decode and small batches: one pass
-// over the weights). Four rows keep at least four FMA chains in flight. Each
-// (row, token) sees exactly the sequence dot_avx512 gives it: same bits.
-//
-// The part every format shares: accumulators, chunks, folds and the stores.
-// `add_chunk(c0, c1, a)` adds the products of columns [c0, c1) to a[row][t];
-// one lambda per format, inlined into this small loop nest, so that the
-// compiler keeps the accumulators in registers (one function with a switch
-// over formats spilled them at every scale block).
+// One group of T tokens over one chunk; its folded lanes are added to
+// sums[row * kMaxRegisterTokens + t].
 template <int T, class AddChunk>
-DSV4_AVX512 inline void dot4_tokens_chunks(int64_t cols, double* out, int64_t out_stride, AddChunk add_chunk) {
+DSV4_AVX512 inline void dot4_group_chunk(const AddChunk& add_chunk, int64_t c0, int64_t c1, const float* const* x,
+                                         int group, int groups, double* sums) {
   __m512 a[4][T];
-  double sum[4][T] = {};
   for (auto& r : a)
     for (auto& t : r) t = _mm512_setzero_ps();
-  for (int64_t c0 = 0; c0 < cols; c0 += kChunk) {
-    add_chunk(c0, std::min(cols, c0 + kChunk), a);
-    fold_chunk<4, T>(a, sum);
-  }
-  store_rows4<T>(sum, out, out_stride);
+  add_chunk(c0, c1, x, a, group, groups);
+  for (int r = 0; r < 4; ++r)
+    for (int t = 0; t < T; ++t) sums[r * kMaxRegisterTokens + t] += fold16_avx512(a[r][t]);
 }
 
-template <int T>
-DSV4_AVX512 void dot4_tokens_float_avx512(const Linear& w, int64_t row0, const float* const* x, double* out,
-                                          int64_t out_stride) {
-  const int64_t n = w.cols;
-  dot4_tokens_chunks<T>(n, out, out_stride, [&](int64_t c0, int64_t c1, __m512 (*a)[T]) DSV4_AVX512 {
+// n <= kMaxRegisterTokens tokens (xs: [n][cols], storage order); out[t *
+// out_stride + r] receives (row r, token t).
+template <class AddChunk>
+DSV4_AVX512 inline void dot4_token_groups(int64_t cols, const float* xs, int64_t n, double* out, int64_t out_stride,
+                                          const AddChunk& add_chunk) {
+  double sums[4][kMaxRegisterTokens] = {};
+  const int groups = int((n + kSmallTokenGroup - 1) / kSmallTokenGroup);
+  for (int64_t c0 = 0; c0 < cols; c0 += kChunk) {
+    const int64_t c1 = std::min(cols, c0 + kChunk);
+    for (int g = 0; g < groups; ++g) {
+      const int64_t t = int64_t(g) * kSmallTokenGroup;
+      const float* x[kSmallTokenGroup];
+      for (int u = 0; u < kSmallTokenGroup; ++u) x[u] = xs + std::min(t + u, n - 1) * cols;
+      double* s = &sums[0][t];
+      switch (std::min<int64_t>(kSmallTokenGroup, n - t)) {
+        case 4: dot4_group_chunk<4>(add_chunk, c0, c1, x, g, groups, s); break;
+        case 3: dot4_group_chunk<3>(add_chunk, c0, c1, x, g, groups, s); break;
+        case 2: dot4_group_chunk<2>(add_chunk, c0, c1, x, g, groups, s); break;
+        default: dot4_group_chunk<1>(add_chunk, c0, c1, x, g, groups, s); break;
+      }
+    }
+  }
+  for (int r = 0; r < 4; ++r)
+    for (int64_t t = 0; t < n; ++t) out[t * out_stride + r] = sums[r][t];
+}
+
+DSV4_AVX512 void dot4_float_avx512(const Linear& w, int64_t row0, const float* xs, int64_t n, double* out,
+                                   int64_t out_stride) {
+  const int64_t cols = w.cols;
+  const bool next_rows = row0 + 8 <= w.rows;
+  dot4_token_groups(cols, xs, n, out, out_stride,
+                    [&]<int T>(int64_t c0, int64_t c1, const float* const* x, __m512 (*a)[T], int group,
+                               int groups) DSV4_AVX512 {
     if (w.format == WeightFormat::F32) {
-      const float* p = reinterpret_cast<const float*>(w.data) + row0 * n;
+      const float* p = reinterpret_cast<const float*>(w.data) + row0 * cols;
       for (int64_t i = c0; i < c1; i += 16)
-        for (int r = 0; r < 4; ++r) fma16_tokens<T>(_mm512_loadu_ps(p + r * n + i), x, i, a[r]);
-    } else {
-      const uint16_t* p = reinterpret_cast<const uint16_t*>(w.data) + row0 * n;
-      for (int64_t i = c0; i < c1; i += 16)
-        for (int r = 0; r < 4; ++r)
-          fma16_tokens<T>(_mm512_castsi512_ps(_mm512_slli_epi32(
-                              _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(p + r * n + i))), 16)),
-                          x, i, a[r]);
+        for (int r = 0; r < 4; ++r) fma16_tokens<T>(_mm512_loadu_ps(p + r * cols + i), x, i, a[r]);
+      return;
+    }
+    const uint16_t* p = reinterpret_cast<const uint16_t*>(w.data) + row0 * cols;
+    const __m512i widen = bf16_widen_index();
+    // Several groups share the prefetches of the rows' next chunk (after the
+    // last chunk, the first chunk of the next four rows, which this thread
+    // takes next), each group its rows, one cache line per two steps. One
+    // group alone (batch 1) gains nothing from them: its 8 KB rows are long
+    // enough streams for the hardware prefetchers.
+    const uint16_t* next = c1 < cols ? p + c1 : next_rows ? p + 4 * cols : nullptr;
+    if (groups == 1) next = nullptr;
+    for (int64_t i = c0; i < c1; i += 16) {
+      if (next && (i - c0) % 32 == 0)
+        for (int r = group; r < 4; r += groups) _mm_prefetch((const char*)(next + r * cols + (i - c0)), _MM_HINT_T0);
+      for (int r = 0; r < 4; ++r)
+        fma16_tokens<T>(bf16x16_to_ps_avx512(p + r * cols + i, widen), x, i, a[r]);
     }
   });
 }
 
-template <int T>
-DSV4_AVX512 void dot4_tokens_fp8_avx512(const Linear& w, int64_t row0, const float* const* x, double* out,
-                                        int64_t out_stride) {
-  const int64_t n = w.cols;
-  const uint8_t* p = w.data + row0 * n;
+DSV4_AVX512 void dot4_fp8_avx512(const Linear& w, int64_t row0, const float* xs, int64_t n, double* out,
+                                 int64_t out_stride) {
+  const int64_t cols = w.cols;
+  const uint8_t* p = w.data + row0 * cols;
   const bool prefetch = row0 + kPrefetchRowsAhead + 4 <= w.rows;
-  dot4_tokens_chunks<T>(n, out, out_stride, [&](int64_t c0, int64_t c1, __m512 (*a)[T]) DSV4_AVX512 {
+  dot4_token_groups(cols, xs, n, out, out_stride,
+                    [&]<int T>(int64_t c0, int64_t c1, const float* const* x, __m512 (*a)[T], int group,
+                               int) DSV4_AVX512 {
     for (int64_t b = c0; b < c1; b += 128) {
       const int64_t end = std::min(c1, b + 128);
       // The four rows share their scale row unless they straddle a 128-row
@@ -404,16 +463,17 @@ DSV4_AVX512 void dot4_tokens_fp8_avx512(const Linear& w, int64_t row0, const flo
         __m512 sc[4];
         for (int r = 0; r < 4; ++r) sc[r] = _mm512_set1_ps(e8m0_to_float(sb[r]) * 256.0f);
         for (int64_t i = b; i < end; i += 16) {
-          if (prefetch && i % 64 == 0)  // one cache line per row
+          if (prefetch && group == 0 && i % 64 == 0)  // one cache line per row
             for (int r = 0; r < 4; ++r)
-              _mm_prefetch((const char*)(p + (r + kPrefetchRowsAhead) * n + i), _MM_HINT_T0);
+              _mm_prefetch((const char*)(p + (r + kPrefetchRowsAhead) * cols + i), _MM_HINT_T0);
           for (int r = 0; r < 4; ++r)
-            fma16_tokens<T>(e4m3_to_ps_via_half(_mm_loadu_si128((const __m128i*)(p + r * n + i)), sc[r]), x, i, a[r]);
+            fma16_tokens<T>(e4m3_to_ps_via_half(_mm_loadu_si128((const __m128i*)(p + r * cols + i)), sc[r]), x, i,
+                            a[r]);
         }
       } else {
         for (int64_t i = b; i < end; i += 16)
           for (int r = 0; r < 4; ++r)
-            fma16_tokens<T>(e4m3_to_ps_avx512(_mm_loadu_si128((const __m128i*)(p + r * n + i)),
+            fma16_tokens<T>(e4m3_to_ps_avx512(_mm_loadu_si128((const __m128i*)(p + r * cols + i)),
                                               _mm512_set1_ps(e8m0_to_float(sb[r]))),
                             x, i, a[r]);
       }
@@ -421,22 +481,24 @@ DSV4_AVX512 void dot4_tokens_fp8_avx512(const Linear& w, int64_t row0, const flo
   });
 }
 
-template <int T>
-DSV4_AVX512 void dot4_tokens_fp4_avx512(const Linear& w, int64_t row0, const float* const* x, double* out,
-                                        int64_t out_stride) {
-  const int64_t n = w.cols;
-  const uint8_t* p = w.data + row0 * (n / 2);
+DSV4_AVX512 void dot4_fp4_avx512(const Linear& w, int64_t row0, const float* xs, int64_t n, double* out,
+                                 int64_t out_stride) {
+  const int64_t cols = w.cols;
+  const uint8_t* p = w.data + row0 * (cols / 2);
   const uint8_t* s = w.scale + row0 * w.scale_cols;
   const E2m1Tables& tables = e2m1_tables();
   const bool prefetch = row0 + kPrefetchRowsAhead + 4 <= w.rows;
-  dot4_tokens_chunks<T>(n, out, out_stride, [&](int64_t c0, int64_t c1, __m512 (*a)[T]) DSV4_AVX512 {
+  dot4_token_groups(cols, xs, n, out, out_stride,
+                    [&]<int T>(int64_t c0, int64_t c1, const float* const* x, __m512 (*a)[T], int group,
+                               int) DSV4_AVX512 {
     for (int64_t b = c0; b < c1; b += 32) {
-      if (prefetch && b % 128 == 0)  // one cache line per row
+      if (prefetch && group == 0 && b % 128 == 0)  // one cache line per row
         for (int r = 0; r < 4; ++r)
-          _mm_prefetch((const char*)(p + (r + kPrefetchRowsAhead) * (n / 2) + b / 2), _MM_HINT_T0);
+          _mm_prefetch((const char*)(p + (r + kPrefetchRowsAhead) * (cols / 2) + b / 2), _MM_HINT_T0);
       for (int r = 0; r < 4; ++r) {
         __m512 even, odd;
-        e2m1_block_avx512(p + r * (n / 2) + b / 2, e2m1_table_avx512(tables, s[r * w.scale_cols + b / 32]), even, odd);
+        e2m1_block_avx512(p + r * (cols / 2) + b / 2, e2m1_table_avx512(tables, s[r * w.scale_cols + b / 32]), even,
+                          odd);
         fma16_tokens<T>(even, x, b, a[r]);
         fma16_tokens<T>(odd, x, b + 16, a[r]);
       }
@@ -444,47 +506,14 @@ DSV4_AVX512 void dot4_tokens_fp4_avx512(const Linear& w, int64_t row0, const flo
   });
 }
 
-template <int T>
-DSV4_AVX512 void dot4_tokens_avx512(const Linear& w, int64_t row0, const float* const* x, double* out,
-                                    int64_t out_stride) {
-  switch (w.format) {
-    case WeightFormat::F32:
-    case WeightFormat::BF16: dot4_tokens_float_avx512<T>(w, row0, x, out, out_stride); break;
-    case WeightFormat::FP8_BLOCK128: dot4_tokens_fp8_avx512<T>(w, row0, x, out, out_stride); break;
-    case WeightFormat::FP4_BLOCK32: dot4_tokens_fp4_avx512<T>(w, row0, x, out, out_stride); break;
-  }
-}
-
-constexpr int kSmallTokenGroup = 4;
-// Below this many tokens, weights are decoded in registers for each group of
-// up to four tokens (dot4_all_tokens_avx512) instead of into packed panels.
-// BF16 rows decode with one shift, so decoding them again for each group
-// costs little, and the head of a 16-sequence decode step (BF16 from DRAM)
-// ran at 53-64 GMAC/s in registers against 37-53 packed; FP8 and FP4 rows
-// cost more to decode: packed from 8 tokens (16 tokens in cache: FP8 68-71
-// against 46-52, FP4 72-76 against 50-69).
-constexpr int64_t kPackedMinTokens = 8, kPackedMinTokensBf16 = 17;
-constexpr int64_t kMaxRegisterTokens = std::max(kPackedMinTokens, kPackedMinTokensBf16) - 1;
-
-int64_t packed_min_tokens(const Linear& w) {
-  return w.format == WeightFormat::FP8_BLOCK128 || w.format == WeightFormat::FP4_BLOCK32 ? kPackedMinTokens
-                                                                                          : kPackedMinTokensBf16;
-}
-
-// Rows [row0, row0 + 4) against n < packed_min_tokens(w) tokens; a group
-// after the first finds the four rows in L1.
+// Rows [row0, row0 + 4) against n < packed_min_tokens(w) tokens.
 DSV4_AVX512 void dot4_all_tokens_avx512(const Linear& w, int64_t row0, const float* xs, int64_t n, double* out,
                                         int64_t out_stride) {
-  const int64_t cols = w.cols;
-  for (int64_t t = 0; t < n; t += kSmallTokenGroup) {
-    const float* x[kSmallTokenGroup];
-    for (int u = 0; u < kSmallTokenGroup; ++u) x[u] = xs + std::min(t + u, n - 1) * cols;
-    switch (std::min<int64_t>(kSmallTokenGroup, n - t)) {
-      case 4: dot4_tokens_avx512<4>(w, row0, x, out + t * out_stride, out_stride); break;
-      case 3: dot4_tokens_avx512<3>(w, row0, x, out + t * out_stride, out_stride); break;
-      case 2: dot4_tokens_avx512<2>(w, row0, x, out + t * out_stride, out_stride); break;
-      default: dot4_tokens_avx512<1>(w, row0, x, out + t * out_stride, out_stride); break;
-    }
+  switch (w.format) {
+    case WeightFormat::F32:
+    case WeightFormat::BF16: dot4_float_avx512(w, row0, xs, n, out, out_stride); break;
+    case WeightFormat::FP8_BLOCK128: dot4_fp8_avx512(w, row0, xs, n, out, out_stride); break;
+    case WeightFormat::FP4_BLOCK32: dot4_fp4_avx512(w, row0, xs, n, out, out_stride); break;
   }
 }
 
