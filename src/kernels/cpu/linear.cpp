@@ -1,6 +1,7 @@
 #include "kernels/cpu/linear.h"
 
 #include <immintrin.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -311,13 +312,13 @@ DSV4_AVX512 double dot_avx512(const Linear& w, int64_t row, const float* x) {
   return sum;
 }
 
-// The FP8 and FP4 row groups ask for the next group's bytes (the four rows
-// after theirs, which the same thread takes next) as they go. Their rows are
-// short streams (2-4 KB) that the hardware prefetchers pick up too late:
-// with this, a batch-1 product over DRAM-resident weights went from 9 to
-// 14-18 GB/s (FP4) and from 16-17 to 19 GB/s (FP8) on 2 threads. BF16 rows
-// (8 KB) gain nothing from it.
-constexpr int64_t kPrefetchRowsAhead = 4;
+// A register group with one token group (batch 1) asks for each stream's
+// bytes kPrefetchBytesAhead ahead as it goes (past a row's end: the next row
+// of the stream, which the same thread takes next). The hardware prefetchers
+// alone kept too few lines in flight: batch-1 products over DRAM-resident
+// weights on 2 threads went from 23 to 27-28 GB/s (BF16), 19 to 21 (FP8),
+// 19-20 to 20-21 (FP4); 1-2 KB ahead did equally well, 4 KB worse.
+constexpr int64_t kPrefetchBytesAhead = 1024;
 
 // Few tokens (decode and small batches), in registers: four consecutive rows
 // against the tokens in groups of up to four, the weights decoded in
@@ -410,70 +411,84 @@ DSV4_AVX512 inline void dot4_token_groups(int64_t cols, const float* xs, int64_t
     for (int64_t t = 0; t < n; ++t) out[t * out_stride + r] = sums[r][t];
 }
 
-DSV4_AVX512 void dot4_float_avx512(const Linear& w, int64_t row0, const float* xs, int64_t n, double* out,
+// The four rows of a register group: row(r) = first + r * stride. A thread
+// walks its rows as four streams (stride = a quarter of its rows; the group
+// after this one holds the next row of each stream), the access pattern of
+// the four-stream bandwidth measure: each stream runs on through row after
+// row, where consecutive groups of four rows restarted four short streams
+// every few KB.
+struct RowGroup {
+  int64_t first = 0, stride = 1;
+  bool has_next = false;  // the same thread takes rows row(r) + 1 next
+  int64_t row(int r) const { return first + r * stride; }
+};
+
+DSV4_AVX512 void dot4_float_avx512(const Linear& w, RowGroup g, const float* xs, int64_t n, double* out,
                                    int64_t out_stride) {
   const int64_t cols = w.cols;
-  const bool next_rows = row0 + 8 <= w.rows;
   dot4_token_groups(cols, xs, n, out, out_stride,
                     [&]<int T>(int64_t c0, int64_t c1, const float* const* x, __m512 (*a)[T], int group,
                                int groups) DSV4_AVX512 {
     if (w.format == WeightFormat::F32) {
-      const float* p = reinterpret_cast<const float*>(w.data) + row0 * cols;
+      const float* p[4];
+      for (int r = 0; r < 4; ++r) p[r] = reinterpret_cast<const float*>(w.data) + g.row(r) * cols;
       for (int64_t i = c0; i < c1; i += 16)
-        for (int r = 0; r < 4; ++r) fma16_tokens<T>(_mm512_loadu_ps(p + r * cols + i), x, i, a[r]);
+        for (int r = 0; r < 4; ++r) fma16_tokens<T>(_mm512_loadu_ps(p[r] + i), x, i, a[r]);
       return;
     }
-    const uint16_t* p = reinterpret_cast<const uint16_t*>(w.data) + row0 * cols;
+    const uint16_t* p[4];
+    for (int r = 0; r < 4; ++r) p[r] = reinterpret_cast<const uint16_t*>(w.data) + g.row(r) * cols;
     const __m512i widen = bf16_widen_index();
-    // Several groups share the prefetches of the rows' next chunk (after the
-    // last chunk, the first chunk of the next four rows, which this thread
-    // takes next), each group its rows, one cache line per two steps. One
-    // group alone (batch 1) gains nothing from them: its 8 KB rows are long
-    // enough streams for the hardware prefetchers.
-    const uint16_t* next = c1 < cols ? p + c1 : next_rows ? p + 4 * cols : nullptr;
-    if (groups == 1) next = nullptr;
+    // One group (batch 1) asks for each stream's bytes kPrefetchBytesAhead
+    // ahead. Several groups share the prefetches of the rows' next chunk
+    // (after the last chunk, the first chunk of the rows this thread takes
+    // next), each group its rows, one cache line per two steps.
+    const bool next_chunk = c1 < cols;
+    const bool stream_ahead = groups == 1 && g.has_next;
+    const bool chunk_ahead = groups > 1 && (next_chunk || g.has_next);
     for (int64_t i = c0; i < c1; i += 16) {
-      if (next && (i - c0) % 32 == 0)
-        for (int r = group; r < 4; r += groups) _mm_prefetch((const char*)(next + r * cols + (i - c0)), _MM_HINT_T0);
-      for (int r = 0; r < 4; ++r)
-        fma16_tokens<T>(bf16x16_to_ps_avx512(p + r * cols + i, widen), x, i, a[r]);
+      if ((i - c0) % 32 == 0) {
+        if (stream_ahead)
+          for (int r = 0; r < 4; ++r) _mm_prefetch((const char*)(p[r] + i) + kPrefetchBytesAhead, _MM_HINT_T0);
+        else if (chunk_ahead)
+          for (int r = group; r < 4; r += groups)
+            _mm_prefetch((const char*)(p[r] + (next_chunk ? c1 : cols) + (i - c0)), _MM_HINT_T0);
+      }
+      for (int r = 0; r < 4; ++r) fma16_tokens<T>(bf16x16_to_ps_avx512(p[r] + i, widen), x, i, a[r]);
     }
   });
 }
 
-DSV4_AVX512 void dot4_fp8_avx512(const Linear& w, int64_t row0, const float* xs, int64_t n, double* out,
+DSV4_AVX512 void dot4_fp8_avx512(const Linear& w, RowGroup g, const float* xs, int64_t n, double* out,
                                  int64_t out_stride) {
   const int64_t cols = w.cols;
-  const uint8_t* p = w.data + row0 * cols;
-  const bool prefetch = row0 + kPrefetchRowsAhead + 4 <= w.rows;
+  const uint8_t* p[4];
+  for (int r = 0; r < 4; ++r) p[r] = w.data + g.row(r) * cols;
   dot4_token_groups(cols, xs, n, out, out_stride,
                     [&]<int T>(int64_t c0, int64_t c1, const float* const* x, __m512 (*a)[T], int group,
                                int) DSV4_AVX512 {
+    const bool prefetch = g.has_next && group == 0;
     for (int64_t b = c0; b < c1; b += 128) {
       const int64_t end = std::min(c1, b + 128);
-      // The four rows share their scale row unless they straddle a 128-row
-      // block (only when rows are not a multiple of 4 apart from 0).
       uint8_t sb[4];
       bool half_ok = true;
       for (int r = 0; r < 4; ++r) {
-        sb[r] = w.scale[((row0 + r) / 128) * w.scale_cols + b / 128];
+        sb[r] = w.scale[(g.row(r) / 128) * w.scale_cols + b / 128];
         half_ok = half_ok && sb[r] <= kMaxHalfPathScale;
       }
       if (half_ok) {
         __m512 sc[4];
         for (int r = 0; r < 4; ++r) sc[r] = _mm512_set1_ps(e8m0_to_float(sb[r]) * 256.0f);
         for (int64_t i = b; i < end; i += 16) {
-          if (prefetch && group == 0 && i % 64 == 0)  // one cache line per row
-            for (int r = 0; r < 4; ++r)
-              _mm_prefetch((const char*)(p + (r + kPrefetchRowsAhead) * cols + i), _MM_HINT_T0);
+          if (prefetch && i % 64 == 0)  // one cache line per row
+            for (int r = 0; r < 4; ++r) _mm_prefetch((const char*)(p[r] + i) + kPrefetchBytesAhead, _MM_HINT_T0);
           for (int r = 0; r < 4; ++r)
-            fma16_tokens<T>(e4m3_to_ps_via_half(_mm_loadu_si128((const __m128i*)(p + r * cols + i)), sc[r]), x, i,
-                            a[r]);
+            fma16_tokens<T>(e4m3_to_ps_via_half(_mm_loadu_si128((const __m128i*)(p[r] + i)), sc[r]), x, i, a[r]);
         }
       } else {
         for (int64_t i = b; i < end; i += 16)
           for (int r = 0; r < 4; ++r)
-            fma16_tokens<T>(e4m3_to_ps_avx512(_mm_loadu_si128((const __m128i*)(p + r * cols + i)),
+            fma16_tokens<T>(e4m3_to_ps_avx512(_mm_loadu_si128((const __m128i*)(p[r] + i)),
                                               _mm512_set1_ps(e8m0_to_float(sb[r]))),
                             x, i, a[r]);
       }
@@ -481,24 +496,26 @@ DSV4_AVX512 void dot4_fp8_avx512(const Linear& w, int64_t row0, const float* xs,
   });
 }
 
-DSV4_AVX512 void dot4_fp4_avx512(const Linear& w, int64_t row0, const float* xs, int64_t n, double* out,
+DSV4_AVX512 void dot4_fp4_avx512(const Linear& w, RowGroup g, const float* xs, int64_t n, double* out,
                                  int64_t out_stride) {
-  const int64_t cols = w.cols;
-  const uint8_t* p = w.data + row0 * (cols / 2);
-  const uint8_t* s = w.scale + row0 * w.scale_cols;
+  const int64_t cols = w.cols, row_bytes = cols / 2;
+  const uint8_t* p[4];
+  const uint8_t* s[4];
+  for (int r = 0; r < 4; ++r) {
+    p[r] = w.data + g.row(r) * row_bytes;
+    s[r] = w.scale + g.row(r) * w.scale_cols;
+  }
   const E2m1Tables& tables = e2m1_tables();
-  const bool prefetch = row0 + kPrefetchRowsAhead + 4 <= w.rows;
   dot4_token_groups(cols, xs, n, out, out_stride,
                     [&]<int T>(int64_t c0, int64_t c1, const float* const* x, __m512 (*a)[T], int group,
                                int) DSV4_AVX512 {
+    const bool prefetch = g.has_next && group == 0;
     for (int64_t b = c0; b < c1; b += 32) {
-      if (prefetch && group == 0 && b % 128 == 0)  // one cache line per row
-        for (int r = 0; r < 4; ++r)
-          _mm_prefetch((const char*)(p + (r + kPrefetchRowsAhead) * (cols / 2) + b / 2), _MM_HINT_T0);
+      if (prefetch && b % 128 == 0)  // one cache line per row
+        for (int r = 0; r < 4; ++r) _mm_prefetch((const char*)(p[r] + b / 2) + kPrefetchBytesAhead, _MM_HINT_T0);
       for (int r = 0; r < 4; ++r) {
         __m512 even, odd;
-        e2m1_block_avx512(p + r * (cols / 2) + b / 2, e2m1_table_avx512(tables, s[r * w.scale_cols + b / 32]), even,
-                          odd);
+        e2m1_block_avx512(p[r] + b / 2, e2m1_table_avx512(tables, s[r][b / 32]), even, odd);
         fma16_tokens<T>(even, x, b, a[r]);
         fma16_tokens<T>(odd, x, b + 16, a[r]);
       }
@@ -506,14 +523,14 @@ DSV4_AVX512 void dot4_fp4_avx512(const Linear& w, int64_t row0, const float* xs,
   });
 }
 
-// Rows [row0, row0 + 4) against n < packed_min_tokens(w) tokens.
-DSV4_AVX512 void dot4_all_tokens_avx512(const Linear& w, int64_t row0, const float* xs, int64_t n, double* out,
+// The four rows of `g` against n < packed_min_tokens(w) tokens.
+DSV4_AVX512 void dot4_all_tokens_avx512(const Linear& w, RowGroup g, const float* xs, int64_t n, double* out,
                                         int64_t out_stride) {
   switch (w.format) {
     case WeightFormat::F32:
-    case WeightFormat::BF16: dot4_float_avx512(w, row0, xs, n, out, out_stride); break;
-    case WeightFormat::FP8_BLOCK128: dot4_fp8_avx512(w, row0, xs, n, out, out_stride); break;
-    case WeightFormat::FP4_BLOCK32: dot4_fp4_avx512(w, row0, xs, n, out, out_stride); break;
+    case WeightFormat::BF16: dot4_float_avx512(w, g, xs, n, out, out_stride); break;
+    case WeightFormat::FP8_BLOCK128: dot4_fp8_avx512(w, g, xs, n, out, out_stride); break;
+    case WeightFormat::FP4_BLOCK32: dot4_fp4_avx512(w, g, xs, n, out, out_stride); break;
   }
 }
 
@@ -1041,22 +1058,32 @@ void linear_forward(const Linear& w, const float* x, int64_t n, float* y, int64_
     return;
   }
   const DotFn dot = dot_for(isa);
+  if (isa == KernelIsa::Avx512) {
+    // Each thread takes an equal share of the rows as four streams (see
+    // RowGroup); the last rows of a share that does not split in four go
+    // one by one.
+#pragma omp parallel num_threads(threads)
+    {
+      const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+      const int64_t o0 = out * id / nt, o1 = out * (id + 1) / nt, quarter = (o1 - o0) / 4;
+      for (int64_t j = 0; j < quarter; ++j) {
+        const RowGroup g{row_begin + o0 + j, quarter, j + 1 < quarter};
+        double r[4 * kMaxRegisterTokens];
+        dot4_all_tokens_avx512(w, g, xs, n, r, 4);
+        for (int64_t t = 0; t < n; ++t)
+          for (int q = 0; q < 4; ++q) y[t * y_stride + o0 + j + q * quarter] = float(r[t * 4 + q]);
+      }
+      for (int64_t o = o0 + 4 * quarter; o < o1; ++o)
+        for (int64_t t = 0; t < n; ++t) y[t * y_stride + o] = float(dot(w, row_begin + o, xs + t * cols));
+    }
+    return;
+  }
   const int64_t tile = 16;
   const int64_t n_tiles = (out + tile - 1) / tile;
 #pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t k = 0; k < n_tiles; ++k) {
-    int64_t o0 = k * tile, o1 = std::min(out, o0 + tile);
-    int64_t o = o0;
-    if (isa == KernelIsa::Avx512)
-      for (; o + 4 <= o1; o += 4) {
-        double r[4 * kMaxRegisterTokens];
-        dot4_all_tokens_avx512(w, row_begin + o, xs, n, r, 4);
-        for (int64_t t = 0; t < n; ++t)
-          for (int q = 0; q < 4; ++q) y[t * y_stride + o + q] = float(r[t * 4 + q]);
-      }
-    for (; o < o1; ++o)
+  for (int64_t k = 0; k < n_tiles; ++k)
+    for (int64_t o = k * tile; o < std::min(out, (k + 1) * tile); ++o)
       for (int64_t t = 0; t < n; ++t) y[t * y_stride + o] = float(dot(w, row_begin + o, xs + t * cols));
-  }
 }
 
 }  // namespace dsv4
