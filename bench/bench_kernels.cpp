@@ -1,6 +1,7 @@
 // Microbenchmarks of the CPU kernels, each beside its scalar reference and
 // checked against it before timing. Bytes/s counts weight bytes streamed.
 #include <benchmark/benchmark.h>
+#include <sys/mman.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -18,8 +19,30 @@
 namespace dsv4 {
 namespace {
 
+// Weights in transparent huge pages, as the model's loader keeps them: with
+// 4 KB pages, products that stream many rows at once also measure TLB
+// misses the engine does not have.
+template <class T>
+struct HugePageAllocator {
+  using value_type = T;
+  HugePageAllocator() = default;
+  template <class U>
+  HugePageAllocator(const HugePageAllocator<U>&) {}
+  T* allocate(std::size_t n) {
+    const std::size_t huge = std::size_t(2) << 20, bytes = (n * sizeof(T) + huge - 1) / huge * huge;
+    void* p = std::aligned_alloc(huge, bytes);
+    if (!p) throw std::bad_alloc();
+    madvise(p, bytes, MADV_HUGEPAGE);  // advisory: ignored where THP is off
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, std::size_t) { std::free(p); }
+  bool operator==(const HugePageAllocator&) const { return true; }
+  bool operator!=(const HugePageAllocator&) const { return false; }
+};
+
 struct Weights {
-  std::vector<uint8_t> data, scale;
+  std::vector<uint8_t, HugePageAllocator<uint8_t>> data;
+  std::vector<uint8_t> scale;
   Linear lin;
 };
 
@@ -59,6 +82,63 @@ Weights make_weights(WeightFormat f, int64_t rows, int64_t cols) {
   w.lin.scale = w.scale.empty() ? nullptr : w.scale.data();
   return w;
 }
+
+// The routed experts of a decode step: `experts` distinct FP4 experts of
+// V4-Flash's shape (gate and up 2048 x 4096, down 4096 x 2048: 13 MB each,
+// 530 MB in all, from DRAM), one token each, as separate linear_forward
+// calls (range 1 = 0) or as two linear_forward_many batches (range 1 = 1),
+// the way moe_forward runs them. Checked: both give the same bits.
+void BM_ExpertsDecode(benchmark::State& state) {
+  const int experts = int(state.range(0));
+  const bool many = state.range(1) != 0;
+  const int64_t dim = 4096, inter = 2048;
+  std::vector<Weights> w1, w3, w2;
+  for (int e = 0; e < experts; ++e) {
+    w1.push_back(make_weights(WeightFormat::FP4_BLOCK32, inter, dim));
+    w3.push_back(make_weights(WeightFormat::FP4_BLOCK32, inter, dim));
+    w2.push_back(make_weights(WeightFormat::FP4_BLOCK32, dim, inter));
+  }
+  std::vector<float> x(size_t(experts * dim)), a(size_t(experts * inter)), b(a.size()), y(x.size());
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd;
+  for (auto& v : x) v = nd(rng);
+  auto run = [&](bool batched) {
+    if (!batched) {
+      for (int e = 0; e < experts; ++e) {
+        linear_forward(w1[size_t(e)].lin, x.data() + e * dim, 1, a.data() + e * inter);
+        linear_forward(w3[size_t(e)].lin, x.data() + e * dim, 1, b.data() + e * inter);
+      }
+      for (int e = 0; e < experts; ++e) linear_forward(w2[size_t(e)].lin, a.data() + e * inter, 1, y.data() + e * dim);
+      return;
+    }
+    std::vector<LinearProduct> p;
+    for (int e = 0; e < experts; ++e) {
+      p.push_back({&w1[size_t(e)].lin, x.data() + e * dim, 1, a.data() + e * inter});
+      p.push_back({&w3[size_t(e)].lin, x.data() + e * dim, 1, b.data() + e * inter});
+    }
+    linear_forward_many(p.data(), p.size());
+    p.clear();
+    for (int e = 0; e < experts; ++e) p.push_back({&w2[size_t(e)].lin, a.data() + e * inter, 1, y.data() + e * dim});
+    linear_forward_many(p.data(), p.size());
+  };
+  run(!many);
+  const std::vector<float> other = y;
+  run(many);
+  if (std::memcmp(other.data(), y.data(), y.size() * sizeof(float)) != 0) {
+    state.SkipWithError("linear_forward_many differs from linear_forward");
+    return;
+  }
+  for (auto _ : state) {
+    run(many);
+    benchmark::DoNotOptimize(y.data());
+  }
+  int64_t bytes = 0;
+  for (int e = 0; e < experts; ++e)
+    bytes += w1[size_t(e)].lin.weight_bytes() + w3[size_t(e)].lin.weight_bytes() + w2[size_t(e)].lin.weight_bytes();
+  state.SetBytesProcessed(int64_t(state.iterations()) * bytes);
+  state.SetLabel(many ? "linear_forward_many" : "one linear_forward each");
+}
+BENCHMARK(BM_ExpertsDecode)->Args({40, 0})->Args({40, 1})->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // state.range: 0 = format, 1 = isa, 2 = tokens, 3 = weight MiB (0: 2048 x
 // 4096, which stays in cache: the compute ceiling; 512: streamed from DRAM,

@@ -299,6 +299,47 @@ TEST_P(LinearFormats, RowSliceWithStrideGivesScalarBits) {
   }
 }
 
+// linear_forward_many (the routed experts of a step in one batch of
+// products) gives each product the bits of its own linear_forward call, on
+// every path: few-token products share one parallel region, many-token
+// ones (packed GEMMs) run as single calls. Matrices of every format, rows
+// that do not split in four streams per thread, and an empty product.
+TEST(Linear, ManyProductsGiveEachProductsBits) {
+  std::vector<RandomLinear> weights;
+  weights.reserve(5);  // lin points into each one's buffers
+  weights.emplace_back(WeightFormat::FP4_BLOCK32, 70, 512, 31);
+  weights.emplace_back(WeightFormat::FP8_BLOCK128, 130, 2304, 32);
+  weights.emplace_back(WeightFormat::BF16, 97, 256, 33);
+  weights.emplace_back(WeightFormat::F32, 40, 128, 34);
+  weights.emplace_back(WeightFormat::FP4_BLOCK32, 64, 256, 35);
+  for (auto& w : weights) w.lin.quantize_input = w.lin.format == WeightFormat::FP8_BLOCK128 || w.lin.format == WeightFormat::FP4_BLOCK32;
+  const int64_t tokens[] = {1, 3, 16, 5, 20, 0};
+  const size_t count = 6;
+  std::vector<std::vector<float>> x(count);
+  std::vector<size_t> y_offset(count + 1, 0);
+  for (size_t i = 0; i < count; ++i) {
+    const Linear& w = weights[i % weights.size()].lin;
+    x[i] = normal_floats(size_t(std::max<int64_t>(tokens[i], 1) * w.cols), uint32_t(40 + i));
+    y_offset[i + 1] = y_offset[i] + size_t(tokens[i] * w.rows);
+  }
+  const KernelIsa saved = active_kernel_isa();
+  for (KernelIsa isa : {KernelIsa::Scalar, KernelIsa::Avx2, KernelIsa::Avx512}) {
+    if (!kernel_isa_supported(isa)) continue;
+    SCOPED_TRACE(kernel_isa_name(isa));
+    set_kernel_isa(isa);
+    std::vector<float> one(y_offset[count], -1.0f), many(y_offset[count], -2.0f);
+    std::vector<LinearProduct> products;
+    for (size_t i = 0; i < count; ++i) {
+      const Linear& w = weights[i % weights.size()].lin;
+      linear_forward(w, x[i].data(), tokens[i], one.data() + y_offset[i]);
+      products.push_back({&w, x[i].data(), tokens[i], many.data() + y_offset[i]});
+    }
+    linear_forward_many(products.data(), products.size());
+    EXPECT_EQ(0, std::memcmp(one.data(), many.data(), one.size() * 4));
+  }
+  set_kernel_isa(saved);
+}
+
 TEST(Linear, Fp4WidthMustBeWholeScaleBlocks) {
   RandomLinear w(WeightFormat::FP4_BLOCK32, 4, 64, 1);
   w.lin.cols = 48;  // the scale blocks are 32 wide

@@ -71,24 +71,52 @@ void moe_forward(const ModelConfig& c, const MoeWeights& w, const float* x, cons
   }
 
   // Each expert runs once over all tokens routed to it; outputs are added
-  // in ascending expert order, then the shared expert.
+  // in ascending expert order, then the shared expert. All routed experts'
+  // gate and up products go as one batch of products, then all their down
+  // products (linear_forward_many: same bits as one call each).
   std::fill(out, out + n * D, 0.0f);
-  std::vector<float> y;
-  for (int64_t e = 0; e < E; ++e) {
+  struct Routed {
+    const ExpertWeights* weights;
     std::vector<int64_t> rows;
     std::vector<float> row_weights;
+    int64_t offset;  // first row in the gathered buffers
+  };
+  std::vector<Routed> routed;
+  int64_t pairs = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    Routed r{&w.experts[size_t(e)], {}, {}, pairs};
     for (int64_t t = 0; t < n; ++t)
       for (int64_t k = 0; k < K; ++k)
         if (chosen[size_t(t * K + k)] == e) {
-          rows.push_back(t);
-          row_weights.push_back(chosen_weight[size_t(t * K + k)]);
+          r.rows.push_back(t);
+          r.row_weights.push_back(chosen_weight[size_t(t * K + k)]);
         }
-    if (rows.empty()) continue;
-    y.resize(rows.size() * size_t(D));
-    expert_forward(c, w.experts[size_t(e)], x, rows, row_weights, true, y.data());
-    for (size_t i = 0; i < rows.size(); ++i)
-      for (int64_t d = 0; d < D; ++d) out[rows[i] * D + d] += y[i * size_t(D) + size_t(d)];
+    if (r.rows.empty()) continue;
+    pairs += int64_t(r.rows.size());
+    routed.push_back(std::move(r));
   }
+  const int64_t I = c.moe_inter_dim;
+  std::vector<float> xin(size_t(pairs * D)), a(size_t(pairs * I)), b(size_t(pairs * I)), y(size_t(pairs * D));
+  std::vector<LinearProduct> products;
+  for (const Routed& r : routed) {
+    const int64_t m = int64_t(r.rows.size());
+    for (int64_t i = 0; i < m; ++i) std::copy_n(x + r.rows[size_t(i)] * D, D, xin.data() + (r.offset + i) * D);
+    products.push_back({&r.weights->w1, xin.data() + r.offset * D, m, a.data() + r.offset * I});
+    products.push_back({&r.weights->w3, xin.data() + r.offset * D, m, b.data() + r.offset * I});
+  }
+  linear_forward_many(products.data(), products.size());
+  products.clear();
+  for (const Routed& r : routed) {
+    const int64_t m = int64_t(r.rows.size());
+    for (int64_t i = 0; i < m; ++i)
+      swiglu(a.data() + (r.offset + i) * I, b.data() + (r.offset + i) * I, I, c.swiglu_limit,
+             r.row_weights[size_t(i)], true);
+    products.push_back({&r.weights->w2, a.data() + r.offset * I, m, y.data() + r.offset * D});
+  }
+  linear_forward_many(products.data(), products.size());
+  for (const Routed& r : routed)
+    for (size_t i = 0; i < r.rows.size(); ++i)
+      for (int64_t d = 0; d < D; ++d) out[r.rows[i] * D + d] += y[(size_t(r.offset) + i) * size_t(D) + size_t(d)];
   std::vector<int64_t> all(static_cast<size_t>(n));
   for (int64_t t = 0; t < n; ++t) all[size_t(t)] = t;
   y.resize(size_t(n * D));

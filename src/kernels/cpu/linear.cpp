@@ -1025,6 +1025,41 @@ double linear_dot_reference(const Linear& w, int64_t row, const float* x) {
   return double(sum);
 }
 
+namespace {
+
+// Inputs in storage order (rounded through FP8 if asked: the round trip
+// works on 128-column blocks, which the FP4 storage order only permutes
+// within), packed for the GEMM when `packed`. `row` is the thread's scratch row.
+void prepare_token(const Linear& w, const float* x, int64_t n, int64_t t, bool packed, bool outer, float* row,
+                   float* xs) {
+  const int64_t cols = w.cols;
+  float* dst = packed ? row : xs + t * cols;
+  to_storage_order(w, x + t * cols, dst);
+  if (w.quantize_input) fp8_round_trip(dst, cols, 128);
+  if (packed && outer) pack_token_outer(dst, cols, n, t, xs);
+  else if (packed) pack_token_dot(dst, cols, n, t, xs);
+}
+
+// Thread `id` of `nt`'s share of rows [row_begin, row_begin + out) against n
+// register-path tokens: an equal share of the rows, as four streams (see
+// RowGroup); the last rows of a share that does not split in four go one by
+// one.
+void register_rows_share(const Linear& w, int64_t row_begin, int64_t out, const float* xs, int64_t n, float* y,
+                         int64_t y_stride, int id, int nt) {
+  const int64_t o0 = out * id / nt, o1 = out * (id + 1) / nt, quarter = (o1 - o0) / 4;
+  for (int64_t j = 0; j < quarter; ++j) {
+    const RowGroup g{row_begin + o0 + j, quarter, j + 1 < quarter};
+    double r[4 * kMaxRegisterTokens];
+    dot4_all_tokens_avx512(w, g, xs, n, r, 4);
+    for (int64_t t = 0; t < n; ++t)
+      for (int q = 0; q < 4; ++q) y[t * y_stride + o0 + j + q * quarter] = float(r[t * 4 + q]);
+  }
+  for (int64_t o = o0 + 4 * quarter; o < o1; ++o)
+    for (int64_t t = 0; t < n; ++t) y[t * y_stride + o] = float(dot_avx512(w, row_begin + o, xs + t * w.cols));
+}
+
+}  // namespace
+
 void linear_forward(const Linear& w, const float* x, int64_t n, float* y, int64_t row_begin,
                     int64_t row_end, int64_t y_stride) {
   if (row_end < 0) row_end = w.rows;
@@ -1032,9 +1067,6 @@ void linear_forward(const Linear& w, const float* x, int64_t n, float* y, int64_
   if (y_stride < 0) y_stride = out;
   const int64_t cols = w.cols;
   check_width(w);
-  // Inputs in storage order (rounded through FP8 if asked: the round trip
-  // works on 128-column blocks, which the FP4 storage order only permutes
-  // within), packed for the GEMM when there are enough tokens.
   const KernelIsa isa = g_isa;  // one choice per call (tests switch it between calls)
   const bool packed = n >= packed_min_tokens(w) && isa == KernelIsa::Avx512;
   const bool outer = n >= kOuterMinTokens;
@@ -1043,13 +1075,7 @@ void linear_forward(const Linear& w, const float* x, int64_t n, float* y, int64_
   {
     float* row = thread_scratch_array<float>(ScratchSlot::LinearRow, cols);
 #pragma omp for schedule(static)
-    for (int64_t t = 0; t < n; ++t) {
-      float* dst = packed ? row : xs + t * cols;
-      to_storage_order(w, x + t * cols, dst);
-      if (w.quantize_input) fp8_round_trip(dst, cols, 128);
-      if (packed && outer) pack_token_outer(dst, cols, n, t, xs);
-      else if (packed) pack_token_dot(dst, cols, n, t, xs);
-    }
+    for (int64_t t = 0; t < n; ++t) prepare_token(w, x, n, t, packed, outer, row, xs);
   }
   const int threads = threads_for(out * cols * std::max<int64_t>(n, 1));
   if (packed) {
@@ -1057,33 +1083,54 @@ void linear_forward(const Linear& w, const float* x, int64_t n, float* y, int64_
     else packed_gemm_dot_avx512(w, row_begin, out, xs, n, y, y_stride, threads);
     return;
   }
-  const DotFn dot = dot_for(isa);
   if (isa == KernelIsa::Avx512) {
-    // Each thread takes an equal share of the rows as four streams (see
-    // RowGroup); the last rows of a share that does not split in four go
-    // one by one.
 #pragma omp parallel num_threads(threads)
-    {
-      const int nt = omp_get_num_threads(), id = omp_get_thread_num();
-      const int64_t o0 = out * id / nt, o1 = out * (id + 1) / nt, quarter = (o1 - o0) / 4;
-      for (int64_t j = 0; j < quarter; ++j) {
-        const RowGroup g{row_begin + o0 + j, quarter, j + 1 < quarter};
-        double r[4 * kMaxRegisterTokens];
-        dot4_all_tokens_avx512(w, g, xs, n, r, 4);
-        for (int64_t t = 0; t < n; ++t)
-          for (int q = 0; q < 4; ++q) y[t * y_stride + o0 + j + q * quarter] = float(r[t * 4 + q]);
-      }
-      for (int64_t o = o0 + 4 * quarter; o < o1; ++o)
-        for (int64_t t = 0; t < n; ++t) y[t * y_stride + o] = float(dot(w, row_begin + o, xs + t * cols));
-    }
+    register_rows_share(w, row_begin, out, xs, n, y, y_stride, omp_get_thread_num(), omp_get_num_threads());
     return;
   }
+  const DotFn dot = dot_for(isa);
   const int64_t tile = 16;
   const int64_t n_tiles = (out + tile - 1) / tile;
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t k = 0; k < n_tiles; ++k)
     for (int64_t o = k * tile; o < std::min(out, (k + 1) * tile); ++o)
       for (int64_t t = 0; t < n; ++t) y[t * y_stride + o] = float(dot(w, row_begin + o, xs + t * cols));
+}
+
+void linear_forward_many(const LinearProduct* products, size_t count) {
+  const KernelIsa isa = g_isa;
+  std::vector<size_t> fused;
+  std::vector<int64_t> offset;
+  int64_t floats = 0, work = 0;
+  for (size_t i = 0; i < count; ++i) {
+    const LinearProduct& p = products[i];
+    check_width(*p.w);
+    if (isa != KernelIsa::Avx512 || p.n < 1 || p.n >= packed_min_tokens(*p.w)) {
+      linear_forward(*p.w, p.x, p.n, p.y);
+      continue;
+    }
+    fused.push_back(i);
+    offset.push_back(floats);
+    floats += p.n * p.w->cols;
+    work += p.n * p.w->cols * p.w->rows;
+  }
+  if (fused.empty()) return;
+  float* xs = thread_scratch_array<float>(ScratchSlot::LinearInput, floats);
+#pragma omp parallel num_threads(threads_for(work))
+  {
+    const int nt = omp_get_num_threads(), id = omp_get_thread_num();
+    for (size_t k = 0; k < fused.size(); ++k) {
+      const LinearProduct& p = products[fused[k]];
+      for (int64_t t = 0; t < p.n; ++t)
+        if ((k + size_t(t)) % size_t(nt) == size_t(id))
+          prepare_token(*p.w, p.x, p.n, t, false, false, nullptr, xs + offset[k]);
+    }
+#pragma omp barrier
+    for (size_t k = 0; k < fused.size(); ++k) {
+      const LinearProduct& p = products[fused[k]];
+      register_rows_share(*p.w, 0, p.w->rows, xs + offset[k], p.n, p.y, p.w->rows, id, nt);
+    }
+  }
 }
 
 }  // namespace dsv4

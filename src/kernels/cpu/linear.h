@@ -73,6 +73,21 @@ double linear_dot_reference(const Linear& w, int64_t row, const float* x);
 void linear_forward(const Linear& w, const float* x, int64_t n, float* y,
                     int64_t row_begin = 0, int64_t row_end = -1, int64_t y_stride = -1);
 
+// One product Y = X W^T as linear_forward computes it: X is [n, w->cols],
+// Y is [n, w->rows].
+struct LinearProduct {
+  const Linear* w = nullptr;
+  const float* x = nullptr;
+  int64_t n = 0;
+  float* y = nullptr;
+};
+// The products, with the bits linear_forward gives each of them. Those with
+// few tokens (decode) share one parallel region, each thread taking its
+// share of every matrix in turn: the routed experts of a decode step (about
+// 80 experts x 3 matrices of 4 MB per layer at batch 16) stream back to back
+// instead of paying a fork, a join and a cold start each.
+void linear_forward_many(const LinearProduct* products, size_t count);
+
 // Decodes one weight row to floats (embedding lookups, tests).
 void linear_decode_row(const Linear& w, int64_t row, float* out);
 
