@@ -242,6 +242,14 @@ DSV4_AVX512 inline __m512 e4m3_to_ps_via_half(__m128i bytes16, __m512 scale256) 
   h = _mm256_and_si256(h, _mm256_set1_epi16(int16_t(0xBFFF)));
   return _mm512_mul_ps(_mm512_cvtph_ps(h), scale256);
 }
+// The same for 32 bytes: one widening, shift and mask for both halves
+// (12 uops per 32 values instead of 14 on the ports that also run the FMAs).
+DSV4_AVX512 inline void e4m3x32_to_ps_via_half(const uint8_t* bytes32, __m512 scale256, __m512& lo, __m512& hi) {
+  __m512i h = _mm512_slli_epi16(_mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)bytes32)), 7);
+  h = _mm512_and_si512(h, _mm512_set1_epi16(int16_t(0xBFFF)));
+  lo = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_castsi512_si256(h)), scale256);
+  hi = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)), scale256);
+}
 // The SIMD e4m3 decoders read the two NaN codes (0x7F, 0xFF) as +-480 where
 // the scalar table says NaN: checkpoints never hold them (a NaN weight), so
 // the bit-identity of the paths is only claimed for real e4m3 values.
@@ -479,12 +487,20 @@ DSV4_AVX512 void dot4_fp8_avx512(const Linear& w, RowGroup g, const float* xs, i
       if (half_ok) {
         __m512 sc[4];
         for (int r = 0; r < 4; ++r) sc[r] = _mm512_set1_ps(e8m0_to_float(sb[r]) * 256.0f);
-        for (int64_t i = b; i < end; i += 16) {
+        int64_t i = b;
+        for (; i + 32 <= end; i += 32) {
           if (prefetch && i % 64 == 0)  // one cache line per row
             for (int r = 0; r < 4; ++r) _mm_prefetch((const char*)(p[r] + i) + kPrefetchBytesAhead, _MM_HINT_T0);
+          for (int r = 0; r < 4; ++r) {
+            __m512 lo, hi;
+            e4m3x32_to_ps_via_half(p[r] + i, sc[r], lo, hi);
+            fma16_tokens<T>(lo, x, i, a[r]);
+            fma16_tokens<T>(hi, x, i + 16, a[r]);
+          }
+        }
+        for (; i < end; i += 16)
           for (int r = 0; r < 4; ++r)
             fma16_tokens<T>(e4m3_to_ps_via_half(_mm_loadu_si128((const __m128i*)(p[r] + i)), sc[r]), x, i, a[r]);
-        }
       } else {
         for (int64_t i = b; i < end; i += 16)
           for (int r = 0; r < 4; ++r)
