@@ -434,6 +434,9 @@ struct RowGroup {
 DSV4_AVX512 void dot4_float_avx512(const Linear& w, RowGroup g, const float* xs, int64_t n, double* out,
                                    int64_t out_stride) {
   const int64_t cols = w.cols;
+  // With several token groups, the first decodes each chunk's BF16 rows
+  // into this L1 buffer and the others load floats from it.
+  alignas(64) float decoded[4 * kChunk];
   dot4_token_groups(cols, xs, n, out, out_stride,
                     [&]<int T>(int64_t c0, int64_t c1, const float* const* x, __m512 (*a)[T], int group,
                                int groups) DSV4_AVX512 {
@@ -454,6 +457,15 @@ DSV4_AVX512 void dot4_float_avx512(const Linear& w, RowGroup g, const float* xs,
     const bool next_chunk = c1 < cols;
     const bool stream_ahead = groups == 1 && g.has_next;
     const bool chunk_ahead = groups > 1 && (next_chunk || g.has_next);
+    if (group > 0) {
+      for (int64_t i = c0; i < c1; i += 16) {
+        if ((i - c0) % 32 == 0 && chunk_ahead)
+          for (int r = group; r < 4; r += groups)
+            _mm_prefetch((const char*)(p[r] + (next_chunk ? c1 : cols) + (i - c0)), _MM_HINT_T0);
+        for (int r = 0; r < 4; ++r) fma16_tokens<T>(_mm512_load_ps(decoded + r * kChunk + (i - c0)), x, i, a[r]);
+      }
+      return;
+    }
     for (int64_t i = c0; i < c1; i += 16) {
       if ((i - c0) % 32 == 0) {
         if (stream_ahead)
@@ -462,7 +474,11 @@ DSV4_AVX512 void dot4_float_avx512(const Linear& w, RowGroup g, const float* xs,
           for (int r = group; r < 4; r += groups)
             _mm_prefetch((const char*)(p[r] + (next_chunk ? c1 : cols) + (i - c0)), _MM_HINT_T0);
       }
-      for (int r = 0; r < 4; ++r) fma16_tokens<T>(bf16x16_to_ps_avx512(p[r] + i, widen), x, i, a[r]);
+      for (int r = 0; r < 4; ++r) {
+        const __m512 v = bf16x16_to_ps_avx512(p[r] + i, widen);
+        if (groups > 1) _mm512_store_ps(decoded + r * kChunk + (i - c0), v);
+        fma16_tokens<T>(v, x, i, a[r]);
+      }
     }
   });
 }
