@@ -258,7 +258,7 @@ std::vector<float> normal_floats(size_t n, uint32_t seed) {
 }
 
 // The SIMD paths follow the canonical reduction order exactly: same bits.
-// Tokens: register groups of 1-4 (below 8; BF16 below 17), the dot form's
+// Tokens: register groups of 1-4 (FP4 below 8, the others below 17), the dot form's
 // packed groups of 6 (to 127), the outer form's groups of 12 (from 128). 70 rows leave
 // remainders after row groups of 4, 16 and 32 and row blocks of 64; 2304
 // columns are two chunks and a partial one.
