@@ -25,19 +25,45 @@ void swiglu(float* a, const float* b, int64_t n, float limit, float weight, bool
   }
 }
 
-// Runs one expert on the rows of `x` listed in `rows`; writes [rows, dim].
-void expert_forward(const ModelConfig& c, const ExpertWeights& e, const float* x,
-                    const std::vector<int64_t>& rows, const std::vector<float>& row_weights,
-                    bool weighted, float* y) {
-  const int64_t n = int64_t(rows.size()), D = c.dim, I = c.moe_inter_dim;
-  std::vector<float> xin(size_t(n * D)), a(size_t(n * I)), b(size_t(n * I));
-  for (int64_t i = 0; i < n; ++i) std::copy_n(x + rows[size_t(i)] * D, D, xin.data() + i * D);
-  linear_forward(e.w1, xin.data(), n, a.data());
-  linear_forward(e.w3, xin.data(), n, b.data());
-  for (int64_t i = 0; i < n; ++i)
-    swiglu(a.data() + i * I, b.data() + i * I, I, c.swiglu_limit,
-           weighted ? row_weights[size_t(i)] : 1.0f, weighted);
-  linear_forward(e.w2, a.data(), n, y);
+// One expert over the rows of `x` routed to it.
+struct ExpertRun {
+  const ExpertWeights* weights = nullptr;
+  std::vector<int64_t> rows;
+  std::vector<float> row_weights;  // empty: unweighted (the shared expert)
+  int64_t offset = 0;              // its first row in the gathered buffers
+};
+
+// Runs the experts; run k's outputs [rows, dim] start at row runs[k].offset
+// of the result. All gate and up products go as one batch of products, then
+// all down products (linear_forward_many: same bits as one call each), so
+// the routed experts of a decode step stream back to back.
+std::vector<float> run_experts(const ModelConfig& c, const float* x, std::vector<ExpertRun>& runs) {
+  const int64_t D = c.dim, I = c.moe_inter_dim;
+  int64_t pairs = 0;
+  for (ExpertRun& r : runs) {
+    r.offset = pairs;
+    pairs += int64_t(r.rows.size());
+  }
+  std::vector<float> xin(size_t(pairs * D)), a(size_t(pairs * I)), b(size_t(pairs * I)), y(size_t(pairs * D));
+  std::vector<LinearProduct> products;
+  for (const ExpertRun& r : runs) {
+    const int64_t m = int64_t(r.rows.size());
+    for (int64_t i = 0; i < m; ++i) std::copy_n(x + r.rows[size_t(i)] * D, D, xin.data() + (r.offset + i) * D);
+    products.push_back({&r.weights->w1, xin.data() + r.offset * D, m, a.data() + r.offset * I});
+    products.push_back({&r.weights->w3, xin.data() + r.offset * D, m, b.data() + r.offset * I});
+  }
+  linear_forward_many(products.data(), products.size());
+  products.clear();
+  for (const ExpertRun& r : runs) {
+    const int64_t m = int64_t(r.rows.size());
+    const bool weighted = !r.row_weights.empty();
+    for (int64_t i = 0; i < m; ++i)
+      swiglu(a.data() + (r.offset + i) * I, b.data() + (r.offset + i) * I, I, c.swiglu_limit,
+             weighted ? r.row_weights[size_t(i)] : 1.0f, weighted);
+    products.push_back({&r.weights->w2, a.data() + r.offset * I, m, y.data() + r.offset * D});
+  }
+  linear_forward_many(products.data(), products.size());
+  return y;
 }
 
 }  // namespace
@@ -71,57 +97,26 @@ void moe_forward(const ModelConfig& c, const MoeWeights& w, const float* x, cons
   }
 
   // Each expert runs once over all tokens routed to it; outputs are added
-  // in ascending expert order, then the shared expert. All routed experts'
-  // gate and up products go as one batch of products, then all their down
-  // products (linear_forward_many: same bits as one call each).
-  std::fill(out, out + n * D, 0.0f);
-  struct Routed {
-    const ExpertWeights* weights;
-    std::vector<int64_t> rows;
-    std::vector<float> row_weights;
-    int64_t offset;  // first row in the gathered buffers
-  };
-  std::vector<Routed> routed;
-  int64_t pairs = 0;
+  // in ascending expert order, then the shared expert.
+  std::vector<ExpertRun> runs;
   for (int64_t e = 0; e < E; ++e) {
-    Routed r{&w.experts[size_t(e)], {}, {}, pairs};
+    ExpertRun r{&w.experts[size_t(e)], {}, {}, 0};
     for (int64_t t = 0; t < n; ++t)
       for (int64_t k = 0; k < K; ++k)
         if (chosen[size_t(t * K + k)] == e) {
           r.rows.push_back(t);
           r.row_weights.push_back(chosen_weight[size_t(t * K + k)]);
         }
-    if (r.rows.empty()) continue;
-    pairs += int64_t(r.rows.size());
-    routed.push_back(std::move(r));
+    if (!r.rows.empty()) runs.push_back(std::move(r));
   }
-  const int64_t I = c.moe_inter_dim;
-  std::vector<float> xin(size_t(pairs * D)), a(size_t(pairs * I)), b(size_t(pairs * I)), y(size_t(pairs * D));
-  std::vector<LinearProduct> products;
-  for (const Routed& r : routed) {
-    const int64_t m = int64_t(r.rows.size());
-    for (int64_t i = 0; i < m; ++i) std::copy_n(x + r.rows[size_t(i)] * D, D, xin.data() + (r.offset + i) * D);
-    products.push_back({&r.weights->w1, xin.data() + r.offset * D, m, a.data() + r.offset * I});
-    products.push_back({&r.weights->w3, xin.data() + r.offset * D, m, b.data() + r.offset * I});
-  }
-  linear_forward_many(products.data(), products.size());
-  products.clear();
-  for (const Routed& r : routed) {
-    const int64_t m = int64_t(r.rows.size());
-    for (int64_t i = 0; i < m; ++i)
-      swiglu(a.data() + (r.offset + i) * I, b.data() + (r.offset + i) * I, I, c.swiglu_limit,
-             r.row_weights[size_t(i)], true);
-    products.push_back({&r.weights->w2, a.data() + r.offset * I, m, y.data() + r.offset * D});
-  }
-  linear_forward_many(products.data(), products.size());
-  for (const Routed& r : routed)
+  ExpertRun shared{&w.shared, std::vector<int64_t>(size_t(n)), {}, 0};
+  for (int64_t t = 0; t < n; ++t) shared.rows[size_t(t)] = t;
+  runs.push_back(std::move(shared));
+  const std::vector<float> y = run_experts(c, x, runs);
+  std::fill(out, out + n * D, 0.0f);
+  for (const ExpertRun& r : runs)
     for (size_t i = 0; i < r.rows.size(); ++i)
       for (int64_t d = 0; d < D; ++d) out[r.rows[i] * D + d] += y[(size_t(r.offset) + i) * size_t(D) + size_t(d)];
-  std::vector<int64_t> all(static_cast<size_t>(n));
-  for (int64_t t = 0; t < n; ++t) all[size_t(t)] = t;
-  y.resize(size_t(n * D));
-  expert_forward(c, w.shared, x, all, {}, false, y.data());
-  for (int64_t i = 0; i < n * D; ++i) out[i] += y[size_t(i)];
 }
 
 }  // namespace dsv4
