@@ -785,10 +785,15 @@ void prefetch_weights(const Linear& w, int64_t row0, int64_t row1, int64_t c0, i
 }
 
 // How a packed product splits into tasks of row_block rows x token_block
-// tokens (token blocks major, so that a thread's consecutive tasks share
-// their tokens). Fewer tasks than threads (a small matrix, few tokens):
-// smaller row blocks, whole multiples of `row_unit`, so that every thread
-// gets rows. The blocking never changes bits.
+// tokens (token blocks major, so that consecutive tasks share their tokens).
+// Threads claim tasks one at a time (schedule(dynamic)): on a shared
+// machine a thread that loses its core for a while no longer holds the
+// other at the end of every product. With a static split, the FP8 and FP4
+// products of 128-1024 tokens on this 2-vCPU VM ran 80-105 GMAC/s in its
+// noisy phases against 105-120 with claiming, at the same best. Fewer
+// tasks than threads (a small matrix, few tokens): smaller row blocks, whole
+// multiples of `row_unit`, so that every thread gets rows. The blocking
+// never changes bits.
 struct PackedTasks {
   int64_t token_block, token_blocks, row_block, row_blocks;
   int64_t count() const { return row_blocks * token_blocks; }
@@ -808,10 +813,10 @@ PackedTasks packed_tasks(int64_t out, int64_t n, int threads, int token_group, i
 }
 
 // The panel after the one of (task, chunk [.., c1)): this task's next chunk,
-// or the first chunk of the next row block (the thread's next task under
-// the static schedule). Its rows are asked for in `token_groups` parts, one
-// before each token group of the current panel, so that reading it overlaps
-// the FMAs.
+// or the first chunk of the next task (which the next thread to finish
+// claims; from another core's L2 it is still closer than DRAM). Its rows
+// are asked for in `token_groups` parts, one before each token group of the
+// current panel, so that reading it overlaps the FMAs.
 struct NextPanel {
   int64_t row0, rows, c0, c1, rows_per_part;
 };
@@ -920,7 +925,7 @@ DSV4_AVX512 void packed_gemm_dot_avx512(const Linear& w, int64_t row_begin, int6
   {
     float* panel = thread_scratch_array<float>(ScratchSlot::GemmPanel, kRowBlock * kChunk);
     double* sums = thread_scratch_array<double>(ScratchSlot::GemmSums, kRowBlock * token_block);
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic)
     for (int64_t task = 0; task < tasks.count(); ++task) {
       const int64_t t0 = tasks.first_token(task), r0 = tasks.first_row(task);
       const int64_t nt = std::min(token_block, n - t0), nr = std::min(tasks.row_block, out - r0);
@@ -961,7 +966,7 @@ DSV4_AVX512 void packed_gemm_outer_avx512(const Linear& w, int64_t row_begin, in
     float* rows_tmp = thread_scratch_array<float>(ScratchSlot::GemmRows, 16 * kChunk);
     float* lanes = thread_scratch_array<float>(ScratchSlot::GemmLanes, 16 * kOuterTokens * kPanelRows);
     double* sums = thread_scratch_array<double>(ScratchSlot::GemmSums, token_block * kRowBlock);
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic)
     for (int64_t task = 0; task < tasks.count(); ++task) {
       const int64_t t0 = tasks.first_token(task), r0 = tasks.first_row(task);
       const int64_t nt = std::min(token_block, n - t0), nr = std::min(tasks.row_block, out - r0);
@@ -1084,13 +1089,13 @@ void prepare_token(const Linear& w, const float* x, int64_t n, int64_t t, bool p
   else if (packed) pack_token_dot(dst, cols, n, t, xs);
 }
 
-// Thread `id` of `nt`'s share of rows [row_begin, row_begin + out) against n
+// Piece `id` of `pieces` of rows [row_begin, row_begin + out) against n
 // register-path tokens: an equal share of the rows, as four streams (see
-// RowGroup); the last rows of a share that does not split in four go one by
+// RowGroup); the last rows of a piece that does not split in four go one by
 // one.
-void register_rows_share(const Linear& w, int64_t row_begin, int64_t out, const float* xs, int64_t n, float* y,
-                         int64_t y_stride, int id, int nt) {
-  const int64_t o0 = out * id / nt, o1 = out * (id + 1) / nt, quarter = (o1 - o0) / 4;
+void register_rows_piece(const Linear& w, int64_t row_begin, int64_t out, const float* xs, int64_t n, float* y,
+                         int64_t y_stride, int64_t id, int64_t pieces) {
+  const int64_t o0 = out * id / pieces, o1 = out * (id + 1) / pieces, quarter = (o1 - o0) / 4;
   for (int64_t j = 0; j < quarter; ++j) {
     const RowGroup g{row_begin + o0 + j, quarter, j + 1 < quarter};
     double r[4 * kMaxRegisterTokens];
@@ -1100,6 +1105,16 @@ void register_rows_share(const Linear& w, int64_t row_begin, int64_t out, const 
   }
   for (int64_t o = o0 + 4 * quarter; o < o1; ++o)
     for (int64_t t = 0; t < n; ++t) y[t * y_stride + o] = float(dot_avx512(w, row_begin + o, xs + t * w.cols));
+}
+
+// How many pieces the register path cuts a matrix of `out` rows into for
+// `threads` threads, which claim them one at a time: on a shared machine a
+// thread that loses its core for a while leaves its later pieces to the
+// other instead of holding it at the end of the product. Pieces keep at
+// least 64 rows (four streams of 16) once there are more than threads.
+constexpr int64_t kRegisterPiecesPerThread = 4;
+int64_t register_pieces(int64_t out, int threads) {
+  return std::max<int64_t>(threads, std::min<int64_t>(out / 64, threads * kRegisterPiecesPerThread));
 }
 
 }  // namespace
@@ -1129,7 +1144,12 @@ void linear_forward(const Linear& w, const float* x, int64_t n, float* y, int64_
   }
   if (isa == KernelIsa::Avx512) {
 #pragma omp parallel num_threads(threads)
-    register_rows_share(w, row_begin, out, xs, n, y, y_stride, omp_get_thread_num(), omp_get_num_threads());
+    {
+      const int64_t pieces = register_pieces(out, omp_get_num_threads());
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t piece = 0; piece < pieces; ++piece)
+        register_rows_piece(w, row_begin, out, xs, n, y, y_stride, piece, pieces);
+    }
     return;
   }
   const DotFn dot = dot_for(isa);
@@ -1160,6 +1180,7 @@ void linear_forward_many(const LinearProduct* products, size_t count) {
   }
   if (fused.empty()) return;
   float* xs = thread_scratch_array<float>(ScratchSlot::LinearInput, floats);
+  std::vector<std::pair<size_t, int64_t>> pieces;  // (index in fused, piece of its rows)
 #pragma omp parallel num_threads(threads_for(work))
   {
     const int nt = omp_get_num_threads(), id = omp_get_thread_num();
@@ -1169,10 +1190,17 @@ void linear_forward_many(const LinearProduct* products, size_t count) {
         if ((k + size_t(t)) % size_t(nt) == size_t(id))
           prepare_token(*p.w, p.x, p.n, t, false, false, nullptr, xs + offset[k]);
     }
-#pragma omp barrier
-    for (size_t k = 0; k < fused.size(); ++k) {
+#pragma omp single
+    for (size_t k = 0; k < fused.size(); ++k)
+      for (int64_t piece = 0; piece < register_pieces(products[fused[k]].w->rows, nt); ++piece)
+        pieces.emplace_back(k, piece);
+    // (The single's barrier also waits for every token's prepared input.)
+#pragma omp for schedule(dynamic, 1)
+    for (size_t item = 0; item < pieces.size(); ++item) {
+      const auto [k, piece] = pieces[item];
       const LinearProduct& p = products[fused[k]];
-      register_rows_share(*p.w, 0, p.w->rows, xs + offset[k], p.n, p.y, p.w->rows, id, nt);
+      register_rows_piece(*p.w, 0, p.w->rows, xs + offset[k], p.n, p.y, p.w->rows, piece,
+                          register_pieces(p.w->rows, nt));
     }
   }
 }

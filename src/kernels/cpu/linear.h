@@ -82,8 +82,8 @@ struct LinearProduct {
   float* y = nullptr;
 };
 // The products, with the bits linear_forward gives each of them. Those with
-// few tokens (decode) share one parallel region, each thread taking its
-// share of every matrix in turn: the routed experts of a decode step (about
+// few tokens (decode) share one parallel region, the threads claiming
+// pieces of the matrices in turn: the routed experts of a decode step (about
 // 80 experts x 3 matrices of 4 MB per layer at batch 16) stream back to back
 // instead of paying a fork, a join and a cold start each.
 void linear_forward_many(const LinearProduct* products, size_t count);
