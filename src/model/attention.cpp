@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/numeric.h"
+#include "core/scratch.h"
 #include "core/threads.h"
 #include "kernels/cpu/linear.h"
 #include "model/layers.h"
@@ -55,7 +56,7 @@ std::vector<std::vector<int32_t>> indexer_select(const ModelConfig& c, const Ind
                                                  const std::vector<Segment>& segments, const RowMap& rows,
                                                  const float* x, const float* qr, int64_t n_rows) {
   const int64_t heads = c.index_n_heads, hd = c.index_head_dim;
-  std::vector<float> q(size_t(n_rows * heads * hd)), head_weights(size_t(n_rows * heads));
+  ScratchArray<float> q(n_rows * heads * hd), head_weights(n_rows * heads);
   linear_forward(w.wq_b, qr, n_rows, q.data());
   linear_forward(w.weights_proj, x, n_rows, head_weights.data());
   const std::vector<int64_t>& position = rows.position;
@@ -69,7 +70,7 @@ std::vector<std::vector<int32_t>> indexer_select(const ModelConfig& c, const Ind
       hadamard_transform(qh, hd);
       fp4_round_trip(qh, hd, 32);
     }
-    for (int64_t h = 0; h < heads; ++h) head_weights[size_t(r * heads + h)] *= weight_scale;
+    for (int64_t h = 0; h < heads; ++h) head_weights[r * heads + h] *= weight_scale;
   }
   CompressorProjections proj = compressor_project(w.compressor, x, n_rows);
   for (const Segment& s : segments)
@@ -108,12 +109,12 @@ void attention_forward(const ModelConfig& c, const AttentionWeights& w, const Ro
   const std::vector<const Segment*>& owner = rows.owner;
 
   // Query path; qr is shared with the indexer.
-  std::vector<float> qr(size_t(n * c.q_lora_rank)), q(size_t(n * H * hd));
+  ScratchArray<float> qr(n * c.q_lora_rank), q(n * H * hd);
   linear_forward(w.wq_a, x, n, qr.data());
   for (int64_t t = 0; t < n; ++t) rms_norm(qr.data() + t * c.q_lora_rank, w.q_norm.data(), c.q_lora_rank, c.norm_eps);
   linear_forward(w.wq_b, qr.data(), n, q.data());
   // Window rows of this batch.
-  std::vector<float> kv(size_t(n * hd));
+  ScratchArray<float> kv(n * hd);
   linear_forward(w.wkv, x, n, kv.data());
 #pragma omp parallel for schedule(static) num_threads(threads_for(n * (H + 1) * hd * 4))
   for (int64_t t = 0; t < n; ++t) {
@@ -140,7 +141,7 @@ void attention_forward(const ModelConfig& c, const AttentionWeights& w, const Ro
   // Sink attention. Keys are visited in a fixed order (compressed rows by id,
   // then window rows by position) so the result is independent of chunking
   // and batching.
-  std::vector<float> o(size_t(n * H * hd));
+  ScratchArray<float> o(n * H * hd);
   const float scale = 1.0f / std::sqrt(float(hd));
   // Work items: a token and a block of heads, which share the token's keys.
   const int64_t head_block = std::min<int64_t>(H, 16), blocks = (H + head_block - 1) / head_block;
@@ -192,8 +193,7 @@ void attention_forward(const ModelConfig& c, const AttentionWeights& w, const Ro
   // Grouped low-rank output: group g of heads goes through rows
   // [g*R, (g+1)*R) of wo_a; the concatenation goes through wo_b.
   const int64_t G = c.o_groups, R = c.o_lora_rank, group_width = H * hd / G;
-  std::vector<float> z(size_t(n * G * R));
-  std::vector<float> group_in(size_t(n * group_width));
+  ScratchArray<float> z(n * G * R), group_in(n * group_width);
   for (int64_t g = 0; g < G; ++g) {
     for (int64_t t = 0; t < n; ++t)
       std::memcpy(group_in.data() + t * group_width, o.data() + t * H * hd + g * group_width,

@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/scratch.h"
 #include "model/layers.h"
 
 namespace dsv4 {
@@ -28,7 +29,7 @@ void Model::block_forward(const BlockWeights& b, const std::vector<Segment>& seg
                           const int32_t* tokens, int64_t n) const {
   const ModelConfig& c = config_;
   const RopeTable& rope = b.ratio > 0 ? rope_compressed_ : rope_window_;
-  std::vector<float> y(size_t(n * c.dim)), sub(size_t(n * c.dim));
+  ScratchArray<float> y(n * c.dim), sub(n * c.dim);
   HcMix mix;
 
   hc_pre(c, b.hc_attn, x_hc, n, y.data(), &mix);
@@ -76,12 +77,12 @@ void Model::forward_batch(const std::vector<BatchItem>& items) const {
   std::vector<int32_t> tokens;
   tokens.reserve(size_t(rows));
   for (const BatchItem& it : items) tokens.insert(tokens.end(), it.tokens, it.tokens + it.n);
-  std::vector<float> x_hc(size_t(rows * width));
+  ScratchArray<float> x_hc(rows * width);
   std::vector<float> row(size_t(c.dim));
   for (int64_t t = 0; t < rows; ++t) {
     linear_decode_row(weights_.embed, tokens[size_t(t)], row.data());
     for (int64_t k = 0; k < c.hc_mult; ++k)
-      std::copy(row.begin(), row.end(), x_hc.begin() + t * width + k * c.dim);
+      std::copy(row.begin(), row.end(), x_hc.data() + t * width + k * c.dim);
   }
   auto segments_for = [&](int64_t layer) {
     std::vector<Segment> segments;
@@ -113,7 +114,7 @@ void Model::forward_batch(const std::vector<BatchItem>& items) const {
   if (!head_rows.empty()) {
     std::vector<float> selected(head_rows.size() * size_t(width));
     for (size_t i = 0; i < head_rows.size(); ++i)
-      std::copy_n(x_hc.begin() + head_rows[i] * width, width, selected.begin() + int64_t(i) * width);
+      std::copy_n(x_hc.data() + head_rows[i] * width, width, selected.begin() + int64_t(i) * width);
     head_forward(weights_.hc_head, weights_.norm, selected.data(), int64_t(head_rows.size()), logits.data());
   }
   int64_t row0 = 0, head_index = 0;

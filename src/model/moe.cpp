@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "core/scratch.h"
 #include "kernels/cpu/linear.h"
 #include "model/layers.h"
 
@@ -37,14 +38,14 @@ struct ExpertRun {
 // of the result. All gate and up products go as one batch of products, then
 // all down products (linear_forward_many: same bits as one call each), so
 // the routed experts of a decode step stream back to back.
-std::vector<float> run_experts(const ModelConfig& c, const float* x, std::vector<ExpertRun>& runs) {
+ScratchArray<float> run_experts(const ModelConfig& c, const float* x, std::vector<ExpertRun>& runs) {
   const int64_t D = c.dim, I = c.moe_inter_dim;
   int64_t pairs = 0;
   for (ExpertRun& r : runs) {
     r.offset = pairs;
     pairs += int64_t(r.rows.size());
   }
-  std::vector<float> xin(size_t(pairs * D)), a(size_t(pairs * I)), b(size_t(pairs * I)), y(size_t(pairs * D));
+  ScratchArray<float> xin(pairs * D), a(pairs * I), b(pairs * I), y(pairs * D);
   std::vector<LinearProduct> products;
   for (const ExpertRun& r : runs) {
     const int64_t m = int64_t(r.rows.size());
@@ -112,11 +113,11 @@ void moe_forward(const ModelConfig& c, const MoeWeights& w, const float* x, cons
   ExpertRun shared{&w.shared, std::vector<int64_t>(size_t(n)), {}, 0};
   for (int64_t t = 0; t < n; ++t) shared.rows[size_t(t)] = t;
   runs.push_back(std::move(shared));
-  const std::vector<float> y = run_experts(c, x, runs);
+  const ScratchArray<float> y = run_experts(c, x, runs);
   std::fill(out, out + n * D, 0.0f);
   for (const ExpertRun& r : runs)
     for (size_t i = 0; i < r.rows.size(); ++i)
-      for (int64_t d = 0; d < D; ++d) out[r.rows[i] * D + d] += y[(size_t(r.offset) + i) * size_t(D) + size_t(d)];
+      for (int64_t d = 0; d < D; ++d) out[r.rows[i] * D + d] += y[(r.offset + int64_t(i)) * D + d];
 }
 
 }  // namespace dsv4
