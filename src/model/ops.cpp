@@ -123,18 +123,41 @@ DSV4_AVX512_OPS void dot_fixed_4x4(const float* q, int64_t q_stride, const float
     for (int j = 0; j < 4; ++j) scores[h * score_stride + j] = fold_fixed(acc[h][j]);
 }
 
-// out[h][d] += p[h][j] * key_j[d] for j in order, HB heads, 16 dims at d.
-template <int HB>
+// out[h][d] += p[h][j] * key_j[d] for j in order, HB heads, V x 16 dims at
+// d. With V = 2 each key load and each broadcast weight serves two FMAs, so
+// the loop is bound by the FMAs rather than by loads (16 heads x 640 keys x
+// 512 dims, q.k and p.v on one core: 39-45 -> 46-54 GMAC/s).
+template <int HB, int V>
 DSV4_AVX512_OPS void add_scaled_block(float* out, int64_t out_stride, const float* p, int64_t p_stride,
                                       const float* const* keys, int64_t n_keys, int64_t d) {
-  __m512 acc[HB];
-  for (int h = 0; h < HB; ++h) acc[h] = _mm512_loadu_ps(out + h * out_stride + d);
+  __m512 acc[HB][V];
+  for (int h = 0; h < HB; ++h)
+    for (int v = 0; v < V; ++v) acc[h][v] = _mm512_loadu_ps(out + h * out_stride + d + 16 * v);
   for (int64_t j = 0; j < n_keys; ++j) {
-    const __m512 k = _mm512_loadu_ps(keys[j] + d);
-    for (int h = 0; h < HB; ++h)
-      acc[h] = _mm512_fmadd_ps(_mm512_set1_ps(p[h * p_stride + j]), k, acc[h]);
+    __m512 k[V];
+    for (int v = 0; v < V; ++v) k[v] = _mm512_loadu_ps(keys[j] + d + 16 * v);
+    for (int h = 0; h < HB; ++h) {
+      const __m512 ph = _mm512_set1_ps(p[h * p_stride + j]);
+      for (int v = 0; v < V; ++v) acc[h][v] = _mm512_fmadd_ps(ph, k[v], acc[h][v]);
+    }
   }
-  for (int h = 0; h < HB; ++h) _mm512_storeu_ps(out + h * out_stride + d, acc[h]);
+  for (int h = 0; h < HB; ++h)
+    for (int v = 0; v < V; ++v) _mm512_storeu_ps(out + h * out_stride + d + 16 * v, acc[h][v]);
+}
+
+template <int V>
+DSV4_AVX512_OPS void add_scaled_heads(int64_t heads, float* out, int64_t out_stride, const float* p,
+                                      int64_t p_stride, const float* const* keys, int64_t n_keys, int64_t d) {
+  switch (heads) {
+    case 8: add_scaled_block<8, V>(out, out_stride, p, p_stride, keys, n_keys, d); break;
+    case 7: add_scaled_block<7, V>(out, out_stride, p, p_stride, keys, n_keys, d); break;
+    case 6: add_scaled_block<6, V>(out, out_stride, p, p_stride, keys, n_keys, d); break;
+    case 5: add_scaled_block<5, V>(out, out_stride, p, p_stride, keys, n_keys, d); break;
+    case 4: add_scaled_block<4, V>(out, out_stride, p, p_stride, keys, n_keys, d); break;
+    case 3: add_scaled_block<3, V>(out, out_stride, p, p_stride, keys, n_keys, d); break;
+    case 2: add_scaled_block<2, V>(out, out_stride, p, p_stride, keys, n_keys, d); break;
+    default: add_scaled_block<1, V>(out, out_stride, p, p_stride, keys, n_keys, d); break;
+  }
 }
 
 }  // namespace
@@ -161,21 +184,14 @@ void add_scaled_rows(float* out, int64_t heads, const float* p, const float* con
       for (int64_t j = 0; j < n_keys; ++j) add_scaled(out + h * dim, p[h * n_keys + j], keys[j], dim);
     return;
   }
-  for (int64_t h0 = 0; h0 < heads; h0 += 8)
-    for (int64_t d = 0; d < dim; d += 16) {
-      float* o = out + h0 * dim;
-      const float* ph = p + h0 * n_keys;
-      switch (std::min<int64_t>(8, heads - h0)) {
-        case 8: add_scaled_block<8>(o, dim, ph, n_keys, keys, n_keys, d); break;
-        case 7: add_scaled_block<7>(o, dim, ph, n_keys, keys, n_keys, d); break;
-        case 6: add_scaled_block<6>(o, dim, ph, n_keys, keys, n_keys, d); break;
-        case 5: add_scaled_block<5>(o, dim, ph, n_keys, keys, n_keys, d); break;
-        case 4: add_scaled_block<4>(o, dim, ph, n_keys, keys, n_keys, d); break;
-        case 3: add_scaled_block<3>(o, dim, ph, n_keys, keys, n_keys, d); break;
-        case 2: add_scaled_block<2>(o, dim, ph, n_keys, keys, n_keys, d); break;
-        default: add_scaled_block<1>(o, dim, ph, n_keys, keys, n_keys, d); break;
-      }
-    }
+  for (int64_t h0 = 0; h0 < heads; h0 += 8) {
+    const int64_t hb = std::min<int64_t>(8, heads - h0);
+    float* o = out + h0 * dim;
+    const float* ph = p + h0 * n_keys;
+    int64_t d = 0;
+    for (; d + 32 <= dim; d += 32) add_scaled_heads<2>(hb, o, dim, ph, n_keys, keys, n_keys, d);
+    if (d < dim) add_scaled_heads<1>(hb, o, dim, ph, n_keys, keys, n_keys, d);
+  }
 }
 
 void hadamard_transform(float* x, int64_t n) {
