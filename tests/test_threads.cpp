@@ -2,12 +2,16 @@
 // host's CPU count: a docker --cpus=2 container on a 64-core host must not
 // start 64 compute threads.
 #include <gtest/gtest.h>
+#include <omp.h>
+#include <sched.h>
 
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <unistd.h>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "core/threads.h"
 
@@ -91,4 +95,54 @@ TEST(Threads, ExplicitCountOverridesAndZeroRestoresTheDefault) {
   EXPECT_EQ(1, threads_for(kMinParallelWork - 1));
   set_compute_threads(0);
   EXPECT_EQ(before, compute_threads());
+}
+
+// The model thread's team is pinned one thread per CPU, in the affinity
+// mask's order, and the same threads come back pinned in later regions.
+// Run on a thread of its own, whose OpenMP team ends with it.
+TEST(Threads, PinningPutsEachTeamThreadOnItsOwnCpu) {
+  const char* saved = std::getenv("OMP_PROC_BIND");
+  const std::string saved_value = saved ? saved : "";
+  ::unsetenv("OMP_PROC_BIND");  // (libgomp read it at start-up; only our check reads it now)
+  ::unsetenv("OMP_PLACES");
+  ::unsetenv("GOMP_CPU_AFFINITY");
+  cpu_set_t mask;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(mask), &mask), 0);
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &mask)) cpus.push_back(c);
+  if (usable_cpu_count() < int(cpus.size()))
+    GTEST_SKIP() << "a CPU quota narrower than the affinity mask: pinning is off by design here";
+  const int threads = std::min<int>(2, int(cpus.size()));
+  bool pinned = false;
+  std::vector<int> seen(size_t(threads), -1), counts(size_t(threads), 0);
+  std::thread([&] {
+    set_compute_threads(threads);
+    pinned = pin_compute_threads();
+    for (int region = 0; region < 2; ++region) {
+#pragma omp parallel num_threads(threads)
+      {
+        cpu_set_t own;
+        sched_getaffinity(0, sizeof(own), &own);
+        const int id = omp_get_thread_num();
+        counts[size_t(id)] = CPU_COUNT(&own);
+        for (int c = 0; c < CPU_SETSIZE; ++c)
+          if (CPU_ISSET(c, &own)) seen[size_t(id)] = c;
+      }
+    }
+  }).join();
+  set_compute_threads(0);
+  EXPECT_TRUE(pinned);
+  for (int i = 0; i < threads; ++i) {
+    EXPECT_EQ(counts[size_t(i)], 1) << "thread " << i;
+    EXPECT_EQ(seen[size_t(i)], cpus[size_t(i)]) << "thread " << i;
+  }
+  // A placement the user asked for is left alone.
+  ::setenv("OMP_PROC_BIND", "false", 1);
+  EXPECT_TRUE(placement_set_by_user());
+  bool pinned_anyway = true;
+  std::thread([&] { pinned_anyway = pin_compute_threads(); }).join();
+  EXPECT_FALSE(pinned_anyway);
+  if (saved) ::setenv("OMP_PROC_BIND", saved_value.c_str(), 1);
+  else ::unsetenv("OMP_PROC_BIND");
 }

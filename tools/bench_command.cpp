@@ -103,6 +103,7 @@ std::optional<FlashCost> flash_schedule_cost(const ModelConfig& c, const Model::
 int run_bench(const BenchArgs& a) {
   set_compute_threads(a.threads);
   omp_set_num_threads(compute_threads());  // oneDNN's GEMM peak runs on this thread's OpenMP team
+  const bool pinned = pin_compute_threads();
   LoadOptions load_options;
   load_options.progress = load_progress;
   load_options.no_mmap = a.no_mmap;
@@ -117,7 +118,9 @@ int run_bench(const BenchArgs& a) {
   std::printf("model: %s  (%lld layers, hidden %lld, %lld experts top-%lld, vocab %lld)\n",
               a.model.c_str(), (long long)c.n_layers, (long long)c.dim,
               (long long)c.n_routed_experts, (long long)c.n_activated_experts, (long long)c.vocab_size);
-  std::printf("threads: %d   cpu: %s\n", compute_threads(), detect_cpu_features().describe().c_str());
+  std::printf("threads: %d (%s)   cpu: %s\n", compute_threads(),
+              pinned ? "pinned, one CPU each" : placement_set_by_user() ? "placed by OMP_PROC_BIND/OMP_PLACES" : "not pinned",
+              detect_cpu_features().describe().c_str());
   // The machine's limits, measured before and again after the prefill; the
   // best of the two counts. On a shared machine a short measurement can land
   // in a slow moment that a 40-second prefill averages out, which would

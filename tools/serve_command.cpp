@@ -73,7 +73,8 @@ int run_serve(ServeArgs& a) {
   if (a.schedule_policy != "fcfs")
     throw Error("--schedule-policy " + a.schedule_policy + " is not supported (fcfs only)");
   set_compute_threads(a.threads);
-  std::fprintf(stderr, "compute threads: %d (CPUs usable by this process: %d)\n", compute_threads(), usable_cpu_count());
+  std::fprintf(stderr, "compute threads: %d (CPUs usable by this process: %d)%s\n", compute_threads(),
+               usable_cpu_count(), placement_set_by_user() ? ", placed as OMP_PROC_BIND/OMP_PLACES say" : ", one CPU each");
   const bool embedded = a.model_path.empty();
   std::string model_dir = embedded ? ensure_default_model() : a.model_path;
   if (embedded)
@@ -106,6 +107,7 @@ int run_serve(ServeArgs& a) {
   double cache_gb = a.prefix_cache_gb;
   if (a.hicache_size_gb > 0) cache_gb = a.hicache_size_gb;
   eo.prefix_cache_bytes = a.disable_radix_cache ? 0 : int64_t(cache_gb * double(int64_t(1) << 30));
+  eo.pin_threads = true;
   auto engine = std::make_shared<Engine>(model, eo);
 
   ServerOptions so;

@@ -1,5 +1,7 @@
 #include "core/threads.h"
 
+#include <omp.h>
+#include <pthread.h>
 #include <sched.h>
 
 #include <algorithm>
@@ -120,5 +122,35 @@ int compute_threads() {
 }
 
 void set_compute_threads(int n) { g_threads.store(n > 0 ? n : default_threads(), std::memory_order_relaxed); }
+
+bool placement_set_by_user() {
+  for (const char* placed : {"OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY"})
+    if (std::getenv(placed)) return true;
+  return false;
+}
+
+bool pin_compute_threads() {
+  if (placement_set_by_user()) return false;
+  cpu_set_t mask;
+  if (sched_getaffinity(0, sizeof(mask), &mask) != 0) return false;
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &mask)) cpus.push_back(c);
+  // A CPU quota narrower than the mask (docker --cpus without --cpuset-cpus)
+  // means the CPUs are shared with other containers, which would pin to the
+  // same first CPUs of the host: leave placement to the kernel there.
+  if (usable_cpu_count() < int(cpus.size())) return false;
+  const int threads = compute_threads();
+  if (threads > int(cpus.size())) return false;
+  std::atomic<int> pinned{0};
+#pragma omp parallel num_threads(threads)
+  {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpus[size_t(omp_get_thread_num())], &one);
+    if (pthread_setaffinity_np(pthread_self(), sizeof(one), &one) == 0) pinned.fetch_add(1);
+  }
+  return pinned.load() == threads;
+}
 
 }  // namespace dsv4

@@ -178,6 +178,7 @@ void Engine::finish(Sequence& s, FinishReason reason, const std::string& error) 
 }
 
 void Engine::loop() {
+  if (options_.pin_threads) pin_compute_threads();
   std::vector<std::unique_ptr<Sequence>> running;
   for (;;) {
     {

@@ -73,6 +73,7 @@ struct EngineOptions {
   int64_t context_length = 0;           // 0 = model maximum
   int64_t max_total_tokens = 0;         // admission budget over running requests; 0 = unlimited
   int64_t prefix_cache_bytes = int64_t(1) << 30;  // 0 disables the prefix cache
+  bool pin_threads = false;  // pin the model thread's OpenMP team (pin_compute_threads)
 };
 
 struct EngineMetrics {
