@@ -19,6 +19,7 @@ awk -F, 'NR > 1 && !($5 > 0) { exit 1 }' "$WORK/b.csv" || fail "non-positive tok
 awk -F, '$1 == "prefill" && !($9 > 0 && $10 > 0) { exit 1 }' "$WORK/b.csv" || fail "prefill FLOP/s or peak missing"
 grep -q "measured memory read bandwidth" "$WORK/out.txt" || fail "no bandwidth line"
 grep -q "of the peak GEMM" "$WORK/out.txt" || fail "no peak GEMM share"
+grep -q "^decode batch   2: .*x batch 1, [0-9]*% of the roofline" "$WORK/out.txt" || fail "no batched roofline share"
 # Two runs of each measurement; the CSV's time is the smaller of the two.
 grep -q "^prefill: 2 runs, " "$WORK/out.txt" && grep -q "^decode batch 2: 2 runs, " "$WORK/out.txt" || fail "no per-run times"
 runs=$(grep "^prefill: 2 runs, " "$WORK/out.txt" | sed 's/.*runs, \([0-9.]*\) \([0-9.]*\) s.*/\1 \2/')

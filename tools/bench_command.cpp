@@ -263,11 +263,14 @@ int run_bench(const BenchArgs& a) {
     if (batch == 1)
       std::printf("  %.2f GB/s of weights = %.1f%% of measured bandwidth", achieved / 1e9,
                   100 * achieved / bandwidth);
-    else if (single_rate > 0)
-      std::printf("  %.2fx batch 1; roofline %.1f tokens/s (%.2f GB per step: %.0f ms at the bandwidth; "
+    else {
+      if (single_rate > 0) std::printf("  %.2fx batch 1,", rate / single_rate);
+      else std::printf(" ");
+      std::printf(" %.0f%% of the roofline %.1f tokens/s (%.2f GB per step: %.0f ms at the bandwidth; "
                   "%.1f GFLOP: %.0f ms at the peak GEMM)",
-                  rate / single_rate, roof, step_bytes / 1e9, 1e3 * memory_seconds,
-                  step_flops / 1e9, 1e3 * compute_seconds);
+                  100 * rate / roof, roof, step_bytes / 1e9, 1e3 * memory_seconds, step_flops / 1e9,
+                  1e3 * compute_seconds);
+    }
     std::printf("\n");
     if (csv) {
       csv << "decode," << batch << "," << batch * a.decode << "," << dt << "," << rate << ",";
