@@ -422,10 +422,10 @@ DSV4_AVX512 inline void dot4_token_groups(int64_t cols, const float* xs, int64_t
 
 // The four rows of a register group: row(r) = first + r * stride. A thread
 // walks the rows of a piece as four streams (stride = a quarter of the
-// piece; the group after this one holds the next row of each stream), the access pattern of
-// the four-stream bandwidth measure: each stream runs on through row after
-// row, where consecutive groups of four rows restarted four short streams
-// every few KB.
+// piece; the group after this one holds the next row of each stream), the
+// access pattern of the four-stream bandwidth measure: each stream runs on
+// through row after row, where consecutive groups of four rows restarted
+// four short streams every few KB.
 struct RowGroup {
   int64_t first = 0, stride = 1;
   bool has_next = false;  // the same thread takes rows row(r) + 1 next
