@@ -119,7 +119,7 @@ int run_bench(const BenchArgs& a) {
               a.model.c_str(), (long long)c.n_layers, (long long)c.dim,
               (long long)c.n_routed_experts, (long long)c.n_activated_experts, (long long)c.vocab_size);
   std::printf("threads: %d (%s)   cpu: %s\n", compute_threads(),
-              pinned ? "pinned, one CPU each" : placement_set_by_user() ? "placed by OMP_PROC_BIND/OMP_PLACES" : "not pinned",
+              pinned ? "pinned, one CPU each" : pinning_refusal().empty() ? "not pinned" : pinning_refusal().c_str(),
               detect_cpu_features().describe().c_str());
   // The machine's limits, measured before and again after the prefill; the
   // best of the two counts. On a shared machine a short measurement can land

@@ -73,8 +73,9 @@ int run_serve(ServeArgs& a) {
   if (a.schedule_policy != "fcfs")
     throw Error("--schedule-policy " + a.schedule_policy + " is not supported (fcfs only)");
   set_compute_threads(a.threads);
-  std::fprintf(stderr, "compute threads: %d (CPUs usable by this process: %d)%s\n", compute_threads(),
-               usable_cpu_count(), placement_set_by_user() ? ", placed as OMP_PROC_BIND/OMP_PLACES say" : ", one CPU each");
+  const std::string refusal = pinning_refusal();
+  std::fprintf(stderr, "compute threads: %d (CPUs usable by this process: %d), %s\n", compute_threads(),
+               usable_cpu_count(), refusal.empty() ? "pinned one CPU each" : refusal.c_str());
   const bool embedded = a.model_path.empty();
   std::string model_dir = embedded ? ensure_default_model() : a.model_path;
   if (embedded)

@@ -39,6 +39,16 @@ double read_v1_limit(const std::string& dir) {
   return quota_cpus(quota, period);
 }
 
+// The CPUs of the affinity mask, in order (empty if it cannot be read).
+std::vector<int> affinity_cpus() {
+  std::vector<int> cpus;
+  cpu_set_t mask;
+  if (sched_getaffinity(0, sizeof(mask), &mask) != 0) return cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &mask)) cpus.push_back(c);
+  return cpus;
+}
+
 int affinity_cpu_count() {
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
@@ -123,25 +133,23 @@ int compute_threads() {
 
 void set_compute_threads(int n) { g_threads.store(n > 0 ? n : default_threads(), std::memory_order_relaxed); }
 
-bool placement_set_by_user() {
+std::string pinning_refusal() {
   for (const char* placed : {"OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY"})
-    if (std::getenv(placed)) return true;
-  return false;
-}
-
-bool pin_compute_threads() {
-  if (placement_set_by_user()) return false;
-  cpu_set_t mask;
-  if (sched_getaffinity(0, sizeof(mask), &mask) != 0) return false;
-  std::vector<int> cpus;
-  for (int c = 0; c < CPU_SETSIZE; ++c)
-    if (CPU_ISSET(c, &mask)) cpus.push_back(c);
+    if (std::getenv(placed)) return std::string("placed as ") + placed + " says";
+  const int cpus = int(affinity_cpus().size());
+  if (cpus == 0) return "not pinned: the affinity mask cannot be read";
   // A CPU quota narrower than the mask (docker --cpus without --cpuset-cpus)
   // means the CPUs are shared with other containers, which would pin to the
   // same first CPUs of the host: leave placement to the kernel there.
-  if (usable_cpu_count() < int(cpus.size())) return false;
+  if (usable_cpu_count() < cpus) return "not pinned: a CPU quota shares the affinity mask's CPUs";
+  if (compute_threads() > cpus) return "not pinned: more threads than CPUs";
+  return "";
+}
+
+bool pin_compute_threads() {
+  if (!pinning_refusal().empty()) return false;
+  const std::vector<int> cpus = affinity_cpus();
   const int threads = compute_threads();
-  if (threads > int(cpus.size())) return false;
   std::atomic<int> pinned{0};
 #pragma omp parallel num_threads(threads)
   {

@@ -47,8 +47,9 @@ void set_compute_threads(int n);
 // 62-77 against 59-72 ms); it is for hosts with SMT siblings and sockets,
 // where the kernel may put two compute threads on one core.
 bool pin_compute_threads();
-// Whether one of the variables above places OpenMP threads.
-bool placement_set_by_user();
+// Why pin_compute_threads() leaves the threads where they are; empty when
+// it pins them.
+std::string pinning_refusal();
 
 // Loops with less work than this (multiply-adds or comparable element
 // operations) stay on the calling thread. A fork/join costs a few
