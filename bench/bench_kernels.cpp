@@ -1,7 +1,6 @@
 // Microbenchmarks of the CPU kernels, each beside its scalar reference and
 // checked against it before timing. Bytes/s counts weight bytes streamed.
 #include <benchmark/benchmark.h>
-#include <sys/mman.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -12,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "core/aligned.h"
 #include "core/numeric.h"
 #include "kernels/cpu/linear.h"
 #include "model/ops.h"
@@ -19,27 +19,9 @@
 namespace dsv4 {
 namespace {
 
-// Weights in transparent huge pages, as the model's loader keeps them: with
-// 4 KB pages, products that stream many rows at once also measure TLB
-// misses the engine does not have.
-template <class T>
-struct HugePageAllocator {
-  using value_type = T;
-  HugePageAllocator() = default;
-  template <class U>
-  HugePageAllocator(const HugePageAllocator<U>&) {}
-  T* allocate(std::size_t n) {
-    const std::size_t huge = std::size_t(2) << 20, bytes = (n * sizeof(T) + huge - 1) / huge * huge;
-    void* p = std::aligned_alloc(huge, bytes);
-    if (!p) throw std::bad_alloc();
-    madvise(p, bytes, MADV_HUGEPAGE);  // advisory: ignored where THP is off
-    return static_cast<T*>(p);
-  }
-  void deallocate(T* p, std::size_t) { std::free(p); }
-  bool operator==(const HugePageAllocator&) const { return true; }
-  bool operator!=(const HugePageAllocator&) const { return false; }
-};
-
+// Weights are kept in transparent huge pages (HugePageAllocator), as the
+// model's loader keeps them: with 4 KB pages, products that stream many
+// rows at once also measure TLB misses the engine does not have.
 struct Weights {
   std::vector<uint8_t, HugePageAllocator<uint8_t>> data;
   std::vector<uint8_t> scale;

@@ -4,6 +4,7 @@
 // kernels (every 512-bit load split).
 #pragma once
 #include <cstddef>
+#include <cstdlib>
 #include <new>
 #include <vector>
 
@@ -27,5 +28,27 @@ struct AlignedAllocator {
 
 template <class T>
 using AlignedVector = std::vector<T, AlignedAllocator<T>>;
+
+// Large buffers (weights, the kernels' scratch, activations) in whole 2 MB
+// pages, aligned to them and marked for transparent huge pages (advisory:
+// ignored where THP is off; needed where it is in `madvise` mode): a
+// product that streams many rows at once otherwise also pays a TLB miss
+// every 4 KB. Rounds `bytes` up to the size allocated; free with std::free.
+void* allocate_huge_pages(std::size_t& bytes);
+
+template <class T>
+struct HugePageAllocator {
+  using value_type = T;
+  HugePageAllocator() = default;
+  template <class U>
+  HugePageAllocator(const HugePageAllocator<U>&) {}
+  T* allocate(std::size_t n) {
+    std::size_t bytes = n * sizeof(T);
+    return static_cast<T*>(allocate_huge_pages(bytes));
+  }
+  void deallocate(T* p, std::size_t) { std::free(p); }
+  bool operator==(const HugePageAllocator&) const { return true; }
+  bool operator!=(const HugePageAllocator&) const { return false; }
+};
 
 }  // namespace dsv4

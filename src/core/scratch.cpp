@@ -6,6 +6,8 @@
 #include <new>
 #include <vector>
 
+#include "core/aligned.h"
+
 namespace dsv4 {
 namespace {
 
@@ -26,7 +28,6 @@ thread_local ThreadScratch t_scratch;
 // Blocks below this size come from malloc, which reuses them well; above
 // it glibc maps each block anew (from 32 MB on) or trims freed ones.
 constexpr size_t kPooledBlockBytes = size_t(1) << 20;
-constexpr size_t kHugePage = size_t(2) << 20;
 
 // Free array blocks of one thread.
 struct ArrayPool {
@@ -71,9 +72,8 @@ ArrayBlock acquire_array_block(size_t bytes) {
     std::free(b.data);
     return true;
   });
-  const size_t rounded = (bytes + kHugePage - 1) / kHugePage * kHugePage;  // for transparent huge pages
-  void* p = std::aligned_alloc(kHugePage, rounded);
-  if (!p) throw std::bad_alloc();
+  size_t rounded = bytes;
+  void* p = allocate_huge_pages(rounded);
   return {p, rounded};
 }
 
@@ -88,11 +88,14 @@ void* thread_scratch(ScratchSlot which, size_t bytes) {
     std::free(s.data);
     s.data = nullptr;
     s.bytes = 0;
-    // Whole 2 MB pages, so that transparent huge pages can back large slots.
-    const size_t granule = bytes >= (size_t(4) << 20) ? (size_t(2) << 20) : 64;
-    const size_t rounded = (bytes + granule - 1) / granule * granule;
-    void* p = std::aligned_alloc(granule == 64 ? 64 : granule, rounded);
-    if (!p) throw std::bad_alloc();
+    size_t rounded = (bytes + 63) / 64 * 64;
+    void* p = nullptr;
+    if (bytes >= (size_t(4) << 20)) {
+      p = allocate_huge_pages(rounded);
+    } else {
+      p = std::aligned_alloc(64, rounded);
+      if (!p) throw std::bad_alloc();
+    }
     s.data = p;
     s.bytes = rounded;
   }
