@@ -172,8 +172,13 @@ void linear_args(benchmark::internal::Benchmark* b) {
     b->Args({f, int(KernelIsa::Avx512), 1024, 0});
   // A routed expert in a prefill: ~100 tokens, FP4 weights from DRAM.
   b->Args({int(WeightFormat::FP4_BLOCK32), int(KernelIsa::Avx512), 96, 256});
-  // The head of a 16-sequence decode step: BF16 from DRAM, 16 tokens.
+  // A 16-sequence decode step: the head (BF16, 16 tokens), the attention
+  // and shared-expert products (FP8, 16 tokens) and the routed experts,
+  // which see 1-3 tokens each (FP4), all from DRAM. Against the 1-token
+  // cases they show where batched decode stops being bound by the bytes.
   b->Args({int(WeightFormat::BF16), int(KernelIsa::Avx512), 16, 512});
+  b->Args({int(WeightFormat::FP8_BLOCK128), int(KernelIsa::Avx512), 16, 256});
+  for (int n : {2, 3}) b->Args({int(WeightFormat::FP4_BLOCK32), int(KernelIsa::Avx512), n, 256});
 }
 BENCHMARK(BM_Linear)->Apply(linear_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 

@@ -20,6 +20,9 @@ awk -F, '$1 == "prefill" && !($9 > 0 && $10 > 0) { exit 1 }' "$WORK/b.csv" || fa
 grep -q "measured memory read bandwidth" "$WORK/out.txt" || fail "no bandwidth line"
 grep -q "of the peak GEMM" "$WORK/out.txt" || fail "no peak GEMM share"
 grep -q "^decode batch   2: .*x batch 1, [0-9]*% of the roofline" "$WORK/out.txt" || fail "no batched roofline share"
+grep -q "^decode batch   2: .*decoding the weights once + the FMAs: [0-9]* ms); the roofline allows [0-9.]*x batch 1" "$WORK/out.txt" \
+  || fail "no decoding floor on the batched line"
+grep -q "one-token products from L2 .*: BF16 [0-9.]*, FP8 [0-9.]*, FP4 [0-9.]*$" "$WORK/out.txt" || fail "no one-token rates"
 # Two runs of each measurement; the CSV's time is the smaller of the two.
 grep -q "^prefill: 2 runs, " "$WORK/out.txt" && grep -q "^decode batch 2: 2 runs, " "$WORK/out.txt" || fail "no per-run times"
 runs=$(grep "^prefill: 2 runs, " "$WORK/out.txt" | sed 's/.*runs, \([0-9.]*\) \([0-9.]*\) s.*/\1 \2/')

@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "commands.h"
+#include "decode_rate.h"
 #include "gemm_peak.h"
 #include "svg_plot.h"
 #include "core/error.h"
@@ -68,6 +69,29 @@ double decode_step_bytes(const ModelConfig& c, const Model::TokenCost& cost, int
   for (const Model::LayerCost& l : cost.layers)
     bytes += double(l.weight_bytes) + (distinct - k) * double(l.expert_bytes);
   return bytes;
+}
+
+// The compute floor of a decode step of `batch` tokens: each weight the step
+// reads is decoded once, at the rate its format reaches with one token from
+// L2 (`rates`, weights/s; that includes one FMA lane per weight), and every
+// other multiply-add (the other tokens', attention) runs at the fp32 FMA
+// ceiling. A kernel that decodes in registers cannot beat it; on a machine
+// with few cores per GB/s it, not the bytes, bounds a batched step.
+double decode_step_floor_seconds(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch,
+                                 int64_t position, const std::array<double, 4>& rates, double fma_macs_per_s) {
+  const double e = double(c.n_routed_experts), k = double(c.n_activated_experts);
+  const double distinct = e * (1.0 - std::pow(1.0 - k / e, double(batch)));
+  double seconds = 0, decoded = 0;
+  auto decode = [&](WeightFormat format, double weights) {
+    const double rate = rates[size_t(format)];
+    if (weights <= 0 || rate <= 0) return;
+    seconds += weights / rate;
+    decoded += weights;
+  };
+  for (size_t f = 0; f < cost.dense_weights.size(); ++f) decode(WeightFormat(f), double(cost.dense_weights[f]));
+  for (const Model::LayerCost& l : cost.layers) decode(cost.expert_format, distinct * double(l.expert_weights));
+  const double macs = decode_step_macs(c, cost, batch, position);
+  return seconds + std::max(0.0, macs - decoded) / fma_macs_per_s;
 }
 
 struct FlashCost {
@@ -127,6 +151,7 @@ int run_bench(const BenchArgs& a) {
   // flatter the percentages.
   double bandwidth = 0;
   GemmPeak peak, fma_ceiling;  // the best GEMM of the machine; the fp32 FMA ceiling
+  std::array<double, 4> one_token_rates{};  // weights/s by format, from L2 (see decode_rate.h)
   auto measure_limits = [&](const char* when) {
     const double bw = measure_read_bandwidth();
     std::printf("measured memory read bandwidth%s: %.2f GB/s\n", when, bw / 1e9);
@@ -141,6 +166,11 @@ int run_bench(const BenchArgs& a) {
     if (fma.flops > fma_ceiling.flops) fma_ceiling = fma;
     if (best.flops == 0) best = fma;  // built without oneDNN: the FMA ceiling stands in
     if (best.flops > peak.flops) peak = best;
+    const std::array<double, 4> rates = measure_one_token_weight_rates();
+    std::printf("measured%s: one-token products from L2 (decoding + one FMA per weight), G weights/s:", when);
+    std::printf(" BF16 %.1f, FP8 %.1f, FP4 %.1f\n", rates[size_t(WeightFormat::BF16)] / 1e9,
+                rates[size_t(WeightFormat::FP8_BLOCK128)] / 1e9, rates[size_t(WeightFormat::FP4_BLOCK32)] / 1e9);
+    for (size_t f = 0; f < rates.size(); ++f) one_token_rates[f] = std::max(one_token_rates[f], rates[f]);
   };
   measure_limits("");
   if (peak.name == fma_ceiling.name) std::printf("(built without oneDNN: the fp32 FMA ceiling stands in for the peak GEMM)\n");
@@ -163,7 +193,7 @@ int run_bench(const BenchArgs& a) {
   }
   double prefill_flops_rate = 0, decode_bytes_rate = 0;
   BarGroup prefill_bars{"prefill: FLOP/s against the compute rooflines", {}};
-  BarGroup decode_bars{"decode: tokens/s against the roofline (bytes per step at the bandwidth, FLOPs at the peak GEMM)", {}};
+  BarGroup decode_bars{"decode: tokens/s against the roofline (bytes per step at the bandwidth; FLOPs at the peak GEMM; weights decoded once + FMAs)", {}};
   auto num = [](const char* f, double v) {
     char b[64];
     std::snprintf(b, sizeof b, f, v);
@@ -248,14 +278,18 @@ int run_bench(const BenchArgs& a) {
     // A step of b tokens reads the shared weights once and every routed
     // expert that at least one token picked: with uniform routing (random
     // weights) E * (1 - (1 - k/E)^b) experts per layer instead of k.
-    // A batched step is also bounded by its FLOPs at the peak GEMM: on a CPU
+    // A batched step is also bounded by its FLOPs at the peak GEMM (on a CPU
     // the head and the dense matrices at batch 16 cost about as much time in
-    // FMAs as in reading their bytes.
+    // FMAs as in reading their bytes) and by decoding its weights plus its
+    // FMAs (decode_step_floor_seconds).
     const double step_bytes = decode_step_bytes(c, cost, batch);
     const double memory_seconds = step_bytes / bandwidth;
-    const double step_flops = 2.0 * decode_step_macs(c, cost, batch, 16 + a.decode / 2);
+    const int64_t position = 16 + a.decode / 2;
+    const double step_flops = 2.0 * decode_step_macs(c, cost, batch, position);
     const double compute_seconds = step_flops / peak.flops;
-    const double roof = double(batch) / std::max(memory_seconds, compute_seconds);
+    const double floor_seconds =
+        decode_step_floor_seconds(c, cost, batch, position, one_token_rates, fma_ceiling.flops / 2);
+    const double roof = double(batch) / std::max({memory_seconds, compute_seconds, floor_seconds});
     decode_bars.bars.push_back({num("batch %.0f", double(batch)),
                                 num("%.2f tokens/s", rate) + num(" (roofline %.1f)", roof), rate, roof});
     std::printf("decode batch %3lld: %8.3f ms/step  %10.2f tokens/s", (long long)batch,
@@ -267,9 +301,10 @@ int run_bench(const BenchArgs& a) {
       if (single_rate > 0) std::printf("  %.2fx batch 1,", rate / single_rate);
       else std::printf(" ");
       std::printf(" %.0f%% of the roofline %.1f tokens/s (%.2f GB per step: %.0f ms at the bandwidth; "
-                  "%.1f GFLOP: %.0f ms at the peak GEMM)",
+                  "%.1f GFLOP: %.0f ms at the peak GEMM; decoding the weights once + the FMAs: %.0f ms)",
                   100 * rate / roof, roof, step_bytes / 1e9, 1e3 * memory_seconds, step_flops / 1e9,
-                  1e3 * compute_seconds);
+                  1e3 * compute_seconds, 1e3 * floor_seconds);
+      if (single_rate > 0) std::printf("; the roofline allows %.2fx batch 1", roof / single_rate);
     }
     std::printf("\n");
     if (csv) {

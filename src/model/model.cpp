@@ -189,8 +189,12 @@ Model::TokenCost Model::token_cost() const {
     bytes += times * l.weight_bytes();
     macs += times * l.rows * l.cols;
   };
-  add(weights_.head, cost.head_bytes, cost.head_macs);
-  add(weights_.hc_head.fn, cost.head_bytes, cost.head_macs);
+  auto add_dense = [&](const Linear& l, int64_t& bytes, int64_t& macs) {
+    add(l, bytes, macs);
+    cost.dense_weights[size_t(l.format)] += l.rows * l.cols;
+  };
+  add_dense(weights_.head, cost.head_bytes, cost.head_macs);
+  add_dense(weights_.hc_head.fn, cost.head_bytes, cost.head_macs);
   cost.other_bytes = weights_.embed.weight_bytes() / c.vocab_size;
   for (size_t i = 0; i < size_t(c.n_layers); ++i) {
     const BlockWeights& b = weights_.layers[i];
@@ -198,18 +202,22 @@ Model::TokenCost Model::token_cost() const {
     LayerCost l;
     l.ratio = c.ratio(int64_t(i));
     for (const Linear* w : {&b.hc_attn.fn, &b.hc_ffn.fn, &a.wq_a, &a.wq_b, &a.wkv, &a.wo_a, &a.wo_b})
-      add(*w, l.weight_bytes, l.linear_macs);
+      add_dense(*w, l.weight_bytes, l.linear_macs);
     if (a.has_compressor)
-      for (const Linear* w : {&a.compressor.wkv, &a.compressor.wgate}) add(*w, l.compressor_bytes, l.compressor_macs);
+      for (const Linear* w : {&a.compressor.wkv, &a.compressor.wgate}) add_dense(*w, l.compressor_bytes, l.compressor_macs);
     if (a.has_indexer)
       for (const Linear* w : {&a.indexer.wq_b, &a.indexer.weights_proj, &a.indexer.compressor.wkv,
                               &a.indexer.compressor.wgate})
-        add(*w, l.compressor_bytes, l.compressor_macs);
+        add_dense(*w, l.compressor_bytes, l.compressor_macs);
     const MoeWeights& m = b.moe;
-    for (const Linear* w : {&m.gate, &m.shared.w1, &m.shared.w2, &m.shared.w3}) add(*w, l.weight_bytes, l.linear_macs);
+    for (const Linear* w : {&m.gate, &m.shared.w1, &m.shared.w2, &m.shared.w3}) add_dense(*w, l.weight_bytes, l.linear_macs);
     const ExpertWeights& e = m.experts[0];
     for (const Linear* w : {&e.w1, &e.w2, &e.w3}) add(*w, l.weight_bytes, l.linear_macs, c.n_activated_experts);
-    for (const Linear* w : {&e.w1, &e.w2, &e.w3}) l.expert_bytes += w->weight_bytes();
+    for (const Linear* w : {&e.w1, &e.w2, &e.w3}) {
+      l.expert_bytes += w->weight_bytes();
+      l.expert_weights += w->rows * w->cols;
+    }
+    cost.expert_format = e.w1.format;
     l.weight_bytes += l.compressor_bytes;
     l.linear_macs += l.compressor_macs;
     cost.layers.push_back(l);

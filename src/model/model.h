@@ -3,6 +3,7 @@
 // The API is narrow on purpose (ds4-style): callers own a SequenceState and
 // feed tokens in order; the model never keeps per-request state itself.
 #pragma once
+#include <array>
 #include <functional>
 #include <memory>
 #include <string>
@@ -92,11 +93,16 @@ class Model {
     int64_t weight_bytes = 0, linear_macs = 0;
     int64_t compressor_bytes = 0, compressor_macs = 0;
     int64_t expert_bytes = 0;  // one routed expert (weight_bytes has n_activated of them)
+    int64_t expert_weights = 0;  // its weights (multiply-adds per token)
   };
   struct TokenCost {
     int64_t head_bytes = 0, head_macs = 0;  // LM head and HC head
     int64_t other_bytes = 0;                // one embedding row
     std::vector<LayerCost> layers;          // main layers
+    // Weights of the head and of every layer matrix but the routed experts,
+    // by WeightFormat: what a decode step decodes once whatever its batch.
+    std::array<int64_t, 4> dense_weights{};
+    WeightFormat expert_format = WeightFormat::F32;
   };
   TokenCost token_cost() const;
   // Attention multiply-adds of one token at `position` in one layer of
