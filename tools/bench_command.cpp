@@ -193,7 +193,7 @@ int run_bench(const BenchArgs& a) {
   }
   double prefill_flops_rate = 0, decode_bytes_rate = 0;
   BarGroup prefill_bars{"prefill: FLOP/s against the compute rooflines", {}};
-  BarGroup decode_bars{"decode: tokens/s against the roofline (bytes per step at the bandwidth; FLOPs at the peak GEMM; weights decoded once + FMAs)", {}};
+  BarGroup decode_bars{"decode: tokens/s against the roofline (step bytes, FLOPs, weight decoding)", {}};
   auto num = [](const char* f, double v) {
     char b[64];
     std::snprintf(b, sizeof b, f, v);
