@@ -14,6 +14,7 @@
 #include "core/aligned.h"
 #include "core/numeric.h"
 #include "kernels/cpu/linear.h"
+#include "model/layers.h"
 #include "model/ops.h"
 
 namespace dsv4 {
@@ -289,6 +290,99 @@ void BM_AttentionHeads(benchmark::State& state) {
   state.SetLabel(per_pair ? "per-pair dot_fixed + add_scaled" : "blocked rows");
 }
 BENCHMARK(BM_AttentionHeads)->Arg(0)->Arg(1);
+
+// Hyper-connections of one V4-Flash block side (hc_mult 4 copies of 4096):
+// hc_pre (the fp32 mix projection, Sinkhorn, the collapse) then hc_post
+// (the expansion back into the copies), for n tokens; checked first against
+// a float64 evaluation of the definition (architecture.md 4.2).
+void BM_HyperConnections(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  ModelConfig c;
+  c.dim = 4096;
+  c.hc_mult = 4;
+  c.hc_sinkhorn_iters = 20;
+  c.hc_eps = 1e-6f;
+  c.norm_eps = 1e-6f;
+  const int64_t h = c.hc_mult, width = h * c.dim, mixes = c.hc_mix();
+  std::mt19937 rng(9);
+  std::normal_distribution<float> nd;
+  std::vector<float> fn(size_t(mixes * width)), x(size_t(n * width)), y(size_t(n * c.dim)), sub(size_t(n * c.dim));
+  for (auto& v : fn) v = 0.01f * nd(rng);
+  for (auto& v : x) v = nd(rng);
+  for (auto& v : sub) v = nd(rng);
+  HyperConnectionWeights w;
+  w.fn.format = WeightFormat::F32;
+  w.fn.rows = mixes;
+  w.fn.cols = width;
+  w.fn.data = reinterpret_cast<const uint8_t*>(fn.data());
+  for (int64_t i = 0; i < mixes; ++i) w.base.push_back(0.1f * nd(rng));
+  w.scale = {0.5f, 0.7f, 0.9f};
+
+  // The float64 reference for the first token.
+  std::vector<double> mix(static_cast<size_t>(mixes));
+  double ss = 0;
+  for (int64_t i = 0; i < width; ++i) ss += double(x[size_t(i)]) * x[size_t(i)];
+  const double inv = 1.0 / std::sqrt(ss / double(width) + c.norm_eps);
+  for (int64_t m = 0; m < mixes; ++m) {
+    double d = 0;
+    for (int64_t i = 0; i < width; ++i) d += double(fn[size_t(m * width + i)]) * x[size_t(i)];
+    mix[size_t(m)] = d * inv;
+  }
+  auto sig = [](double v) { return 1.0 / (1.0 + std::exp(-v)); };
+  std::vector<double> pre(static_cast<size_t>(h)), post(static_cast<size_t>(h)), comb(static_cast<size_t>(h * h));
+  for (int64_t j = 0; j < h; ++j) {
+    pre[size_t(j)] = sig(mix[size_t(j)] * w.scale[0] + w.base[size_t(j)]) + c.hc_eps;
+    post[size_t(j)] = 2.0 * sig(mix[size_t(h + j)] * w.scale[1] + w.base[size_t(h + j)]);
+  }
+  for (int64_t j = 0; j < h; ++j) {
+    double m = -INFINITY, sum = 0;
+    for (int64_t k = 0; k < h; ++k) m = std::max(m, mix[size_t(2 * h + j * h + k)] * w.scale[2] + w.base[size_t(2 * h + j * h + k)]);
+    for (int64_t k = 0; k < h; ++k)
+      sum += comb[size_t(j * h + k)] = std::exp(mix[size_t(2 * h + j * h + k)] * w.scale[2] + w.base[size_t(2 * h + j * h + k)] - m);
+    for (int64_t k = 0; k < h; ++k) comb[size_t(j * h + k)] = comb[size_t(j * h + k)] / sum + c.hc_eps;
+  }
+  for (int64_t it = 0; it < c.hc_sinkhorn_iters; ++it) {
+    if (it > 0)
+      for (int64_t j = 0; j < h; ++j) {
+        double r = 0;
+        for (int64_t k = 0; k < h; ++k) r += comb[size_t(j * h + k)];
+        for (int64_t k = 0; k < h; ++k) comb[size_t(j * h + k)] /= r + c.hc_eps;
+      }
+    for (int64_t k = 0; k < h; ++k) {
+      double col = 0;
+      for (int64_t j = 0; j < h; ++j) col += comb[size_t(j * h + k)];
+      for (int64_t j = 0; j < h; ++j) comb[size_t(j * h + k)] /= col + c.hc_eps;
+    }
+  }
+  HcMix got;
+  std::vector<float> x_out = x;
+  hc_pre(c, w, x_out.data(), n, y.data(), &got);
+  hc_post(c, got, sub.data(), x_out.data(), n);
+  double worst = 0;
+  auto compare = [&](double want, double have) { worst = std::max(worst, std::fabs(want - have) / (std::fabs(want) + 1e-3)); };
+  for (int64_t d = 0; d < c.dim; ++d) {
+    double collapsed = 0;
+    for (int64_t j = 0; j < h; ++j) collapsed += pre[size_t(j)] * x[size_t(j * c.dim + d)];
+    compare(collapsed, y[size_t(d)]);
+    for (int64_t k = 0; k < h; ++k) {
+      double v = post[size_t(k)] * sub[size_t(d)];
+      for (int64_t j = 0; j < h; ++j) v += comb[size_t(j * h + k)] * x[size_t(j * c.dim + d)];
+      compare(v, x_out[size_t(k * c.dim + d)]);
+    }
+  }
+  if (worst > 1e-3) {
+    state.SkipWithError("hyper-connections differ from the float64 definition");
+    return;
+  }
+  for (auto _ : state) {
+    hc_pre(c, w, x.data(), n, y.data(), &got);
+    hc_post(c, got, sub.data(), x_out.data(), n);
+    benchmark::DoNotOptimize(x_out.data());
+  }
+  state.counters["tokens/s"] = benchmark::Counter(double(n) * double(state.iterations()), benchmark::Counter::kIsRate);
+  state.SetLabel("worst relative error vs float64 " + std::to_string(worst));
+}
+BENCHMARK(BM_HyperConnections)->Arg(1)->Arg(16)->Arg(512)->UseRealTime();
 
 // Indexer / router top-k (ties to the lower index), checked against a full
 // sort; n = compressed rows of a 4K..64K context at ratio 4, k = V4-Flash's 512.

@@ -12,6 +12,7 @@
 #include "core/numeric.h"
 #include "core/threads.h"
 #include "kernels/cpu/linear.h"
+#include "model/layers.h"
 #include "model/ops.h"
 
 namespace dsv4 {
@@ -388,6 +389,73 @@ TEST(Ops, AttentionRowsMatchPerPairFunctions) {
           for (int64_t j = 0; j < n_keys; ++j) add_scaled(want.data() + h * dim, p[size_t(h * n_keys + j)], keys[size_t(j)], dim);
         EXPECT_EQ(0, std::memcmp(out.data(), want.data(), out.size() * 4));
       }
+}
+
+// hc_post: x[k][i] = post[k] * y[i] + sum_j comb[j][k] * old x[j][i], the
+// sums in j order with separate roundings; the scalar and AVX-512 paths
+// give the bits of that definition (a width that leaves a remainder after
+// 16-column vectors, three tokens).
+TEST(Ops, HcPostGivesDefinitionBitsOnEveryPath) {
+  ModelConfig c;
+  c.hc_mult = 4;
+  c.dim = 4096 + 8;
+  const int64_t h = c.hc_mult, d = c.dim, n = 3;
+  HcMix mix;
+  mix.post = normal_floats(size_t(n * h), 51);
+  mix.comb = normal_floats(size_t(n * h * h), 52);
+  const std::vector<float> y = normal_floats(size_t(n * d), 53), x0 = normal_floats(size_t(n * h * d), 54);
+  std::vector<float> want = x0;
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t k = 0; k < h; ++k)
+      for (int64_t i = 0; i < d; ++i) {
+        volatile float s = 0.0f;  // volatile: one rounding per operation, as written
+        for (int64_t j = 0; j < h; ++j) {
+          volatile float p = mix.comb[size_t(t * h * h + j * h + k)] * x0[size_t(t * h * d + j * d + i)];
+          s = s + p;
+        }
+        volatile float py = mix.post[size_t(t * h + k)] * y[size_t(t * d + i)];
+        want[size_t(t * h * d + k * d + i)] = py + s;
+      }
+  const std::vector<float> scalar = expect_simd_gives_scalar_bits(want.size(), [&](float* out) {
+    std::copy(x0.begin(), x0.end(), out);
+    hc_post(c, mix, y.data(), out, n);
+  });
+  EXPECT_EQ(0, std::memcmp(scalar.data(), want.data(), want.size() * 4));
+}
+
+// hc_pre's collapse: y[i] = sum_j pre[j] * x[j][i] in j order with separate
+// roundings, the same bits on every path.
+TEST(Ops, HcPreCollapseGivesDefinitionBitsOnEveryPath) {
+  ModelConfig c;
+  c.hc_mult = 4;
+  c.dim = 4096 + 8;
+  c.hc_sinkhorn_iters = 3;
+  c.hc_eps = 1e-6f;
+  c.norm_eps = 1e-6f;
+  const int64_t h = c.hc_mult, d = c.dim, n = 3, mixes = c.hc_mix();
+  std::vector<float> fn = normal_floats(size_t(mixes * h * d), 61);
+  for (auto& v : fn) v *= 0.01f;
+  HyperConnectionWeights w;
+  w.fn.format = WeightFormat::F32;
+  w.fn.rows = mixes;
+  w.fn.cols = h * d;
+  w.fn.data = reinterpret_cast<const uint8_t*>(fn.data());
+  w.base = normal_floats(size_t(mixes), 62);
+  w.scale = {0.5f, 0.7f, 0.9f};
+  const std::vector<float> x = normal_floats(size_t(n * h * d), 63);
+  HcMix mix;
+  const std::vector<float> y = expect_simd_gives_scalar_bits(size_t(n * d), [&](float* out) {
+    hc_pre(c, w, x.data(), n, out, &mix);
+  });
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t i = 0; i < d; ++i) {
+      volatile float s = 0.0f;
+      for (int64_t j = 0; j < h; ++j) {
+        volatile float p = mix.pre[size_t(t * h + j)] * x[size_t(t * h * d + j * d + i)];
+        s = s + p;
+      }
+      ASSERT_EQ(float(s), y[size_t(t * d + i)]) << "token " << t << ", column " << i;
+    }
 }
 
 TEST(Ops, HadamardMatchesSylvesterMatrix) {

@@ -1,4 +1,6 @@
 // Manifold-constrained hyper-connections (architecture.md §4.2, §4.5).
+#include <immintrin.h>
+
 #include <cmath>
 #include <vector>
 
@@ -26,12 +28,29 @@ std::vector<float> hc_mixes(const ModelConfig& c, const HyperConnectionWeights& 
   return out;
 }
 
-void collapse(const ModelConfig& c, const float* x, const float* pre, float* y) {
-  for (int64_t d = 0; d < c.dim; ++d) {
+// y[i] = sum_j pre[j] * x[j][i], in j order, products and additions rounded
+// separately; the AVX-512 path does the same on 16 columns at a time.
+void collapse_columns(int64_t h, int64_t d, int64_t i0, const float* x, const float* pre, float* y) {
+  for (int64_t i = i0; i < d; ++i) {
     float s = 0.0f;
-    for (int64_t j = 0; j < c.hc_mult; ++j) s += pre[j] * x[j * c.dim + d];
-    y[d] = s;
+    for (int64_t j = 0; j < h; ++j) s += pre[j] * x[j * d + i];
+    y[i] = s;
   }
+}
+__attribute__((target("avx512f"))) void collapse_avx512(int64_t h, int64_t d, const float* x, const float* pre,
+                                                        float* y) {
+  int64_t i = 0;
+  for (; i + 16 <= d; i += 16) {
+    __m512 s = _mm512_setzero_ps();
+    for (int64_t j = 0; j < h; ++j)
+      s = _mm512_add_ps(s, _mm512_mul_ps(_mm512_set1_ps(pre[j]), _mm512_loadu_ps(x + j * d + i)));
+    _mm512_storeu_ps(y + i, s);
+  }
+  collapse_columns(h, d, i, x, pre, y);
+}
+void collapse(const ModelConfig& c, const float* x, const float* pre, float* y) {
+  if (active_kernel_isa() == KernelIsa::Avx512) collapse_avx512(c.hc_mult, c.dim, x, pre, y);
+  else collapse_columns(c.hc_mult, c.dim, 0, x, pre, y);
 }
 
 }  // namespace
@@ -90,20 +109,54 @@ void hc_pre(const ModelConfig& c, const HyperConnectionWeights& w, const float* 
   }
 }
 
+namespace {
+
+// One token's expansion: x[k][i] = post[k] * y[i] + sum_j comb[j][k] * x[j][i]
+// with the old x. Every column i is read (all h copies) before it is
+// written, so no copy of the old x is needed. The sums are taken in this
+// order, products and additions rounded separately (no FMA), on every path.
+// Columns [i0, d) of the token; the config allows at most 16 copies.
+void hc_post_token(int64_t h, int64_t d, int64_t i0, const float* post, const float* comb, const float* y, float* x) {
+  float old[16];
+  for (int64_t i = i0; i < d; ++i) {
+    for (int64_t j = 0; j < h; ++j) old[j] = x[j * d + i];
+    for (int64_t k = 0; k < h; ++k) {
+      float s = 0.0f;
+      for (int64_t j = 0; j < h; ++j) s += comb[j * h + k] * old[j];
+      x[k * d + i] = post[k] * y[i] + s;
+    }
+  }
+}
+
+// The same operations on 16 columns at a time (hc_mult 4, 4096 columns: one
+// token went from ~60 to ~6 us).
+__attribute__((target("avx512f"))) void hc_post_token_avx512(int64_t h, int64_t d, const float* post,
+                                                             const float* comb, const float* y, float* x) {
+  int64_t i = 0;
+  for (; i + 16 <= d; i += 16) {
+    __m512 old[16];
+    for (int64_t j = 0; j < h; ++j) old[j] = _mm512_loadu_ps(x + j * d + i);
+    const __m512 yv = _mm512_loadu_ps(y + i);
+    for (int64_t k = 0; k < h; ++k) {
+      __m512 s = _mm512_setzero_ps();
+      for (int64_t j = 0; j < h; ++j) s = _mm512_add_ps(s, _mm512_mul_ps(_mm512_set1_ps(comb[j * h + k]), old[j]));
+      _mm512_storeu_ps(x + k * d + i, _mm512_add_ps(_mm512_mul_ps(_mm512_set1_ps(post[k]), yv), s));
+    }
+  }
+  hc_post_token(h, d, i, post, comb, y, x);
+}
+
+}  // namespace
+
 void hc_post(const ModelConfig& c, const HcMix& mix, const float* y, float* x_hc, int64_t n) {
   const int64_t h = c.hc_mult, d = c.dim;
+  const bool avx512 = active_kernel_isa() == KernelIsa::Avx512;
 #pragma omp parallel for schedule(static) num_threads(threads_for(n * 2 * h * h * d))
   for (int64_t t = 0; t < n; ++t) {
-    float* x = x_hc + t * h * d;
     const float* post = mix.post.data() + t * h;
     const float* comb = mix.comb.data() + t * h * h;
-    std::vector<float> old(x, x + h * d);
-    for (int64_t k = 0; k < h; ++k)
-      for (int64_t i = 0; i < d; ++i) {
-        float s = 0.0f;
-        for (int64_t j = 0; j < h; ++j) s += comb[j * h + k] * old[size_t(j * d + i)];
-        x[k * d + i] = post[k] * y[t * d + i] + s;
-      }
+    if (avx512) hc_post_token_avx512(h, d, post, comb, y + t * d, x_hc + t * h * d);
+    else hc_post_token(h, d, 0, post, comb, y + t * d, x_hc + t * h * d);
   }
 }
 
