@@ -359,6 +359,12 @@ constexpr int kSmallTokenGroup = 4;
 constexpr int64_t kPackedMinTokensFp4 = 8, kPackedMinTokensBuffered = 17;
 constexpr int64_t kMaxRegisterTokens = std::max(kPackedMinTokensFp4, kPackedMinTokensBuffered) - 1;
 
+// Matrices of fewer rows (the hyper-connection mixes: 24 x 16384 fp32)
+// stay on the register path at any token count, kMaxRegisterTokens tokens
+// at a time with the weights in L2: packing every token's input costs
+// more than such a product.
+constexpr int64_t kPackedMinRows = 64;
+
 int64_t packed_min_tokens(const Linear& w) {
   return w.format == WeightFormat::FP4_BLOCK32 ? kPackedMinTokensFp4 : kPackedMinTokensBuffered;  // BF16, F32 and FP8
 }
@@ -1127,7 +1133,7 @@ void linear_forward(const Linear& w, const float* x, int64_t n, float* y, int64_
   const int64_t cols = w.cols;
   check_width(w);
   const KernelIsa isa = g_isa;  // one choice per call (tests switch it between calls)
-  const bool packed = n >= packed_min_tokens(w) && isa == KernelIsa::Avx512;
+  const bool packed = n >= packed_min_tokens(w) && out >= kPackedMinRows && isa == KernelIsa::Avx512;
   const bool outer = n >= kOuterMinTokens;
   float* xs = thread_scratch_array<float>(ScratchSlot::LinearInput, n * cols);
 #pragma omp parallel num_threads(threads_for(n * cols * 16))
@@ -1143,12 +1149,18 @@ void linear_forward(const Linear& w, const float* x, int64_t n, float* y, int64_
     return;
   }
   if (isa == KernelIsa::Avx512) {
+    // Up to kMaxRegisterTokens tokens per item (more only for matrices of
+    // few rows, see kPackedMinRows).
+    const int64_t token_blocks = (n + kMaxRegisterTokens - 1) / kMaxRegisterTokens;
 #pragma omp parallel num_threads(threads)
     {
       const int64_t pieces = register_pieces(out, omp_get_num_threads());
 #pragma omp for schedule(dynamic, 1)
-      for (int64_t piece = 0; piece < pieces; ++piece)
-        register_rows_piece(w, row_begin, out, xs, n, y, y_stride, piece, pieces);
+      for (int64_t item = 0; item < token_blocks * pieces; ++item) {
+        const int64_t t0 = item / pieces * kMaxRegisterTokens, piece = item % pieces;
+        register_rows_piece(w, row_begin, out, xs + t0 * cols, std::min(kMaxRegisterTokens, n - t0),
+                            y + t0 * y_stride, y_stride, piece, pieces);
+      }
     }
     return;
   }
