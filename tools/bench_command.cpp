@@ -88,14 +88,18 @@ double decode_step_floor_seconds(const ModelConfig& c, const Model::TokenCost& c
     seconds += weights / rate;
     decoded += weights;
   };
-  for (size_t f = 0; f < cost.dense_weights.size(); ++f) decode(WeightFormat(f), double(cost.dense_weights[f]));
-  for (const Model::LayerCost& l : cost.layers) decode(cost.expert_format, distinct * double(l.expert_weights));
+  for (size_t f = 0; f < cost.head_weights.size(); ++f) decode(WeightFormat(f), double(cost.head_weights[f]));
+  for (const Model::LayerCost& l : cost.layers) {
+    for (size_t f = 0; f < l.dense_weights.size(); ++f) decode(WeightFormat(f), double(l.dense_weights[f]));
+    decode(cost.expert_format, distinct * double(l.expert_weights));
+  }
   const double macs = decode_step_macs(c, cost, batch, position);
   return seconds + std::max(0.0, macs - decoded) / fma_macs_per_s;
 }
 
 struct FlashCost {
   int64_t decode_bytes = 0, prefill_macs = 0;
+  Model::TokenCost cost;  // per layer, in the V4-Flash schedule
 };
 
 // Costs of the official V4-Flash schedule, compress_ratios [0,0] + [4,128]*20
@@ -113,6 +117,8 @@ std::optional<FlashCost> flash_schedule_cost(const ModelConfig& c, const Model::
   window.weight_bytes -= window.compressor_bytes;
   window.linear_macs -= window.compressor_macs;
   window.compressor_bytes = window.compressor_macs = 0;
+  for (size_t f = 0; f < window.dense_weights.size(); ++f) window.dense_weights[f] -= window.compressor_weights[f];
+  window.compressor_weights = {};
   Model::TokenCost flash = cost;
   flash.layers = {window, window};
   for (int i = 0; i < 20; ++i) flash.layers.insert(flash.layers.end(), {*by_ratio[0], *by_ratio[1]});
@@ -121,6 +127,7 @@ std::optional<FlashCost> flash_schedule_cost(const ModelConfig& c, const Model::
   out.decode_bytes = flash.head_bytes + flash.other_bytes;
   for (const Model::LayerCost& l : flash.layers) out.decode_bytes += l.weight_bytes;
   out.prefill_macs = prefill_macs(c, flash, prompt);
+  out.cost = flash;
   return out;
 }
 
@@ -322,7 +329,14 @@ int run_bench(const BenchArgs& a) {
                 double(flash->decode_bytes) / 1e9);
     if (decode_bytes_rate > 0) {
       const double rate = decode_bytes_rate / double(flash->decode_bytes);
-      std::printf("  decode batch 1: %.2f tokens/s at the measured %.2f GB/s\n", rate, decode_bytes_rate / 1e9);
+      // A slice's bytes are mostly its BF16 head, the full model's mostly
+      // FP8 and FP4 matrices, whose decoding can bound a token on a machine
+      // with few cores: the line also gives that bound.
+      const double floor_seconds = decode_step_floor_seconds(c, flash->cost, 1, 16 + a.decode / 2, one_token_rates,
+                                                             fma_ceiling.flops / 2);
+      std::printf("  decode batch 1: %.2f tokens/s at the measured %.2f GB/s; decoding its weights at the one-token "
+                  "rates takes %.0f ms per token here (at most %.2f tokens/s)\n",
+                  rate, decode_bytes_rate / 1e9, 1e3 * floor_seconds, 1.0 / floor_seconds);
       if (csv) csv << "decode_43_layers_estimate,1,,," << rate << "," << flash->decode_bytes << ","
                    << decode_bytes_rate / 1e9 << "," << bandwidth / 1e9 << ",,\n";
     }

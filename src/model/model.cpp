@@ -189,12 +189,12 @@ Model::TokenCost Model::token_cost() const {
     bytes += times * l.weight_bytes();
     macs += times * l.rows * l.cols;
   };
-  auto add_dense = [&](const Linear& l, int64_t& bytes, int64_t& macs) {
+  auto add_dense = [&](const Linear& l, int64_t& bytes, int64_t& macs, std::array<int64_t, 4>& weights) {
     add(l, bytes, macs);
-    cost.dense_weights[size_t(l.format)] += l.rows * l.cols;
+    weights[size_t(l.format)] += l.rows * l.cols;
   };
-  add_dense(weights_.head, cost.head_bytes, cost.head_macs);
-  add_dense(weights_.hc_head.fn, cost.head_bytes, cost.head_macs);
+  add_dense(weights_.head, cost.head_bytes, cost.head_macs, cost.head_weights);
+  add_dense(weights_.hc_head.fn, cost.head_bytes, cost.head_macs, cost.head_weights);
   cost.other_bytes = weights_.embed.weight_bytes() / c.vocab_size;
   for (size_t i = 0; i < size_t(c.n_layers); ++i) {
     const BlockWeights& b = weights_.layers[i];
@@ -202,15 +202,17 @@ Model::TokenCost Model::token_cost() const {
     LayerCost l;
     l.ratio = c.ratio(int64_t(i));
     for (const Linear* w : {&b.hc_attn.fn, &b.hc_ffn.fn, &a.wq_a, &a.wq_b, &a.wkv, &a.wo_a, &a.wo_b})
-      add_dense(*w, l.weight_bytes, l.linear_macs);
+      add_dense(*w, l.weight_bytes, l.linear_macs, l.dense_weights);
     if (a.has_compressor)
-      for (const Linear* w : {&a.compressor.wkv, &a.compressor.wgate}) add_dense(*w, l.compressor_bytes, l.compressor_macs);
+      for (const Linear* w : {&a.compressor.wkv, &a.compressor.wgate})
+        add_dense(*w, l.compressor_bytes, l.compressor_macs, l.compressor_weights);
     if (a.has_indexer)
       for (const Linear* w : {&a.indexer.wq_b, &a.indexer.weights_proj, &a.indexer.compressor.wkv,
                               &a.indexer.compressor.wgate})
-        add_dense(*w, l.compressor_bytes, l.compressor_macs);
+        add_dense(*w, l.compressor_bytes, l.compressor_macs, l.compressor_weights);
     const MoeWeights& m = b.moe;
-    for (const Linear* w : {&m.gate, &m.shared.w1, &m.shared.w2, &m.shared.w3}) add_dense(*w, l.weight_bytes, l.linear_macs);
+    for (const Linear* w : {&m.gate, &m.shared.w1, &m.shared.w2, &m.shared.w3})
+      add_dense(*w, l.weight_bytes, l.linear_macs, l.dense_weights);
     const ExpertWeights& e = m.experts[0];
     for (const Linear* w : {&e.w1, &e.w2, &e.w3}) add(*w, l.weight_bytes, l.linear_macs, c.n_activated_experts);
     for (const Linear* w : {&e.w1, &e.w2, &e.w3}) {
@@ -220,6 +222,7 @@ Model::TokenCost Model::token_cost() const {
     cost.expert_format = e.w1.format;
     l.weight_bytes += l.compressor_bytes;
     l.linear_macs += l.compressor_macs;
+    for (size_t f = 0; f < l.dense_weights.size(); ++f) l.dense_weights[f] += l.compressor_weights[f];
     cost.layers.push_back(l);
   }
   return cost;

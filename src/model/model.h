@@ -94,14 +94,16 @@ class Model {
     int64_t compressor_bytes = 0, compressor_macs = 0;
     int64_t expert_bytes = 0;  // one routed expert (weight_bytes has n_activated of them)
     int64_t expert_weights = 0;  // its weights (multiply-adds per token)
+    // Weights of every matrix but the routed experts, by WeightFormat (what
+    // a decode step decodes once whatever its batch), and the part of them
+    // that belongs to the compressors and the indexer.
+    std::array<int64_t, 4> dense_weights{}, compressor_weights{};
   };
   struct TokenCost {
     int64_t head_bytes = 0, head_macs = 0;  // LM head and HC head
     int64_t other_bytes = 0;                // one embedding row
     std::vector<LayerCost> layers;          // main layers
-    // Weights of the head and of every layer matrix but the routed experts,
-    // by WeightFormat: what a decode step decodes once whatever its batch.
-    std::array<int64_t, 4> dense_weights{};
+    std::array<int64_t, 4> head_weights{};  // by WeightFormat
     WeightFormat expert_format = WeightFormat::F32;
   };
   TokenCost token_cost() const;
