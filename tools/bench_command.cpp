@@ -62,9 +62,15 @@ double decode_step_macs(const ModelConfig& c, const Model::TokenCost& cost, int6
   return double(batch) * macs;
 }
 
-double decode_step_bytes(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch) {
+// Routed experts a step of `batch` tokens picks at least once, with uniform
+// routing (random weights): E * (1 - (1 - k/E)^b) per layer instead of k.
+double expected_distinct_experts(const ModelConfig& c, int64_t batch) {
   const double e = double(c.n_routed_experts), k = double(c.n_activated_experts);
-  const double distinct = e * (1.0 - std::pow(1.0 - k / e, double(batch)));
+  return e * (1.0 - std::pow(1.0 - k / e, double(batch)));
+}
+
+double decode_step_bytes(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch) {
+  const double k = double(c.n_activated_experts), distinct = expected_distinct_experts(c, batch);
   double bytes = double(cost.head_bytes + batch * cost.other_bytes);
   for (const Model::LayerCost& l : cost.layers)
     bytes += double(l.weight_bytes) + (distinct - k) * double(l.expert_bytes);
@@ -79,8 +85,7 @@ double decode_step_bytes(const ModelConfig& c, const Model::TokenCost& cost, int
 // with few cores per GB/s it, not the bytes, bounds a batched step.
 double decode_step_floor_seconds(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch,
                                  int64_t position, const std::array<double, 4>& rates, double fma_macs_per_s) {
-  const double e = double(c.n_routed_experts), k = double(c.n_activated_experts);
-  const double distinct = e * (1.0 - std::pow(1.0 - k / e, double(batch)));
+  const double distinct = expected_distinct_experts(c, batch);
   double seconds = 0, decoded = 0;
   auto decode = [&](WeightFormat format, double weights) {
     const double rate = rates[size_t(format)];

@@ -69,7 +69,7 @@ std::array<double, 4> measure_one_token_weight_rates() {
 #pragma omp parallel
       {
         const ResidentMatrix m(format, 11u + uint32_t(omp_get_thread_num()));
-        std::vector<float> x(size_t(m.linear.cols), 0.5f), y(size_t(m.linear.rows));
+        std::vector<float> x(size_t(m.linear.cols)), y(size_t(m.linear.rows));
         for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i % 7) - 3) * 0.25f;
         linear_forward(m.linear, x.data(), 1, y.data());  // into L2
 #pragma omp barrier

@@ -50,8 +50,8 @@ std::vector<int> affinity_cpus() {
 }
 
 int affinity_cpu_count() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  const size_t cpus = affinity_cpus().size();
+  if (cpus > 0) return int(cpus);
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
