@@ -14,55 +14,18 @@
 #include "core/aligned.h"
 #include "core/numeric.h"
 #include "kernels/cpu/linear.h"
+#include "kernels/cpu/random_linear.h"
 #include "model/layers.h"
 #include "model/ops.h"
 
 namespace dsv4 {
 namespace {
 
-// Weights are kept in transparent huge pages (HugePageAllocator), as the
-// model's loader keeps them: with 4 KB pages, products that stream many
-// rows at once also measure TLB misses the engine does not have.
-struct Weights {
-  std::vector<uint8_t, HugePageAllocator<uint8_t>> data;
-  std::vector<uint8_t> scale;
-  Linear lin;
-};
-
-Weights make_weights(WeightFormat f, int64_t rows, int64_t cols) {
-  Weights w;
-  std::mt19937 rng(1);
-  w.lin.format = f;
-  w.lin.rows = rows;
-  w.lin.cols = cols;
-  switch (f) {
-    case WeightFormat::BF16:
-      w.data.resize(size_t(rows * cols * 2));
-      for (size_t i = 0; i < w.data.size(); i += 2) w.data[i] = uint8_t(rng()), w.data[i + 1] = uint8_t(0x3c + rng() % 4);
-      break;
-    case WeightFormat::FP8_BLOCK128:
-      w.data.resize(size_t(rows * cols));
-      for (auto& b : w.data) b = uint8_t(rng() % 0x7e);
-      w.lin.scale_cols = (cols + 127) / 128;
-      w.scale.assign(size_t(((rows + 127) / 128) * w.lin.scale_cols), 120);
-      w.lin.quantize_input = true;
-      break;
-    case WeightFormat::FP4_BLOCK32:
-      w.data.resize(size_t(rows * cols / 2));
-      for (auto& b : w.data) b = uint8_t(rng());
-      w.lin.scale_cols = cols / 32;
-      w.scale.assign(size_t(rows * w.lin.scale_cols), 122);
-      w.lin.quantize_input = true;
-      break;
-    default:
-      w.data.resize(size_t(rows * cols * 4));
-      for (size_t i = 0; i < w.data.size(); i += 4) {
-        float v = float(rng() % 1000) / 1000.0f - 0.5f;
-        std::memcpy(&w.data[i], &v, 4);
-      }
-  }
-  w.lin.data = w.data.data();
-  w.lin.scale = w.scale.empty() ? nullptr : w.scale.data();
+// Random weights (in huge pages, as the loader keeps them) whose inputs are
+// rounded through FP8 where the model's are: FP8 and FP4 matrices.
+RandomLinear make_weights(WeightFormat f, int64_t rows, int64_t cols, uint32_t seed = 1) {
+  RandomLinear w(f, rows, cols, seed);
+  w.linear.quantize_input = f == WeightFormat::FP8_BLOCK128 || f == WeightFormat::FP4_BLOCK32;
   return w;
 }
 
@@ -75,11 +38,11 @@ void BM_ExpertsDecode(benchmark::State& state) {
   const int experts = int(state.range(0));
   const bool many = state.range(1) != 0;
   const int64_t dim = 4096, inter = 2048;
-  std::vector<Weights> w1, w3, w2;
+  std::vector<RandomLinear> w1, w3, w2;
   for (int e = 0; e < experts; ++e) {
-    w1.push_back(make_weights(WeightFormat::FP4_BLOCK32, inter, dim));
-    w3.push_back(make_weights(WeightFormat::FP4_BLOCK32, inter, dim));
-    w2.push_back(make_weights(WeightFormat::FP4_BLOCK32, dim, inter));
+    w1.push_back(make_weights(WeightFormat::FP4_BLOCK32, inter, dim, 3 * e + 1));
+    w3.push_back(make_weights(WeightFormat::FP4_BLOCK32, inter, dim, 3 * e + 2));
+    w2.push_back(make_weights(WeightFormat::FP4_BLOCK32, dim, inter, 3 * e + 3));
   }
   std::vector<float> x(size_t(experts * dim)), a(size_t(experts * inter)), b(a.size()), y(x.size());
   std::mt19937 rng(3);
@@ -88,20 +51,20 @@ void BM_ExpertsDecode(benchmark::State& state) {
   auto run = [&](bool batched) {
     if (!batched) {
       for (int e = 0; e < experts; ++e) {
-        linear_forward(w1[size_t(e)].lin, x.data() + e * dim, 1, a.data() + e * inter);
-        linear_forward(w3[size_t(e)].lin, x.data() + e * dim, 1, b.data() + e * inter);
+        linear_forward(w1[size_t(e)].linear, x.data() + e * dim, 1, a.data() + e * inter);
+        linear_forward(w3[size_t(e)].linear, x.data() + e * dim, 1, b.data() + e * inter);
       }
-      for (int e = 0; e < experts; ++e) linear_forward(w2[size_t(e)].lin, a.data() + e * inter, 1, y.data() + e * dim);
+      for (int e = 0; e < experts; ++e) linear_forward(w2[size_t(e)].linear, a.data() + e * inter, 1, y.data() + e * dim);
       return;
     }
     std::vector<LinearProduct> p;
     for (int e = 0; e < experts; ++e) {
-      p.push_back({&w1[size_t(e)].lin, x.data() + e * dim, 1, a.data() + e * inter});
-      p.push_back({&w3[size_t(e)].lin, x.data() + e * dim, 1, b.data() + e * inter});
+      p.push_back({&w1[size_t(e)].linear, x.data() + e * dim, 1, a.data() + e * inter});
+      p.push_back({&w3[size_t(e)].linear, x.data() + e * dim, 1, b.data() + e * inter});
     }
     linear_forward_many(p.data(), p.size());
     p.clear();
-    for (int e = 0; e < experts; ++e) p.push_back({&w2[size_t(e)].lin, a.data() + e * inter, 1, y.data() + e * dim});
+    for (int e = 0; e < experts; ++e) p.push_back({&w2[size_t(e)].linear, a.data() + e * inter, 1, y.data() + e * dim});
     linear_forward_many(p.data(), p.size());
   };
   run(!many);
@@ -117,7 +80,7 @@ void BM_ExpertsDecode(benchmark::State& state) {
   }
   int64_t bytes = 0;
   for (int e = 0; e < experts; ++e)
-    bytes += w1[size_t(e)].lin.weight_bytes() + w3[size_t(e)].lin.weight_bytes() + w2[size_t(e)].lin.weight_bytes();
+    bytes += w1[size_t(e)].linear.weight_bytes() + w3[size_t(e)].linear.weight_bytes() + w2[size_t(e)].linear.weight_bytes();
   state.SetBytesProcessed(int64_t(state.iterations()) * bytes);
   state.SetLabel(many ? "linear_forward_many" : "one linear_forward each");
 }
@@ -136,28 +99,28 @@ void BM_Linear(benchmark::State& state) {
     state.SkipWithError("ISA not supported by this CPU");
     return;
   }
-  Weights w = make_weights(format, rows, cols);
+  RandomLinear w = make_weights(format, rows, cols);
   std::vector<float> x(size_t(n * cols)), y(size_t(n * rows));
   std::mt19937 rng(2);
   std::normal_distribution<float> nd;
   for (auto& v : x) v = nd(rng);
   set_kernel_isa(isa);
   // Correctness against the scalar reference (on the rounded input).
-  linear_forward(w.lin, x.data(), n, y.data());
+  linear_forward(w.linear, x.data(), n, y.data());
   std::vector<float> xr(x.begin(), x.begin() + cols);
-  if (w.lin.quantize_input) fp8_round_trip(xr.data(), cols, 128);
+  if (w.linear.quantize_input) fp8_round_trip(xr.data(), cols, 128);
   for (int64_t o = 0; o < rows; o += 97) {
-    double ref = linear_dot_reference(w.lin, o, xr.data());
+    double ref = linear_dot_reference(w.linear, o, xr.data());
     if (std::fabs(ref - y[size_t(o)]) > 1e-5 * (std::fabs(ref) + 1)) {
       state.SkipWithError("mismatch against the scalar reference");
       return;
     }
   }
   for (auto _ : state) {
-    linear_forward(w.lin, x.data(), n, y.data());
+    linear_forward(w.linear, x.data(), n, y.data());
     benchmark::DoNotOptimize(y.data());
   }
-  state.SetBytesProcessed(int64_t(state.iterations()) * w.lin.weight_bytes());
+  state.SetBytesProcessed(int64_t(state.iterations()) * w.linear.weight_bytes());
   state.counters["MAC/s"] = benchmark::Counter(double(rows * cols * n) * double(state.iterations()), benchmark::Counter::kIsRate);
   state.SetLabel(std::string(weight_format_name(format)) + " / " + kernel_isa_name(isa));
 }

@@ -12,6 +12,7 @@
 #include "core/numeric.h"
 #include "core/threads.h"
 #include "kernels/cpu/linear.h"
+#include "kernels/cpu/random_linear.h"
 #include "model/layers.h"
 #include "model/ops.h"
 
@@ -127,60 +128,27 @@ TEST(Numeric, Fp4RoundTripUsesPowerOfTwoScales) {
   EXPECT_EQ(y[1], 0.0f);
 }
 
-// Random weights of each format, checked against the scalar reference.
-struct RandomLinear {
-  std::vector<uint8_t> data, scale;
-  Linear lin;
-  RandomLinear(WeightFormat f, int64_t rows, int64_t cols, uint32_t seed) {
-    std::mt19937 rng(seed);
-    lin.format = f;
-    lin.rows = rows;
-    lin.cols = cols;
-    switch (f) {
-      case WeightFormat::F32: {
-        data.resize(size_t(rows * cols * 4));
-        std::normal_distribution<float> n;
-        for (int64_t i = 0; i < rows * cols; ++i) {
-          float v = n(rng);
-          std::memcpy(data.data() + 4 * i, &v, 4);
-        }
-        break;
-      }
-      case WeightFormat::BF16:
-        data.resize(size_t(rows * cols * 2));
-        for (auto& b : data) b = uint8_t(rng());
-        for (int64_t i = 0; i < rows * cols; ++i) data[size_t(2 * i + 1)] = uint8_t(0x3c + rng() % 8);
-        break;
-      case WeightFormat::FP8_BLOCK128:
-        data.resize(size_t(rows * cols));
-        for (auto& b : data) b = uint8_t(rng() % 256);
-        for (auto& b : data) if ((b & 0x7f) == 0x7f) b = 0;
-        lin.scale_cols = (cols + 127) / 128;
-        scale.resize(size_t(((rows + 127) / 128) * lin.scale_cols));
-        for (auto& s : scale) s = uint8_t(120 + rng() % 10);
-        // Extreme scales take other decode paths: 2^120 (small codes only,
-        // so that nothing overflows) and 2^-127 (a subnormal float).
-        scale[0] = 247;
-        for (int64_t r = 0; r < std::min<int64_t>(rows, 128); ++r)
-          for (int64_t i = 0; i < std::min<int64_t>(cols, 128); ++i) data[size_t(r * cols + i)] &= 0xb7;
-        if (scale.size() > 1) scale[1] = 0;
-        break;
-      case WeightFormat::FP4_BLOCK32:
-        data.resize(size_t(rows * cols / 2));
-        for (auto& b : data) b = uint8_t(rng());
-        lin.scale_cols = cols / 32;
-        scale.resize(size_t(rows * lin.scale_cols));
-        for (auto& s : scale) s = uint8_t(120 + rng() % 10);
-        scale[0] = 250;
-        if (scale.size() > 1) scale[1] = 0;
-        // 2^127: the large magnitudes overflow to inf in float, on every path.
-        if (scale.size() > 2) scale[2] = 254;
-        break;
-    }
-    lin.data = data.data();
-    lin.scale = scale.empty() ? nullptr : scale.data();
+// Random weights of each format (see random_linear.h) whose first scale
+// blocks take the kernels' other decoding paths: 2^120 and more (FP8: with
+// small codes only, so that nothing overflows), 2^-127 (a subnormal float)
+// and, for FP4, 2^127 (the large magnitudes overflow to inf in float, on
+// every path).
+RandomLinear random_linear(WeightFormat format, int64_t rows, int64_t cols, uint32_t seed) {
+  RandomLinear w(format, rows, cols, seed);
+  auto& scale = w.scale;
+  if (format == WeightFormat::FP8_BLOCK128) {
+    scale[0] = 247;
+    for (int64_t r = 0; r < std::min<int64_t>(rows, 128); ++r)
+      for (int64_t i = 0; i < std::min<int64_t>(cols, 128); ++i) w.data[size_t(r * cols + i)] &= 0xb7;
+    if (scale.size() > 1) scale[1] = 0;
   }
-};
+  if (format == WeightFormat::FP4_BLOCK32) {
+    scale[0] = 250;
+    if (scale.size() > 1) scale[1] = 0;
+    if (scale.size() > 2) scale[2] = 254;
+  }
+  return w;
+}
 
 class LinearFormats : public ::testing::TestWithParam<WeightFormat> {};
 
@@ -189,18 +157,18 @@ class LinearFormats : public ::testing::TestWithParam<WeightFormat> {};
 // the exact value. 2560 columns: two full chunks and a half one.
 TEST_P(LinearFormats, DotMatchesScalarReference) {
   const int64_t rows = 300, cols = 2560;
-  RandomLinear w(GetParam(), rows, cols, 11);
+  RandomLinear w = random_linear(GetParam(), rows, cols, 11);
   std::mt19937 rng(3);
   std::normal_distribution<float> n;
   std::vector<float> x(static_cast<size_t>(cols));
   for (auto& v : x) v = n(rng);
   for (int64_t r = 0; r < rows; ++r) {
-    double ref = linear_dot_reference(w.lin, r, x.data());
+    double ref = linear_dot_reference(w.linear, r, x.data());
     double mag = 0;
     std::vector<float> row(static_cast<size_t>(cols));
-    linear_decode_row(w.lin, r, row.data());
+    linear_decode_row(w.linear, r, row.data());
     for (int64_t i = 0; i < cols; ++i) mag += std::fabs(double(row[size_t(i)]) * x[size_t(i)]);
-    const double got = linear_dot(w.lin, r, x.data());
+    const double got = linear_dot(w.linear, r, x.data());
     if (!std::isfinite(ref)) {  // a weight past the float range (extreme scale)
       EXPECT_FALSE(std::isfinite(got)) << "row " << r;
       continue;
@@ -212,8 +180,8 @@ TEST_P(LinearFormats, DotMatchesScalarReference) {
 TEST_P(LinearFormats, BatchAndThreadsDoNotChangeBits) {
   const int64_t rows = 520, cols = 256, n = 9;
   static_assert(rows * cols * n >= kMinParallelWork, "the batched call must run on several threads");
-  RandomLinear w(GetParam(), rows, cols, 5);
-  w.lin.quantize_input = GetParam() == WeightFormat::FP8_BLOCK128 || GetParam() == WeightFormat::FP4_BLOCK32;
+  RandomLinear w = random_linear(GetParam(), rows, cols, 5);
+  w.linear.quantize_input = GetParam() == WeightFormat::FP8_BLOCK128 || GetParam() == WeightFormat::FP4_BLOCK32;
   std::mt19937 rng(1);
   std::normal_distribution<float> nd;
   std::vector<float> x(size_t(n * cols));
@@ -221,9 +189,9 @@ TEST_P(LinearFormats, BatchAndThreadsDoNotChangeBits) {
   std::vector<float> batched(size_t(n * rows)), single(size_t(n * rows));
   const int saved = compute_threads();
   set_compute_threads(3);
-  linear_forward(w.lin, x.data(), n, batched.data());
+  linear_forward(w.linear, x.data(), n, batched.data());
   set_compute_threads(1);
-  for (int64_t t = 0; t < n; ++t) linear_forward(w.lin, x.data() + t * cols, 1, single.data() + t * rows);
+  for (int64_t t = 0; t < n; ++t) linear_forward(w.linear, x.data() + t * cols, 1, single.data() + t * rows);
   set_compute_threads(saved);
   EXPECT_EQ(0, std::memcmp(batched.data(), single.data(), batched.size() * 4));
 }
@@ -268,9 +236,9 @@ TEST_P(LinearFormats, SimdPathsGiveScalarBits) {
     for (int64_t n : {1, 2, 3, 4, 5, 7, 8, 10, 13, 16, 17, 127, 128, 141, 200}) {
       SCOPED_TRACE("tokens " + std::to_string(n) + ", columns " + std::to_string(cols));
       const int64_t rows = 70;
-      RandomLinear w(GetParam(), rows, cols, 21);
+      RandomLinear w = random_linear(GetParam(), rows, cols, 21);
       const std::vector<float> x = normal_floats(size_t(n * cols), 4);
-      expect_simd_gives_scalar_bits(size_t(n * rows), [&](float* y) { linear_forward(w.lin, x.data(), n, y); });
+      expect_simd_gives_scalar_bits(size_t(n * rows), [&](float* y) { linear_forward(w.linear, x.data(), n, y); });
     }
 }
 
@@ -278,9 +246,9 @@ TEST_P(LinearFormats, SimdPathsGiveScalarBits) {
 // and its partial token group.
 TEST_P(LinearFormats, TokensBeyondOneTaskGiveScalarBits) {
   const int64_t rows = 12, cols = 128, n = 4100;
-  RandomLinear w(GetParam(), rows, cols, 22);
+  RandomLinear w = random_linear(GetParam(), rows, cols, 22);
   const std::vector<float> x = normal_floats(size_t(n * cols), 6);
-  expect_simd_gives_scalar_bits(size_t(n * rows), [&](float* y) { linear_forward(w.lin, x.data(), n, y); });
+  expect_simd_gives_scalar_bits(size_t(n * rows), [&](float* y) { linear_forward(w.linear, x.data(), n, y); });
 }
 
 // A slice of rows [6, 150) written with a stride (how the grouped output
@@ -288,12 +256,12 @@ TEST_P(LinearFormats, TokensBeyondOneTaskGiveScalarBits) {
 // FP8 128-row scale blocks.
 TEST_P(LinearFormats, RowSliceWithStrideGivesScalarBits) {
   const int64_t rows = 200, cols = 256, row_begin = 6, row_end = 150, stride = 160;
-  RandomLinear w(GetParam(), rows, cols, 23);
+  RandomLinear w = random_linear(GetParam(), rows, cols, 23);
   for (int64_t n : {1, 3, 9, 130}) {
     SCOPED_TRACE("tokens " + std::to_string(n));
     const std::vector<float> x = normal_floats(size_t(n * cols), 5);
     const std::vector<float> scalar = expect_simd_gives_scalar_bits(
-        size_t(n * stride), [&](float* y) { linear_forward(w.lin, x.data(), n, y, row_begin, row_end, stride); });
+        size_t(n * stride), [&](float* y) { linear_forward(w.linear, x.data(), n, y, row_begin, row_end, stride); });
     // Outside the slice nothing is written.
     for (int64_t t = 0; t < n; ++t)
       for (int64_t o = row_end - row_begin; o < stride; ++o) ASSERT_EQ(scalar[size_t(t * stride + o)], -1.0f);
@@ -307,19 +275,18 @@ TEST_P(LinearFormats, RowSliceWithStrideGivesScalarBits) {
 // that do not split in four streams per thread, and an empty product.
 TEST(Linear, ManyProductsGiveEachProductsBits) {
   std::vector<RandomLinear> weights;
-  weights.reserve(5);  // lin points into each one's buffers
-  weights.emplace_back(WeightFormat::FP4_BLOCK32, 70, 512, 31);
-  weights.emplace_back(WeightFormat::FP8_BLOCK128, 130, 2304, 32);
-  weights.emplace_back(WeightFormat::BF16, 97, 256, 33);
-  weights.emplace_back(WeightFormat::F32, 40, 128, 34);
-  weights.emplace_back(WeightFormat::FP4_BLOCK32, 64, 256, 35);
-  for (auto& w : weights) w.lin.quantize_input = w.lin.format == WeightFormat::FP8_BLOCK128 || w.lin.format == WeightFormat::FP4_BLOCK32;
+  weights.push_back(random_linear(WeightFormat::FP4_BLOCK32, 70, 512, 31));
+  weights.push_back(random_linear(WeightFormat::FP8_BLOCK128, 130, 2304, 32));
+  weights.push_back(random_linear(WeightFormat::BF16, 97, 256, 33));
+  weights.push_back(random_linear(WeightFormat::F32, 40, 128, 34));
+  weights.push_back(random_linear(WeightFormat::FP4_BLOCK32, 64, 256, 35));
+  for (auto& w : weights) w.linear.quantize_input = w.linear.format == WeightFormat::FP8_BLOCK128 || w.linear.format == WeightFormat::FP4_BLOCK32;
   const int64_t tokens[] = {1, 3, 16, 5, 20, 0};
   const size_t count = 6;
   std::vector<std::vector<float>> x(count);
   std::vector<size_t> y_offset(count + 1, 0);
   for (size_t i = 0; i < count; ++i) {
-    const Linear& w = weights[i % weights.size()].lin;
+    const Linear& w = weights[i % weights.size()].linear;
     x[i] = normal_floats(size_t(std::max<int64_t>(tokens[i], 1) * w.cols), uint32_t(40 + i));
     y_offset[i + 1] = y_offset[i] + size_t(tokens[i] * w.rows);
   }
@@ -331,7 +298,7 @@ TEST(Linear, ManyProductsGiveEachProductsBits) {
     std::vector<float> one(y_offset[count], -1.0f), many(y_offset[count], -2.0f);
     std::vector<LinearProduct> products;
     for (size_t i = 0; i < count; ++i) {
-      const Linear& w = weights[i % weights.size()].lin;
+      const Linear& w = weights[i % weights.size()].linear;
       linear_forward(w, x[i].data(), tokens[i], one.data() + y_offset[i]);
       products.push_back({&w, x[i].data(), tokens[i], many.data() + y_offset[i]});
     }
@@ -342,10 +309,10 @@ TEST(Linear, ManyProductsGiveEachProductsBits) {
 }
 
 TEST(Linear, Fp4WidthMustBeWholeScaleBlocks) {
-  RandomLinear w(WeightFormat::FP4_BLOCK32, 4, 64, 1);
-  w.lin.cols = 48;  // the scale blocks are 32 wide
+  RandomLinear w = random_linear(WeightFormat::FP4_BLOCK32, 4, 64, 1);
+  w.linear.cols = 48;  // the scale blocks are 32 wide
   std::vector<float> x(48, 1.0f), y(4);
-  EXPECT_THROW(linear_forward(w.lin, x.data(), 1, y.data()), Error);
+  EXPECT_THROW(linear_forward(w.linear, x.data(), 1, y.data()), Error);
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, LinearFormats,

@@ -1192,7 +1192,11 @@ void linear_forward_many(const LinearProduct* products, size_t count) {
   }
   if (fused.empty()) return;
   float* xs = thread_scratch_array<float>(ScratchSlot::LinearInput, floats);
-  std::vector<std::pair<size_t, int64_t>> pieces;  // (index in fused, piece of its rows)
+  struct Piece {
+    size_t product;  // index in fused
+    int64_t piece, pieces;
+  };
+  std::vector<Piece> pieces;
 #pragma omp parallel num_threads(threads_for(work))
   {
     const int nt = omp_get_num_threads(), id = omp_get_thread_num();
@@ -1203,16 +1207,16 @@ void linear_forward_many(const LinearProduct* products, size_t count) {
           prepare_token(*p.w, p.x, p.n, t, false, false, nullptr, xs + offset[k]);
     }
 #pragma omp single
-    for (size_t k = 0; k < fused.size(); ++k)
-      for (int64_t piece = 0; piece < register_pieces(products[fused[k]].w->rows, nt); ++piece)
-        pieces.emplace_back(k, piece);
+    for (size_t k = 0; k < fused.size(); ++k) {
+      const int64_t count = register_pieces(products[fused[k]].w->rows, nt);
+      for (int64_t piece = 0; piece < count; ++piece) pieces.push_back({k, piece, count});
+    }
     // (The single's barrier also waits for every token's prepared input.)
 #pragma omp for schedule(dynamic, 1)
     for (size_t item = 0; item < pieces.size(); ++item) {
-      const auto [k, piece] = pieces[item];
-      const LinearProduct& p = products[fused[k]];
-      register_rows_piece(*p.w, 0, p.w->rows, xs + offset[k], p.n, p.y, p.w->rows, piece,
-                          register_pieces(p.w->rows, nt));
+      const Piece& q = pieces[item];
+      const LinearProduct& p = products[fused[q.product]];
+      register_rows_piece(*p.w, 0, p.w->rows, xs + offset[q.product], p.n, p.y, p.w->rows, q.piece, q.pieces);
     }
   }
 }
