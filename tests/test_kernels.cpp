@@ -268,6 +268,35 @@ TEST_P(LinearFormats, RowSliceWithStrideGivesScalarBits) {
   }
 }
 
+// FP8 rows that fill 128-row blocks go in groups that share their scales,
+// and a one-token product then puts each block's scales into a copy of
+// its input where that is exact. The bits stay the scalar ones: for inputs
+// near both ends of the float range (where a scaled input would overflow
+// or lose bits, the scale goes into the weights again), for row ranges
+// that start inside a block, and for more tokens (no prescaling).
+TEST(Linear, Fp8SharedScalesGiveScalarBits) {
+  const int64_t rows = 428, cols = 384;  // three whole row blocks
+  RandomLinear w = random_linear(WeightFormat::FP8_BLOCK128, rows, cols, 24);
+  for (auto& b : w.data) b &= 0xb7;  // |weight| < scale: 3e36 inputs make finite products
+  // Row blocks 1 and 2 scale the inputs down and up; block 0 keeps
+  // random_linear's extremes (2^120, 2^-127), which never prescale.
+  const uint8_t scales[] = {100, 110, 119, 120, 127, 129};
+  w.scale[2] = 119;
+  for (size_t i = 3; i < w.scale.size(); ++i) w.scale[i] = scales[(i - 3) % 6];
+  for (int64_t n : {1, 2, 5})
+    for (float magnitude : {1.0f, 1e-37f, 3e36f})
+      for (int64_t row_begin : {0, 100}) {
+        char trace[96];
+        std::snprintf(trace, sizeof trace, "tokens %lld, inputs times %g, rows from %lld", (long long)n,
+                      double(magnitude), (long long)row_begin);
+        SCOPED_TRACE(trace);
+        std::vector<float> x = normal_floats(size_t(n * cols), 7);
+        for (auto& v : x) v *= magnitude;
+        expect_simd_gives_scalar_bits(size_t(n * (rows - row_begin)),
+                                      [&](float* y) { linear_forward(w.linear, x.data(), n, y, row_begin, rows); });
+      }
+}
+
 // linear_forward_many (the routed experts of a step in one batch of
 // products) gives each product the bits of its own linear_forward call, on
 // every path: few-token products share one parallel region, many-token

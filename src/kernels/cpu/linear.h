@@ -24,6 +24,14 @@
 // can still, rarely, round a downstream FP8 activation the other way than the
 // float64 reference (section 5 of the notes that came with the golden data);
 // the golden tolerances leave room for that.
+//
+// Why not VDPBF16PS (AVX512-BF16): the FP8 and FP4 products' inputs are
+// rounded through FP8 and their weights are exact in bf16, and on this
+// project's Sapphire Rapids machine the instruction is exactly two fused
+// multiply-adds per lane, the odd element first, with DAZ/FTZ (checked
+// against an emulation on 32 M random lanes), so it could give these bits.
+// But it issued once per two cycles, mostly on port 5 beside the decoding
+// permutes: 16 multiply-adds per cycle where two fp32 FMAs do 32.
 #pragma once
 #include <cstdint>
 #include <string>
