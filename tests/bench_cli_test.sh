@@ -25,6 +25,9 @@ grep -q "^decode batch   2: .*decoding the weights once + the FMAs: [0-9]* ms); 
 grep -q "one-token products from L2 .*: BF16 [0-9.]*, FP8 [0-9.]*, FP4 [0-9.]*$" "$WORK/out.txt" || fail "no one-token rates"
 grep -q "^  decode batch 1: .* tokens/s at the measured .*; decoding its weights at the one-token rates takes [0-9]* ms per token here" \
   "$WORK/out.txt" || fail "no 43-layer decoding bound"
+grep -q "^  decode batch 2: [0-9.]* GB per step (uniform routing): at most [0-9.]* tokens/s at the measured bandwidth, [0-9.]*x batch 1 by bytes alone$" \
+  "$WORK/out.txt" || fail "no 43-layer batch memory bound"
+grep -q "^decode_43_layers_memory_bound,2," "$WORK/b.csv" || fail "no CSV row for the 43-layer batch memory bound"
 # Two runs of each measurement; the CSV's time is the smaller of the two.
 grep -q "^prefill: 2 runs, " "$WORK/out.txt" && grep -q "^decode batch 2: 2 runs, " "$WORK/out.txt" || fail "no per-run times"
 runs=$(grep "^prefill: 2 runs, " "$WORK/out.txt" | sed 's/.*runs, \([0-9.]*\) \([0-9.]*\) s.*/\1 \2/')

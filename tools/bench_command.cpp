@@ -345,6 +345,20 @@ int run_bench(const BenchArgs& a) {
       if (csv) csv << "decode_43_layers_estimate,1,,," << rate << "," << flash->decode_bytes << ","
                    << decode_bytes_rate / 1e9 << "," << bandwidth / 1e9 << ",,\n";
     }
+    // A batch reads every routed expert that one of its tokens picked. In
+    // the full model the experts are most of the bytes (in a slice, its
+    // head), so there the memory roofline alone bounds what a batch can gain
+    // over batch 1, on any machine.
+    const double single_bytes = decode_step_bytes(c, flash->cost, 1);
+    for (int64_t batch : a.batches) {
+      if (batch == 1) continue;
+      const double bytes = decode_step_bytes(c, flash->cost, batch);
+      std::printf("  decode batch %lld: %.2f GB per step (uniform routing): at most %.2f tokens/s at the measured "
+                  "bandwidth, %.2fx batch 1 by bytes alone\n",
+                  (long long)batch, bytes / 1e9, double(batch) * bandwidth / bytes, double(batch) * single_bytes / bytes);
+      if (csv) csv << "decode_43_layers_memory_bound," << batch << ",,," << double(batch) * bandwidth / bytes << ","
+                   << bytes / double(batch) << ",," << bandwidth / 1e9 << ",,\n";
+    }
     const double rate = prefill_flops_rate / (2.0 * double(flash->prefill_macs) / double(a.prompt));
     std::printf("  prefill %lld tokens: %.2f tokens/s at the measured %.1f GFLOP/s\n", (long long)a.prompt, rate,
                 prefill_flops_rate / 1e9);
