@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/threads.h"
+#include "kernels/cpu/linear.h"
 #include "golden_util.h"
 
 namespace dsv4::test {
@@ -114,6 +115,24 @@ TEST_P(GoldenModel, ThreadCountDoesNotChangeBits) {
   EXPECT_EQ(0, std::memcmp(single.logits.data(), c.one_shot.logits.data(), single.logits.size() * 4));
   EXPECT_EQ(0, std::memcmp(three.logits.data(), c.one_shot.logits.data(), three.logits.size() * 4));
   EXPECT_EQ(0, std::memcmp(three.mtp_logits.data(), c.one_shot.mtp_logits.data(), three.mtp_logits.size() * 4));
+}
+
+// The weight products' SIMD paths (scalar reference, AVX2, AVX-512, each
+// with its own batch-1, few-token and packed kernels) give the whole model,
+// prefill, decode and MTP, the same bits: a machine without AVX-512 serves
+// the same tokens.
+TEST_P(GoldenModel, SimdPathDoesNotChangeBits) {
+  Case& c = load_case(GetParam());
+  const KernelIsa saved = active_kernel_isa();
+  for (KernelIsa isa : {KernelIsa::Scalar, KernelIsa::Avx2, KernelIsa::Avx512}) {
+    if (!kernel_isa_supported(isa)) continue;
+    SCOPED_TRACE(kernel_isa_name(isa));
+    set_kernel_isa(isa);
+    RunResult r = run_schedule(*c.model, c.all_tokens, c.prompt_len, c.prompt_len, true);
+    EXPECT_EQ(0, std::memcmp(r.logits.data(), c.one_shot.logits.data(), r.logits.size() * 4));
+    EXPECT_EQ(0, std::memcmp(r.mtp_logits.data(), c.one_shot.mtp_logits.data(), r.mtp_logits.size() * 4));
+  }
+  set_kernel_isa(saved);
 }
 
 // Sequences batched together (continuous batching: a long prefill chunk next
