@@ -1147,6 +1147,129 @@ DSV4_AVX512 void packed_gemm_outer_avx512(const Linear& w, int64_t row_begin, in
   }
 }
 
+// The outer form on AVX2 (prefill on CPUs without AVX-512): the same
+// panels, token packing, tasks and folding tree as packed_gemm_outer_avx512,
+// so the same bits. With 16 vector registers the kernel runs half a panel
+// row group (16 rows, two vectors) against half a token group (6 tokens):
+// 12 accumulators, two weight loads and six broadcasts per step.
+constexpr int kOuterTokensAvx2 = kOuterTokens / 2;
+
+// Rows [row, row + count) (count <= 16; the rest are zeros), storage
+// positions [c0, c0 + 16 * steps), into a panel row group as
+// decode_rows_to_panel lays it out.
+DSV4_AVX2 void decode_rows_to_panel_avx2(const Linear& w, int64_t row, int count, int64_t c0, int64_t steps,
+                                         float* rows_tmp, float* panel) {
+  for (int r = 0; r < 16; ++r) {
+    float* dst = rows_tmp + r * steps * 16;
+    if (r >= count) {
+      std::fill_n(dst, steps * 16, 0.0f);
+      continue;
+    }
+    for (int64_t k = 0; k < steps; ++k) {
+      __m256 lo, hi;
+      decode16_avx2(w, row + r, c0 + 16 * k, lo, hi);
+      _mm256_storeu_ps(dst + 16 * k, lo);
+      _mm256_storeu_ps(dst + 16 * k + 8, hi);
+    }
+  }
+  for (int64_t k = 0; k < steps; ++k)
+    for (int l = 0; l < 16; ++l) {
+      float* out = panel + (l * steps + k) * kPanelRows;
+      for (int r = 0; r < 16; ++r) out[r] = rows_tmp[r * steps * 16 + k * 16 + l];
+    }
+}
+
+// outer_lane_kernel for 16 of the panel's 32 rows (w: 32 floats per step,
+// this half's first) and T of a group's tokens (x: `group` floats per step,
+// these T first); results to out[t * 32 + row].
+template <int T>
+DSV4_AVX2 void outer_lane_kernel_avx2(const float* w, const float* x, int group, int64_t steps, float* out) {
+  __m256 a[T][2];
+  for (auto& t : a) t[0] = t[1] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < steps; ++k, w += kPanelRows, x += group) {
+    const __m256 w0 = _mm256_loadu_ps(w), w1 = _mm256_loadu_ps(w + 8);
+    for (int t = 0; t < T; ++t) {
+      const __m256 xb = _mm256_broadcast_ss(x + t);
+      a[t][0] = _mm256_fmadd_ps(w0, xb, a[t][0]);
+      a[t][1] = _mm256_fmadd_ps(w1, xb, a[t][1]);
+    }
+  }
+  for (int t = 0; t < T; ++t) {
+    _mm256_storeu_ps(out + t * kPanelRows, a[t][0]);
+    _mm256_storeu_ps(out + t * kPanelRows + 8, a[t][1]);
+  }
+}
+
+DSV4_AVX2 void outer_lane_kernel_any_avx2(int tokens, const float* w, const float* x, int group, int64_t steps,
+                                          float* out) {
+  switch (tokens) {
+    case 6: outer_lane_kernel_avx2<6>(w, x, group, steps, out); break;
+    case 5: outer_lane_kernel_avx2<5>(w, x, group, steps, out); break;
+    case 4: outer_lane_kernel_avx2<4>(w, x, group, steps, out); break;
+    case 3: outer_lane_kernel_avx2<3>(w, x, group, steps, out); break;
+    case 2: outer_lane_kernel_avx2<2>(w, x, group, steps, out); break;
+    default: outer_lane_kernel_avx2<1>(w, x, group, steps, out); break;
+  }
+}
+
+// fold_lanes with four doubles per vector: the same additions.
+DSV4_AVX2 void fold_lanes_avx2(const float* lanes, int tokens, double* sums, int64_t sums_stride) {
+  for (int t = 0; t < tokens; ++t)
+    for (int h = 0; h < kPanelRows; h += 4) {
+      __m256d l[16];
+      for (int q = 0; q < 16; ++q) l[q] = _mm256_cvtps_pd(_mm_loadu_ps(lanes + (q * tokens + t) * kPanelRows + h));
+      for (int q = 0; q < 8; ++q) l[q] = _mm256_add_pd(l[q], l[q + 8]);
+      for (int q = 0; q < 4; ++q) l[q] = _mm256_add_pd(l[q], l[q + 4]);
+      for (int q = 0; q < 2; ++q) l[q] = _mm256_add_pd(l[q], l[q + 2]);
+      double* s = sums + t * sums_stride + h;
+      _mm256_storeu_pd(s, _mm256_add_pd(_mm256_loadu_pd(s), _mm256_add_pd(l[0], l[1])));
+    }
+}
+
+DSV4_AVX2 void packed_gemm_outer_avx2(const Linear& w, int64_t row_begin, int64_t out, const float* xp, int64_t n,
+                                      float* y, int64_t y_stride, int threads) {
+  const int64_t cols = w.cols;
+  const PackedTasks tasks = packed_tasks(out, n, threads, kOuterTokens, kPanelRows);
+  const int64_t token_block = tasks.token_block;
+#pragma omp parallel num_threads(threads)
+  {
+    float* panel = thread_scratch_array<float>(ScratchSlot::GemmPanel, kRowBlock * kChunk);
+    float* rows_tmp = thread_scratch_array<float>(ScratchSlot::GemmRows, 16 * kChunk);
+    float* lanes = thread_scratch_array<float>(ScratchSlot::GemmLanes, 16 * kOuterTokens * kPanelRows);
+    double* sums = thread_scratch_array<double>(ScratchSlot::GemmSums, token_block * kRowBlock);
+#pragma omp for schedule(dynamic)
+    for (int64_t task = 0; task < tasks.count(); ++task) {
+      const int64_t t0 = tasks.first_token(task), r0 = tasks.first_row(task);
+      const int64_t nt = std::min(token_block, n - t0), nr = std::min(tasks.row_block, out - r0);
+      const int64_t row_groups = (nr + kPanelRows - 1) / kPanelRows;
+      std::fill_n(sums, nt * kRowBlock, 0.0);
+      for (int64_t c0 = 0; c0 < cols; c0 += kChunk) {
+        const int64_t c1 = std::min(cols, c0 + kChunk), steps = (c1 - c0) / 16;
+        const NextPanel next = next_panel(tasks, out, cols, task, c1, (nt + kOuterTokens - 1) / kOuterTokens);
+        for (int64_t r = 0; r < row_groups * kPanelRows; r += 16)
+          decode_rows_to_panel_avx2(w, row_begin + r0 + r, int(std::clamp<int64_t>(nr - r, 0, 16)), c0, steps,
+                                    rows_tmp, panel + (r / kPanelRows) * 16 * steps * kPanelRows + r % kPanelRows);
+        for (int64_t tg = t0; tg < t0 + nt; tg += kOuterTokens) {
+          prefetch_next_panel_part(w, row_begin, next, (tg - t0) / kOuterTokens);
+          const int group = int(std::min<int64_t>(kOuterTokens, n - tg));
+          const float* xg = xp + tg * cols + group * c0;
+          for (int64_t g = 0; g < row_groups; ++g) {
+            const float* pg = panel + g * 16 * steps * kPanelRows;
+            for (int l = 0; l < 16; ++l)
+              for (int half = 0; half < 2; ++half)
+                for (int u = 0; u < group; u += kOuterTokensAvx2)
+                  outer_lane_kernel_any_avx2(std::min(kOuterTokensAvx2, group - u), pg + l * steps * kPanelRows + 16 * half,
+                                             xg + l * steps * group + u, group, steps,
+                                             lanes + (l * group + u) * kPanelRows + 16 * half);
+            fold_lanes_avx2(lanes, group, sums + (tg - t0) * kRowBlock + g * kPanelRows, kRowBlock);
+          }
+        }
+      }
+      store_task_sums(sums, 1, kRowBlock, nt, nr, y + t0 * y_stride + r0, y_stride);
+    }
+  }
+}
+
 // ------------------------------------------------------------- dispatch ---
 
 using DotFn = double (*)(const Linear&, int64_t, const float*);
@@ -1364,8 +1487,10 @@ void linear_forward(const Linear& w, const float* x, int64_t n, float* y, int64_
   const int64_t cols = w.cols;
   check_width(w);
   const KernelIsa isa = g_isa;  // one choice per call (tests switch it between calls)
-  const bool packed = n >= packed_min_tokens(w) && out >= kPackedMinRows && isa == KernelIsa::Avx512;
   const bool outer = n >= kOuterMinTokens;
+  // AVX2 has the outer form only (its dot form is dot_tokens_avx2).
+  const bool packed = n >= packed_min_tokens(w) && out >= kPackedMinRows &&
+                      (isa == KernelIsa::Avx512 || (isa == KernelIsa::Avx2 && outer));
   float* xs = thread_scratch_array<float>(ScratchSlot::LinearInput, n * cols);
 #pragma omp parallel num_threads(threads_for(n * cols * 16))
   {
@@ -1375,7 +1500,8 @@ void linear_forward(const Linear& w, const float* x, int64_t n, float* y, int64_
   }
   const int threads = threads_for(out * cols * std::max<int64_t>(n, 1));
   if (packed) {
-    if (outer) packed_gemm_outer_avx512(w, row_begin, out, xs, n, y, y_stride, threads);
+    if (isa == KernelIsa::Avx2) packed_gemm_outer_avx2(w, row_begin, out, xs, n, y, y_stride, threads);
+    else if (outer) packed_gemm_outer_avx512(w, row_begin, out, xs, n, y, y_stride, threads);
     else packed_gemm_dot_avx512(w, row_begin, out, xs, n, y, y_stride, threads);
     return;
   }
