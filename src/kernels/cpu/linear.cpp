@@ -302,12 +302,16 @@ DSV4_AVX2 void dot_token_group_avx2(const Linear& w, int64_t row, const float* x
         add16(b + 16, pick(_mm256_srli_epi32(b0, 4), _mm256_slli_epi32(b0, 24)),
               pick(_mm256_srli_epi32(b1, 4), _mm256_slli_epi32(b1, 24)));
       }
-    } else {
+    } else if (w.format == WeightFormat::BF16) {
+      const uint16_t* p = reinterpret_cast<const uint16_t*>(w.data) + row * cols;
       for (int64_t i = c0; i < c1; i += 16) {
-        __m256 lo, hi;
-        decode16_avx2(w, row, i, lo, hi);
-        add16(i, lo, hi);
+        const __m256i h = _mm256_loadu_si256((const __m256i*)(p + i));
+        add16(i, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(h)), 16)),
+              _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(h, 1)), 16)));
       }
+    } else {
+      const float* p = reinterpret_cast<const float*>(w.data) + row * cols;
+      for (int64_t i = c0; i < c1; i += 16) add16(i, _mm256_loadu_ps(p + i), _mm256_loadu_ps(p + i + 8));
     }
     for (int t = 0; t < T; ++t) {
       float lanes[16];
