@@ -136,7 +136,7 @@ void linear_args(benchmark::internal::Benchmark* b) {
     for (int isa : {int(KernelIsa::Scalar), int(KernelIsa::Avx2), int(KernelIsa::Avx512)})
       for (int n : {1, 4, 16, 128}) b->Args({f, isa, n, 0});
   for (int f : {int(WeightFormat::BF16), int(WeightFormat::FP8_BLOCK128), int(WeightFormat::FP4_BLOCK32)})
-    b->Args({f, int(KernelIsa::Avx512), 1, 512});
+    for (int isa : {int(KernelIsa::Avx2), int(KernelIsa::Avx512)}) b->Args({f, isa, 1, 512});
   // Prefill-sized batches: the packed GEMM's throughput.
   for (int f : {int(WeightFormat::FP8_BLOCK128), int(WeightFormat::FP4_BLOCK32)})
     b->Args({f, int(KernelIsa::Avx512), 1024, 0});

@@ -246,82 +246,138 @@ DSV4_AVX2 double dot_avx2(const Linear& w, int64_t row, const float* x) {
   return sum;
 }
 
-// Row `row` against n tokens (xs: [n][cols], storage order), y[t * y_stride]
-// receiving token t: each 16 weights are decoded once for up to four
-// tokens, which dot_avx2 decodes once per token, and the FP8 and FP4 loops
-// fetch a scale (and build its constants) once per scale block, where
-// decode16_avx2 does it for every 16 weights. The bits of dot_avx2.
-template <int T>
-DSV4_AVX2 void dot_token_group_avx2(const Linear& w, int64_t row, const float* xs, float* y, int64_t y_stride) {
+// The few-token AVX2 kernels. BF16 and F32 rows ask for their bytes 1 KB
+// ahead, one cache line at a time (past a row's end: the next row of the
+// stream, which the same thread takes next); FP8 and FP4 rows, bound by
+// their decoding, gained nothing from it.
+constexpr int64_t kAvx2PrefetchBytes = 1024;
+DSV4_AVX2 inline void prefetch_ahead_avx2(const void* p) {
+  _mm_prefetch(static_cast<const char*>(p) + kAvx2PrefetchBytes, _MM_HINT_T0);
+}
+
+// R rows (first + r * stride) against T tokens (xs: [T][cols], storage
+// order): sums[r][t], with the bits of dot_avx2. Each 16 weights are
+// decoded once for all T tokens (dot_avx2 decodes them once per token), and
+// the FP8 and FP4 loops fetch a scale once per scale block, where
+// decode16_avx2 does it for every 16 weights. R * T <= 4: the 2 * R * T
+// accumulators leave registers for the decoding.
+template <int R, int T>
+DSV4_AVX2 void dot_rows_tokens_avx2(const Linear& w, int64_t first, int64_t stride, const float* xs,
+                                    double (&sums)[R][T]) {
   const int64_t cols = w.cols;
-  double sum[T] = {};
+  for (auto& r : sums)
+    for (auto& t : r) t = 0.0;
   for (int64_t c0 = 0; c0 < cols; c0 += kChunk) {
     const int64_t c1 = std::min(cols, c0 + kChunk);
-    __m256 a[T][2];
-    for (auto& t : a) t[0] = t[1] = _mm256_setzero_ps();
-    auto add16 = [&](int64_t i, __m256 lo, __m256 hi) DSV4_AVX2 {
+    __m256 a[R][T][2];
+    for (auto& r : a)
+      for (auto& t : r) t[0] = t[1] = _mm256_setzero_ps();
+    auto add16 = [&](int r, int64_t i, __m256 lo, __m256 hi) DSV4_AVX2 {
       for (int t = 0; t < T; ++t) {
-        a[t][0] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(xs + t * cols + i), a[t][0]);
-        a[t][1] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(xs + t * cols + i + 8), a[t][1]);
+        a[r][t][0] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(xs + t * cols + i), a[r][t][0]);
+        a[r][t][1] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(xs + t * cols + i + 8), a[r][t][1]);
       }
     };
     if (w.format == WeightFormat::FP8_BLOCK128) {
-      const uint8_t* p = w.data + row * cols;
+      const uint8_t* p[R];
+      for (int r = 0; r < R; ++r) p[r] = w.data + (first + r * stride) * cols;
       for (int64_t b = c0; b < c1; b += 128) {
         const int64_t end = std::min(c1, b + 128);
-        const uint8_t s = w.scale[(row / 128) * w.scale_cols + b / 128];
-        if (s <= kMaxHalfPathScale) {
-          const __m256 scale256 = _mm256_set1_ps(e8m0_to_float(s) * 256.0f);
-          for (int64_t i = b; i < end; i += 16) {
-            __m256 lo, hi;
-            e4m3x16_to_ps_via_half_avx2(p + i, scale256, lo, hi);
-            add16(i, lo, hi);
-          }
+        uint8_t sb[R];
+        bool half_ok = true;
+        for (int r = 0; r < R; ++r) {
+          sb[r] = w.scale[((first + r * stride) / 128) * w.scale_cols + b / 128];
+          half_ok = half_ok && sb[r] <= kMaxHalfPathScale;
+        }
+        if (half_ok) {
+          __m256 scale256[R];
+          for (int r = 0; r < R; ++r) scale256[r] = _mm256_set1_ps(e8m0_to_float(sb[r]) * 256.0f);
+          for (int64_t i = b; i < end; i += 16)
+            for (int r = 0; r < R; ++r) {
+              __m256 lo, hi;
+              e4m3x16_to_ps_via_half_avx2(p[r] + i, scale256[r], lo, hi);
+              add16(r, i, lo, hi);
+            }
         } else {
-          for (int64_t i = b; i < end; i += 16) {
-            __m256 lo, hi;
-            decode16_avx2(w, row, i, lo, hi);
-            add16(i, lo, hi);
-          }
+          for (int64_t i = b; i < end; i += 16)
+            for (int r = 0; r < R; ++r) {
+              __m256 lo, hi;
+              decode16_avx2(w, first + r * stride, i, lo, hi);
+              add16(r, i, lo, hi);
+            }
         }
       }
     } else if (w.format == WeightFormat::FP4_BLOCK32) {
-      const uint8_t* p = w.data + row * (cols / 2);
       const E2m1Tables& tables = e2m1_tables();
-      for (int64_t b = c0; b < c1; b += 32) {
-        // As decode16_avx2: the block's scaled table, codes 0-7 and 8-15.
-        const float* table = tables.values[w.scale[row * w.scale_cols + b / 32]];
-        const __m256 positive = _mm256_load_ps(table), negative = _mm256_load_ps(table + 8);
-        const __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(p + b / 2)));
-        const __m256i b1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(p + b / 2 + 8)));
-        auto pick = [&](__m256i index, __m256i top_bit) DSV4_AVX2 {
-          return _mm256_blendv_ps(_mm256_permutevar8x32_ps(positive, index),
-                                  _mm256_permutevar8x32_ps(negative, index), _mm256_castsi256_ps(top_bit));
-        };
-        add16(b, pick(b0, _mm256_slli_epi32(b0, 28)), pick(b1, _mm256_slli_epi32(b1, 28)));
-        add16(b + 16, pick(_mm256_srli_epi32(b0, 4), _mm256_slli_epi32(b0, 24)),
-              pick(_mm256_srli_epi32(b1, 4), _mm256_slli_epi32(b1, 24)));
-      }
+      for (int64_t b = c0; b < c1; b += 32)
+        for (int r = 0; r < R; ++r) {
+          const int64_t row = first + r * stride;
+          const uint8_t* p = w.data + row * (cols / 2) + b / 2;
+          // As decode16_avx2: the block's scaled table, codes 0-7 and 8-15.
+          const float* table = tables.values[w.scale[row * w.scale_cols + b / 32]];
+          const __m256 positive = _mm256_load_ps(table), negative = _mm256_load_ps(table + 8);
+          const __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p));
+          const __m256i b1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(p + 8)));
+          auto pick = [&](__m256i index, __m256i top_bit) DSV4_AVX2 {
+            return _mm256_blendv_ps(_mm256_permutevar8x32_ps(positive, index),
+                                    _mm256_permutevar8x32_ps(negative, index), _mm256_castsi256_ps(top_bit));
+          };
+          add16(r, b, pick(b0, _mm256_slli_epi32(b0, 28)), pick(b1, _mm256_slli_epi32(b1, 28)));
+          add16(r, b + 16, pick(_mm256_srli_epi32(b0, 4), _mm256_slli_epi32(b0, 24)),
+                pick(_mm256_srli_epi32(b1, 4), _mm256_slli_epi32(b1, 24)));
+        }
     } else if (w.format == WeightFormat::BF16) {
-      const uint16_t* p = reinterpret_cast<const uint16_t*>(w.data) + row * cols;
-      for (int64_t i = c0; i < c1; i += 16) {
-        const __m256i h = _mm256_loadu_si256((const __m256i*)(p + i));
-        add16(i, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(h)), 16)),
-              _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(h, 1)), 16)));
-      }
+      const uint16_t* p[R];
+      for (int r = 0; r < R; ++r) p[r] = reinterpret_cast<const uint16_t*>(w.data) + (first + r * stride) * cols;
+      for (int64_t i = c0; i < c1; i += 16)
+        for (int r = 0; r < R; ++r) {
+          if (i % 32 == 0) prefetch_ahead_avx2(p[r] + i);
+          const __m256i h = _mm256_loadu_si256((const __m256i*)(p[r] + i));
+          add16(r, i, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(h)), 16)),
+                _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(h, 1)), 16)));
+        }
     } else {
-      const float* p = reinterpret_cast<const float*>(w.data) + row * cols;
-      for (int64_t i = c0; i < c1; i += 16) add16(i, _mm256_loadu_ps(p + i), _mm256_loadu_ps(p + i + 8));
+      const float* p[R];
+      for (int r = 0; r < R; ++r) p[r] = reinterpret_cast<const float*>(w.data) + (first + r * stride) * cols;
+      for (int64_t i = c0; i < c1; i += 16)
+        for (int r = 0; r < R; ++r) {
+          prefetch_ahead_avx2(p[r] + i);
+          add16(r, i, _mm256_loadu_ps(p[r] + i), _mm256_loadu_ps(p[r] + i + 8));
+        }
     }
-    for (int t = 0; t < T; ++t) {
-      float lanes[16];
-      _mm256_storeu_ps(lanes, a[t][0]);
-      _mm256_storeu_ps(lanes + 8, a[t][1]);
-      sum[t] += fold16(lanes);
-    }
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) {
+        float lanes[16];
+        _mm256_storeu_ps(lanes, a[r][t][0]);
+        _mm256_storeu_ps(lanes + 8, a[r][t][1]);
+        sums[r][t] += fold16(lanes);
+      }
   }
-  for (int t = 0; t < T; ++t) y[t * y_stride] = float(sum[t]);
 }
+
+// Row `row` against n tokens (xs: [n][cols], storage order), y[t * y_stride]
+// receiving token t: each 16 weights are decoded once for up to four
+// tokens, which dot_avx2 decodes once per token. The bits of dot_avx2.
+template <int T>
+DSV4_AVX2 void dot_token_group_avx2(const Linear& w, int64_t row, const float* xs, float* y, int64_t y_stride) {
+  double sums[1][T];
+  dot_rows_tokens_avx2<1, T>(w, row, 1, xs, sums);
+  for (int t = 0; t < T; ++t) y[t * y_stride] = float(sums[0][t]);
+}
+
+// Rows [lo, hi) against one token as four streams (see RowGroup): memory-
+// bound BF16 rows read from four places at once, like the AVX-512 kernels.
+DSV4_AVX2 void rows_one_token_avx2(const Linear& w, int64_t row_begin, int64_t lo, int64_t hi, const float* xs,
+                                   float* y) {
+  const int64_t quarter = (hi - lo) / 4;
+  for (int64_t j = 0; j < quarter; ++j) {
+    double sums[4][1];
+    dot_rows_tokens_avx2<4, 1>(w, row_begin + lo + j, quarter, xs, sums);
+    for (int q = 0; q < 4; ++q) y[lo + j + q * quarter] = float(sums[q][0]);
+  }
+  for (int64_t o = lo + 4 * quarter; o < hi; ++o) dot_token_group_avx2<1>(w, row_begin + o, xs, y + o, 1);
+}
+
 DSV4_AVX2 void dot_tokens_avx2(const Linear& w, int64_t row, const float* xs, int64_t n, float* y, int64_t y_stride) {
   for (int64_t t = 0; t < n; t += 4) {
     const float* x = xs + t * w.cols;
@@ -1522,6 +1578,17 @@ void linear_forward(const Linear& w, const float* x, int64_t n, float* y, int64_
         register_rows_piece(w, row_begin, out, xs + t0 * cols, std::min(kMaxRegisterTokens, n - t0),
                             y + t0 * y_stride, y_stride, piece, pieces);
       }
+    }
+    return;
+  }
+  if (isa == KernelIsa::Avx2 && n == 1) {
+    // One token: pieces of rows as four streams each (see RowGroup).
+#pragma omp parallel num_threads(threads)
+    {
+      const int64_t pieces = register_pieces(out, omp_get_num_threads());
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t piece = 0; piece < pieces; ++piece)
+        rows_one_token_avx2(w, row_begin, out * piece / pieces, out * (piece + 1) / pieces, xs, y);
     }
     return;
   }
