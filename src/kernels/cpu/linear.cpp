@@ -1166,8 +1166,16 @@ DSV4_AVX512 void packed_gemm_dot_avx512(const Linear& w, int64_t row_begin, int6
 
 // Y[t][o] for rows [row_begin, row_begin + out) and n packed tokens (xp),
 // on `threads` threads.
-DSV4_AVX512 void packed_gemm_outer_avx512(const Linear& w, int64_t row_begin, int64_t out, const float* xp, int64_t n,
-                                    float* y, int64_t y_stride, int threads) {
+// The outer form's driver, shared by the AVX-512 and AVX2 kernels: tasks of
+// rows x tokens, each chunk's rows decoded once into a panel
+// (decode_rows(row, count, c0, steps, rows_tmp, panel) for 16 rows), then
+// for each token group and panel row group the 16 lanes' FMA chains
+// (lane_chains(group, panel_group, inputs, steps, lanes)) and their fold
+// (fold(lanes, group, sums, stride)).
+template <class DecodeRows, class LaneChains, class Fold>
+void packed_gemm_outer(const Linear& w, int64_t row_begin, int64_t out, const float* xp, int64_t n, float* y,
+                       int64_t y_stride, int threads, const DecodeRows& decode_rows, const LaneChains& lane_chains,
+                       const Fold& fold) {
   const int64_t cols = w.cols;
   const PackedTasks tasks = packed_tasks(out, n, threads, kOuterTokens, kPanelRows);
   const int64_t token_block = tasks.token_block;
@@ -1187,24 +1195,36 @@ DSV4_AVX512 void packed_gemm_outer_avx512(const Linear& w, int64_t row_begin, in
         const int64_t c1 = std::min(cols, c0 + kChunk), steps = (c1 - c0) / 16;
         const NextPanel next = next_panel(tasks, out, cols, task, c1, (nt + kOuterTokens - 1) / kOuterTokens);
         for (int64_t r = 0; r < row_groups * kPanelRows; r += 16)
-          decode_rows_to_panel(w, row_begin + r0 + r, int(std::clamp<int64_t>(nr - r, 0, 16)), c0, steps, rows_tmp,
-                               panel + (r / kPanelRows) * 16 * steps * kPanelRows + r % kPanelRows);
+          decode_rows(row_begin + r0 + r, int(std::clamp<int64_t>(nr - r, 0, 16)), c0, steps, rows_tmp,
+                      panel + (r / kPanelRows) * 16 * steps * kPanelRows + r % kPanelRows);
         for (int64_t tg = t0; tg < t0 + nt; tg += kOuterTokens) {
           prefetch_next_panel_part(w, row_begin, next, (tg - t0) / kOuterTokens);
           const int group = int(std::min<int64_t>(kOuterTokens, n - tg));
           const float* xg = xp + tg * cols + group * c0;
           for (int64_t g = 0; g < row_groups; ++g) {
-            const float* pg = panel + g * 16 * steps * kPanelRows;
-            for (int l = 0; l < 16; ++l)
-              outer_lane_kernel_any(group, pg + l * steps * kPanelRows, xg + l * steps * group, steps,
-                                    lanes + l * group * kPanelRows);
-            fold_lanes(lanes, group, sums + (tg - t0) * kRowBlock + g * kPanelRows, kRowBlock);
+            lane_chains(group, panel + g * 16 * steps * kPanelRows, xg, steps, lanes);
+            fold(lanes, group, sums + (tg - t0) * kRowBlock + g * kPanelRows, kRowBlock);
           }
         }
       }
       store_task_sums(sums, 1, kRowBlock, nt, nr, y + t0 * y_stride + r0, y_stride);
     }
   }
+}
+
+void packed_gemm_outer_avx512(const Linear& w, int64_t row_begin, int64_t out, const float* xp, int64_t n, float* y,
+                              int64_t y_stride, int threads) {
+  packed_gemm_outer(
+      w, row_begin, out, xp, n, y, y_stride, threads,
+      [&](int64_t row, int count, int64_t c0, int64_t steps, float* rows_tmp, float* panel) DSV4_AVX512 {
+        decode_rows_to_panel(w, row, count, c0, steps, rows_tmp, panel);
+      },
+      [](int group, const float* pg, const float* xg, int64_t steps, float* lanes) DSV4_AVX512 {
+        for (int l = 0; l < 16; ++l)
+          outer_lane_kernel_any(group, pg + l * steps * kPanelRows, xg + l * steps * group, steps,
+                                lanes + l * group * kPanelRows);
+      },
+      fold_lanes);
 }
 
 // The outer form on AVX2 (prefill on CPUs without AVX-512): the same
@@ -1286,48 +1306,22 @@ DSV4_AVX2 void fold_lanes_avx2(const float* lanes, int tokens, double* sums, int
     }
 }
 
-DSV4_AVX2 void packed_gemm_outer_avx2(const Linear& w, int64_t row_begin, int64_t out, const float* xp, int64_t n,
-                                      float* y, int64_t y_stride, int threads) {
-  const int64_t cols = w.cols;
-  const PackedTasks tasks = packed_tasks(out, n, threads, kOuterTokens, kPanelRows);
-  const int64_t token_block = tasks.token_block;
-#pragma omp parallel num_threads(threads)
-  {
-    float* panel = thread_scratch_array<float>(ScratchSlot::GemmPanel, kRowBlock * kChunk);
-    float* rows_tmp = thread_scratch_array<float>(ScratchSlot::GemmRows, 16 * kChunk);
-    float* lanes = thread_scratch_array<float>(ScratchSlot::GemmLanes, 16 * kOuterTokens * kPanelRows);
-    double* sums = thread_scratch_array<double>(ScratchSlot::GemmSums, token_block * kRowBlock);
-#pragma omp for schedule(dynamic)
-    for (int64_t task = 0; task < tasks.count(); ++task) {
-      const int64_t t0 = tasks.first_token(task), r0 = tasks.first_row(task);
-      const int64_t nt = std::min(token_block, n - t0), nr = std::min(tasks.row_block, out - r0);
-      const int64_t row_groups = (nr + kPanelRows - 1) / kPanelRows;
-      std::fill_n(sums, nt * kRowBlock, 0.0);
-      for (int64_t c0 = 0; c0 < cols; c0 += kChunk) {
-        const int64_t c1 = std::min(cols, c0 + kChunk), steps = (c1 - c0) / 16;
-        const NextPanel next = next_panel(tasks, out, cols, task, c1, (nt + kOuterTokens - 1) / kOuterTokens);
-        for (int64_t r = 0; r < row_groups * kPanelRows; r += 16)
-          decode_rows_to_panel_avx2(w, row_begin + r0 + r, int(std::clamp<int64_t>(nr - r, 0, 16)), c0, steps,
-                                    rows_tmp, panel + (r / kPanelRows) * 16 * steps * kPanelRows + r % kPanelRows);
-        for (int64_t tg = t0; tg < t0 + nt; tg += kOuterTokens) {
-          prefetch_next_panel_part(w, row_begin, next, (tg - t0) / kOuterTokens);
-          const int group = int(std::min<int64_t>(kOuterTokens, n - tg));
-          const float* xg = xp + tg * cols + group * c0;
-          for (int64_t g = 0; g < row_groups; ++g) {
-            const float* pg = panel + g * 16 * steps * kPanelRows;
-            for (int l = 0; l < 16; ++l)
-              for (int half = 0; half < 2; ++half)
-                for (int u = 0; u < group; u += kOuterTokensAvx2)
-                  outer_lane_kernel_any_avx2(std::min(kOuterTokensAvx2, group - u), pg + l * steps * kPanelRows + 16 * half,
-                                             xg + l * steps * group + u, group, steps,
-                                             lanes + (l * group + u) * kPanelRows + 16 * half);
-            fold_lanes_avx2(lanes, group, sums + (tg - t0) * kRowBlock + g * kPanelRows, kRowBlock);
-          }
-        }
-      }
-      store_task_sums(sums, 1, kRowBlock, nt, nr, y + t0 * y_stride + r0, y_stride);
-    }
-  }
+void packed_gemm_outer_avx2(const Linear& w, int64_t row_begin, int64_t out, const float* xp, int64_t n, float* y,
+                            int64_t y_stride, int threads) {
+  packed_gemm_outer(
+      w, row_begin, out, xp, n, y, y_stride, threads,
+      [&](int64_t row, int count, int64_t c0, int64_t steps, float* rows_tmp, float* panel) DSV4_AVX2 {
+        decode_rows_to_panel_avx2(w, row, count, c0, steps, rows_tmp, panel);
+      },
+      [](int group, const float* pg, const float* xg, int64_t steps, float* lanes) DSV4_AVX2 {
+        for (int l = 0; l < 16; ++l)
+          for (int half = 0; half < 2; ++half)
+            for (int u = 0; u < group; u += kOuterTokensAvx2)
+              outer_lane_kernel_any_avx2(std::min(kOuterTokensAvx2, group - u),
+                                         pg + l * steps * kPanelRows + 16 * half, xg + l * steps * group + u, group,
+                                         steps, lanes + (l * group + u) * kPanelRows + 16 * half);
+      },
+      fold_lanes_avx2);
 }
 
 // ------------------------------------------------------------- dispatch ---
