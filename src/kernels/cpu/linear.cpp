@@ -175,6 +175,18 @@ DSV4_AVX2 inline __m256 e4m3_to_ps_avx2(__m128i bytes8, __m256 scale) {
 
 
 
+// 8 e2m1 codes, the low nibbles of 8 widened bytes or, when `high`, their
+// high ones, from a block's scaled table (E2m1Tables) held as codes 0-7 and
+// 8-15 in a vector each: vpermps reads only the low 3 bits of an index, the
+// nibble's top bit picks the vector. 5 uops per 8 values where scaling them
+// took 9; the scalar decoder's floats, NaN scale included.
+DSV4_AVX2 inline __m256 e2m1x8_avx2(__m256i bytes, bool high, __m256 positive, __m256 negative) {
+  const __m256i index = high ? _mm256_srli_epi32(bytes, 4) : bytes;
+  const __m256i top_bit = high ? _mm256_slli_epi32(bytes, 24) : _mm256_slli_epi32(bytes, 28);
+  return _mm256_blendv_ps(_mm256_permutevar8x32_ps(positive, index), _mm256_permutevar8x32_ps(negative, index),
+                          _mm256_castsi256_ps(top_bit));
+}
+
 // Weights [i, i+16) of a row as two vectors of 8 floats, scale applied.
 DSV4_AVX2 inline void decode16_avx2(const Linear& w, int64_t row, int64_t i,
                                                               __m256& lo, __m256& hi) {
@@ -204,47 +216,17 @@ DSV4_AVX2 inline void decode16_avx2(const Linear& w, int64_t row, int64_t i,
     }
     case WeightFormat::FP4_BLOCK32: {
       // Storage order: the block's 16 low nibbles, then its 16 high ones.
-      // The values come from the block's scaled table, codes 0-7 and 8-15
-      // in a vector each (vpermps reads only the low 3 bits of an index),
-      // chosen by the nibble's top bit: 5 uops per 8 values where scaling
-      // them took 9. Same floats as the scalar decoder, NaN scale included.
       const float* table = e2m1_tables().values[w.scale[row * w.scale_cols + i / 32]];
       const __m256 positive = _mm256_load_ps(table), negative = _mm256_load_ps(table + 8);
       const uint8_t* p = w.data + row * (n / 2) + i / 32 * 16;
-      const __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p));
-      const __m256i b1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(p + 8)));
-      const bool odd = i % 32 != 0;
-      auto decode8 = [&](__m256i bytes) DSV4_AVX2 {
-        const __m256i index = odd ? _mm256_srli_epi32(bytes, 4) : bytes;
-        const __m256 top_bit = _mm256_castsi256_ps(odd ? _mm256_slli_epi32(bytes, 24) : _mm256_slli_epi32(bytes, 28));
-        return _mm256_blendv_ps(_mm256_permutevar8x32_ps(positive, index), _mm256_permutevar8x32_ps(negative, index),
-                                top_bit);
-      };
-      lo = decode8(b0);
-      hi = decode8(b1);
+      const bool high = i % 32 != 0;
+      lo = e2m1x8_avx2(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p)), high, positive, negative);
+      hi = e2m1x8_avx2(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(p + 8))), high, positive, negative);
       return;
     }
   }
 }
 
-DSV4_AVX2 double dot_avx2(const Linear& w, int64_t row, const float* x) {
-  double sum = 0.0;
-  for (int64_t c0 = 0; c0 < w.cols; c0 += kChunk) {
-    const int64_t c1 = std::min(w.cols, c0 + kChunk);
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0;  // lanes 0-7, 8-15
-    for (int64_t i = c0; i < c1; i += 16) {
-      __m256 lo, hi;
-      decode16_avx2(w, row, i, lo, hi);
-      a0 = _mm256_fmadd_ps(lo, _mm256_loadu_ps(x + i), a0);
-      a1 = _mm256_fmadd_ps(hi, _mm256_loadu_ps(x + i + 8), a1);
-    }
-    float lanes[16];
-    _mm256_storeu_ps(lanes, a0);
-    _mm256_storeu_ps(lanes + 8, a1);
-    sum += fold16(lanes);
-  }
-  return sum;
-}
 
 // The few-token AVX2 kernels. BF16 and F32 rows ask for their bytes 1 KB
 // ahead, one cache line at a time (past a row's end: the next row of the
@@ -256,10 +238,9 @@ DSV4_AVX2 inline void prefetch_ahead_avx2(const void* p) {
 }
 
 // R rows (first + r * stride) against T tokens (xs: [T][cols], storage
-// order): sums[r][t], with the bits of dot_avx2. Each 16 weights are
-// decoded once for all T tokens (dot_avx2 decodes them once per token), and
-// the FP8 and FP4 loops fetch a scale once per scale block, where
-// decode16_avx2 does it for every 16 weights. R * T <= 4: the 2 * R * T
+// order): sums[r][t] in the canonical order (linear.h). Each 16 weights are
+// decoded once for all T tokens, and the FP8 and FP4 loops fetch a scale
+// once per scale block, where decode16_avx2 does it for every 16 weights. R * T <= 4: the 2 * R * T
 // accumulators leave registers for the decoding.
 template <int R, int T>
 DSV4_AVX2 void dot_rows_tokens_avx2(const Linear& w, int64_t first, int64_t stride, const float* xs,
@@ -313,18 +294,12 @@ DSV4_AVX2 void dot_rows_tokens_avx2(const Linear& w, int64_t first, int64_t stri
         for (int r = 0; r < R; ++r) {
           const int64_t row = first + r * stride;
           const uint8_t* p = w.data + row * (cols / 2) + b / 2;
-          // As decode16_avx2: the block's scaled table, codes 0-7 and 8-15.
           const float* table = tables.values[w.scale[row * w.scale_cols + b / 32]];
           const __m256 positive = _mm256_load_ps(table), negative = _mm256_load_ps(table + 8);
           const __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p));
           const __m256i b1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(p + 8)));
-          auto pick = [&](__m256i index, __m256i top_bit) DSV4_AVX2 {
-            return _mm256_blendv_ps(_mm256_permutevar8x32_ps(positive, index),
-                                    _mm256_permutevar8x32_ps(negative, index), _mm256_castsi256_ps(top_bit));
-          };
-          add16(r, b, pick(b0, _mm256_slli_epi32(b0, 28)), pick(b1, _mm256_slli_epi32(b1, 28)));
-          add16(r, b + 16, pick(_mm256_srli_epi32(b0, 4), _mm256_slli_epi32(b0, 24)),
-                pick(_mm256_srli_epi32(b1, 4), _mm256_slli_epi32(b1, 24)));
+          add16(r, b, e2m1x8_avx2(b0, false, positive, negative), e2m1x8_avx2(b1, false, positive, negative));
+          add16(r, b + 16, e2m1x8_avx2(b0, true, positive, negative), e2m1x8_avx2(b1, true, positive, negative));
         }
     } else if (w.format == WeightFormat::BF16) {
       const uint16_t* p[R];
@@ -355,9 +330,14 @@ DSV4_AVX2 void dot_rows_tokens_avx2(const Linear& w, int64_t first, int64_t stri
   }
 }
 
+DSV4_AVX2 double dot_avx2(const Linear& w, int64_t row, const float* x) {
+  double sums[1][1];
+  dot_rows_tokens_avx2<1, 1>(w, row, 1, x, sums);
+  return sums[0][0];
+}
+
 // Row `row` against n tokens (xs: [n][cols], storage order), y[t * y_stride]
-// receiving token t: each 16 weights are decoded once for up to four
-// tokens, which dot_avx2 decodes once per token. The bits of dot_avx2.
+// receiving token t, up to four tokens at a time.
 template <int T>
 DSV4_AVX2 void dot_token_group_avx2(const Linear& w, int64_t row, const float* xs, float* y, int64_t y_stride) {
   double sums[1][T];
@@ -438,11 +418,6 @@ DSV4_AVX512 inline void e4m3x32_to_ps_times_2m8(const uint8_t* bytes32, __m512& 
   h = _mm512_and_si512(h, _mm512_set1_epi16(int16_t(0xBFFF)));
   lo = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
   hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
-}
-DSV4_AVX512 inline void e4m3x32_to_ps_via_half(const uint8_t* bytes32, __m512 scale256, __m512& lo, __m512& hi) {
-  e4m3x32_to_ps_times_2m8(bytes32, lo, hi);
-  lo = _mm512_mul_ps(lo, scale256);
-  hi = _mm512_mul_ps(hi, scale256);
 }
 // The SIMD e4m3 decoders read the two NaN codes (0x7F, 0xFF) as +-480 where
 // the scalar table says NaN: checkpoints never hold them (a NaN weight), so
@@ -704,13 +679,25 @@ DSV4_AVX512 void dot4_fp8_avx512(const Linear& w, RowGroup g, const float* xs, i
         sb[r] = w.scale[(g.row(r) / 128) * w.scale_cols + b / 128];
         half_ok = half_ok && sb[r] <= kMaxHalfPathScale;
       }
-      if (g.scaled_inputs && groups == 1 && g.scaled_spans[b / 128]) {
-        // The four rows' shared scale is in the inputs: each FMA gets the
-        // exact product (e4m3 * 2^-8) * (x * 2^(s - 119)) = (e4m3 * 2^(s -
-        // 127)) * x that the other paths give it, same bits, and the two
-        // scale multiplies per 32 weights are gone.
-        const float* xp[T];
-        for (int t = 0; t < T; ++t) xp[t] = g.scaled_inputs + t * cols;
+      // The fp16 decoding, 32 weights a step. With one token group whose
+      // four rows share the block's scale, that scale is already in the
+      // inputs: each FMA gets the exact product (e4m3 * 2^-8) * (x * 2^(s -
+      // 119)) = (e4m3 * 2^(s - 127)) * x that the other paths give it, same
+      // bits, without the two scale multiplies per 32 weights.
+      auto half_path = [&]<bool kPrescaled>() DSV4_AVX512 {
+        const float* prescaled[T];
+        __m512 sc[4];
+        if constexpr (kPrescaled)
+          for (int t = 0; t < T; ++t) prescaled[t] = g.scaled_inputs + t * cols;
+        else
+          for (int r = 0; r < 4; ++r) sc[r] = _mm512_set1_ps(e8m0_to_float(sb[r]) * 256.0f);
+        auto put = [&](int r, int64_t i, __m512 v) DSV4_AVX512 {
+          if constexpr (kPrescaled) {
+            fma16_tokens<T>(v, prescaled, i, a[r]);  // groups == 1: nothing to keep
+          } else {
+            use(r, i, _mm512_mul_ps(v, sc[r]));
+          }
+        };
         int64_t i = b;
         for (; i + 32 <= end; i += 32) {
           if (prefetch && i % 64 == 0)  // one cache line per row
@@ -718,29 +705,17 @@ DSV4_AVX512 void dot4_fp8_avx512(const Linear& w, RowGroup g, const float* xs, i
           for (int r = 0; r < 4; ++r) {
             __m512 lo, hi;
             e4m3x32_to_ps_times_2m8(p[r] + i, lo, hi);
-            fma16_tokens<T>(lo, xp, i, a[r]);
-            fma16_tokens<T>(hi, xp, i + 16, a[r]);
+            put(r, i, lo);
+            put(r, i + 16, hi);
           }
         }
         for (; i < end; i += 16)
-          for (int r = 0; r < 4; ++r)
-            fma16_tokens<T>(e4m3_to_ps_times_2m8(_mm_loadu_si128((const __m128i*)(p[r] + i))), xp, i, a[r]);
+          for (int r = 0; r < 4; ++r) put(r, i, e4m3_to_ps_times_2m8(_mm_loadu_si128((const __m128i*)(p[r] + i))));
+      };
+      if (g.scaled_inputs && groups == 1 && g.scaled_spans[b / 128]) {
+        half_path.template operator()<true>();
       } else if (half_ok) {
-        __m512 sc[4];
-        for (int r = 0; r < 4; ++r) sc[r] = _mm512_set1_ps(e8m0_to_float(sb[r]) * 256.0f);
-        int64_t i = b;
-        for (; i + 32 <= end; i += 32) {
-          if (prefetch && i % 64 == 0)  // one cache line per row
-            for (int r = 0; r < 4; ++r) _mm_prefetch((const char*)(p[r] + i) + kPrefetchBytesAhead, _MM_HINT_T0);
-          for (int r = 0; r < 4; ++r) {
-            __m512 lo, hi;
-            e4m3x32_to_ps_via_half(p[r] + i, sc[r], lo, hi);
-            use(r, i, lo);
-            use(r, i + 16, hi);
-          }
-        }
-        for (; i < end; i += 16)
-          for (int r = 0; r < 4; ++r) use(r, i, e4m3_to_ps_via_half(_mm_loadu_si128((const __m128i*)(p[r] + i)), sc[r]));
+        half_path.template operator()<false>();
       } else {
         for (int64_t i = b; i < end; i += 16)
           for (int r = 0; r < 4; ++r)
