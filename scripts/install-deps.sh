@@ -4,7 +4,10 @@
 set -euo pipefail
 PACKAGES=(build-essential cmake ninja-build pkg-config ca-certificates curl
           nlohmann-json3-dev libcli11-dev libpcre2-dev libcpp-httplib-dev
-          libgtest-dev libbenchmark-dev libdnnl-dev clang libclang-rt-14-dev python3)
+          libgtest-dev libbenchmark-dev libdnnl-dev clang libclang-rt-14-dev python3
+          # Debian builds oneDNN with its OpenCL runtime: its CMake package config
+          # calls find_package(OpenCL) and fails without these two.
+          ocl-icd-opencl-dev opencl-headers)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
