@@ -15,8 +15,9 @@
 #include "core/numeric.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/random_linear.h"
-#include "model/layers.h"
-#include "model/ops.h"
+#include "io/config.h"
+#include "kernels/backend.h"
+#include "kernels/cpu/vector_ops.h"
 
 namespace dsv4 {
 namespace {
@@ -279,13 +280,19 @@ void BM_HyperConnections(benchmark::State& state) {
   for (auto& v : fn) v = 0.01f * nd(rng);
   for (auto& v : x) v = nd(rng);
   for (auto& v : sub) v = nd(rng);
-  HyperConnectionWeights w;
+  struct {
+    Linear fn;
+    std::vector<float> base, scale;
+  } w;
   w.fn.format = WeightFormat::F32;
   w.fn.rows = mixes;
   w.fn.cols = width;
   w.fn.data = reinterpret_cast<const uint8_t*>(fn.data());
   for (int64_t i = 0; i < mixes; ++i) w.base.push_back(0.1f * nd(rng));
   w.scale = {0.5f, 0.7f, 0.9f};
+  const HcShape shape{c.hc_mult, c.dim, c.hc_sinkhorn_iters, c.hc_eps, c.norm_eps};
+  const HcSite site{&w.fn, w.base.data(), w.scale.data()};
+  const KernelBackend& kb = default_backend();
 
   // The float64 reference for the first token.
   std::vector<double> mix(static_cast<size_t>(mixes));
@@ -325,8 +332,8 @@ void BM_HyperConnections(benchmark::State& state) {
   }
   HcMix got;
   std::vector<float> x_out = x;
-  hc_pre(c, w, x_out.data(), n, y.data(), &got);
-  hc_post(c, got, sub.data(), x_out.data(), n);
+  kb.hc_pre(shape, site, x_out.data(), n, y.data(), &got);
+  kb.hc_post(shape, got, sub.data(), x_out.data(), n);
   double worst = 0;
   auto compare = [&](double want, double have) { worst = std::max(worst, std::fabs(want - have) / (std::fabs(want) + 1e-3)); };
   for (int64_t d = 0; d < c.dim; ++d) {
@@ -344,8 +351,8 @@ void BM_HyperConnections(benchmark::State& state) {
     return;
   }
   for (auto _ : state) {
-    hc_pre(c, w, x.data(), n, y.data(), &got);
-    hc_post(c, got, sub.data(), x_out.data(), n);
+    kb.hc_pre(shape, site, x.data(), n, y.data(), &got);
+    kb.hc_post(shape, got, sub.data(), x_out.data(), n);
     benchmark::DoNotOptimize(x_out.data());
   }
   state.counters["tokens/s"] = benchmark::Counter(double(n) * double(state.iterations()), benchmark::Counter::kIsRate);

@@ -13,8 +13,9 @@
 #include "core/threads.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/random_linear.h"
-#include "model/layers.h"
-#include "model/ops.h"
+#include "kernels/backend.h"
+#include "kernels/cpu/vector_ops.h"
+#include "kernels/rope.h"
 
 namespace dsv4 {
 namespace {
@@ -392,10 +393,10 @@ TEST(Ops, AttentionRowsMatchPerPairFunctions) {
 // give the bits of that definition (a width that leaves a remainder after
 // 16-column vectors, three tokens).
 TEST(Ops, HcPostGivesDefinitionBitsOnEveryPath) {
-  ModelConfig c;
-  c.hc_mult = 4;
+  HcShape c;
+  c.copies = 4;
   c.dim = 4096 + 8;
-  const int64_t h = c.hc_mult, d = c.dim, n = 3;
+  const int64_t h = c.copies, d = c.dim, n = 3;
   HcMix mix;
   mix.post = normal_floats(size_t(n * h), 51);
   mix.comb = normal_floats(size_t(n * h * h), 52);
@@ -414,7 +415,7 @@ TEST(Ops, HcPostGivesDefinitionBitsOnEveryPath) {
       }
   const std::vector<float> scalar = expect_simd_gives_scalar_bits(want.size(), [&](float* out) {
     std::copy(x0.begin(), x0.end(), out);
-    hc_post(c, mix, y.data(), out, n);
+    default_backend().hc_post(c, mix, y.data(), out, n);
   });
   EXPECT_EQ(0, std::memcmp(scalar.data(), want.data(), want.size() * 4));
 }
@@ -422,26 +423,26 @@ TEST(Ops, HcPostGivesDefinitionBitsOnEveryPath) {
 // hc_pre's collapse: y[i] = sum_j pre[j] * x[j][i] in j order with separate
 // roundings, the same bits on every path.
 TEST(Ops, HcPreCollapseGivesDefinitionBitsOnEveryPath) {
-  ModelConfig c;
-  c.hc_mult = 4;
+  HcShape c;
+  c.copies = 4;
   c.dim = 4096 + 8;
-  c.hc_sinkhorn_iters = 3;
-  c.hc_eps = 1e-6f;
+  c.sinkhorn_iters = 3;
+  c.eps = 1e-6f;
   c.norm_eps = 1e-6f;
-  const int64_t h = c.hc_mult, d = c.dim, n = 3, mixes = c.hc_mix();
+  const int64_t h = c.copies, d = c.dim, n = 3, mixes = (2 + h) * h;
   std::vector<float> fn = normal_floats(size_t(mixes * h * d), 61);
   for (auto& v : fn) v *= 0.01f;
-  HyperConnectionWeights w;
-  w.fn.format = WeightFormat::F32;
-  w.fn.rows = mixes;
-  w.fn.cols = h * d;
-  w.fn.data = reinterpret_cast<const uint8_t*>(fn.data());
-  w.base = normal_floats(size_t(mixes), 62);
-  w.scale = {0.5f, 0.7f, 0.9f};
+  Linear fn_linear;
+  fn_linear.format = WeightFormat::F32;
+  fn_linear.rows = mixes;
+  fn_linear.cols = h * d;
+  fn_linear.data = reinterpret_cast<const uint8_t*>(fn.data());
+  const std::vector<float> base = normal_floats(size_t(mixes), 62), scale = {0.5f, 0.7f, 0.9f};
+  const HcSite w{&fn_linear, base.data(), scale.data()};
   const std::vector<float> x = normal_floats(size_t(n * h * d), 63);
   HcMix mix;
   const std::vector<float> y = expect_simd_gives_scalar_bits(size_t(n * d), [&](float* out) {
-    hc_pre(c, w, x.data(), n, out, &mix);
+    default_backend().hc_pre(c, w, x.data(), n, out, &mix);
   });
   for (int64_t t = 0; t < n; ++t)
     for (int64_t i = 0; i < d; ++i) {
@@ -470,15 +471,16 @@ TEST(Ops, HadamardMatchesSylvesterMatrix) {
 }
 
 TEST(Ops, RopeInverseUndoesRotation) {
-  ModelConfig c;
-  c.rope_dim = 64;
-  c.rope_theta = 10000;
-  c.compress_rope_theta = 160000;
+  RopeParams c;
+  c.dim = 64;
+  c.base = 10000;
+  RopeTable plain(c);
+  c.base = 160000;
+  RopeTable unscaled_c(c);
   c.original_seq_len = 65536;
-  c.rope_factor = 16;
-  RopeTable plain(c, false), yarn(c, true);
+  c.factor = 16;
+  RopeTable yarn(c);
   // YaRN keeps pairs 0..15, divides pairs >= 25 by the factor.
-  RopeTable unscaled_c = [&] { ModelConfig d = c; d.original_seq_len = 0; return RopeTable(d, true); }();
   for (int j = 0; j < 32; ++j) {
     float f = unscaled_c.frequencies()[size_t(j)], g = yarn.frequencies()[size_t(j)];
     if (j <= 15) {

@@ -48,7 +48,7 @@ int64_t prefill_macs(const ModelConfig& c, const Model::TokenCost& cost, int64_t
   int64_t macs = cost.head_macs;
   for (const Model::LayerCost& l : cost.layers) {
     macs += n * l.linear_macs;
-    for (int64_t p = 0; p < n; ++p) macs += Model::attention_macs(c, l.ratio, p);
+    for (int64_t p = 0; p < n; ++p) macs += Model::attention_macs(c, l.layout, p);
   }
   return macs;
 }
@@ -58,7 +58,7 @@ int64_t prefill_macs(const ModelConfig& c, const Model::TokenCost& cost, int64_t
 double decode_step_macs(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch, int64_t position) {
   double macs = double(cost.head_macs);
   for (const Model::LayerCost& l : cost.layers)
-    macs += double(l.linear_macs) + double(Model::attention_macs(c, l.ratio, position));
+    macs += double(l.linear_macs) + double(Model::attention_macs(c, l.layout, position));
   return double(batch) * macs;
 }
 
@@ -108,17 +108,18 @@ struct FlashCost {
 };
 
 // Costs of the official V4-Flash schedule, compress_ratios [0,0] + [4,128]*20
-// + [4], built from this model's layers of ratio 4 and 128 (a window-only
-// layer is a ratio-128 layer without its compressor).
+// + [4] (window, window, then CSA and HCA alternating, then CSA), built from
+// this model's CSA and HCA layers (a window-only layer is an HCA layer
+// without its compressor).
 std::optional<FlashCost> flash_schedule_cost(const ModelConfig& c, const Model::TokenCost& cost, int64_t prompt) {
-  const Model::LayerCost* by_ratio[2] = {nullptr, nullptr};
+  const Model::LayerCost* by_kind[2] = {nullptr, nullptr};  // CSA, HCA
   for (const Model::LayerCost& l : cost.layers) {
-    if (l.ratio == 4 && !by_ratio[0]) by_ratio[0] = &l;
-    if (l.ratio == 128 && !by_ratio[1]) by_ratio[1] = &l;
+    if (l.layout.kind == LayerKind::CompressedIndexed && !by_kind[0]) by_kind[0] = &l;
+    if (l.layout.kind == LayerKind::Compressed && l.layout.ratio == 128 && !by_kind[1]) by_kind[1] = &l;
   }
-  if (!by_ratio[0] || !by_ratio[1]) return std::nullopt;
-  Model::LayerCost window = *by_ratio[1];
-  window.ratio = 0;
+  if (!by_kind[0] || !by_kind[1]) return std::nullopt;
+  Model::LayerCost window = *by_kind[1];
+  window.layout = LayerLayout{};
   window.weight_bytes -= window.compressor_bytes;
   window.linear_macs -= window.compressor_macs;
   window.compressor_bytes = window.compressor_macs = 0;
@@ -126,8 +127,8 @@ std::optional<FlashCost> flash_schedule_cost(const ModelConfig& c, const Model::
   window.compressor_weights = {};
   Model::TokenCost flash = cost;
   flash.layers = {window, window};
-  for (int i = 0; i < 20; ++i) flash.layers.insert(flash.layers.end(), {*by_ratio[0], *by_ratio[1]});
-  flash.layers.push_back(*by_ratio[0]);
+  for (int i = 0; i < 20; ++i) flash.layers.insert(flash.layers.end(), {*by_kind[0], *by_kind[1]});
+  flash.layers.push_back(*by_kind[0]);
   FlashCost out;
   out.decode_bytes = flash.head_bytes + flash.other_bytes;
   for (const Model::LayerCost& l : flash.layers) out.decode_bytes += l.weight_bytes;

@@ -3,7 +3,6 @@
 #include <filesystem>
 
 #include "core/error.h"
-#include "core/scratch.h"
 #include "model/layers.h"
 
 namespace dsv4 {
@@ -12,10 +11,16 @@ std::unique_ptr<Model> Model::load(const std::string& path, const LoadOptions& o
   std::unique_ptr<Model> model(new Model());
   model->config_ = load_config(path);
   if (!std::filesystem::is_directory(path)) throw Error("model path must be a directory: " + path);
+  const ModelConfig& c = model->config_;
+  for (int64_t l = 0; l < c.n_layers + c.n_mtp_layers; ++l) model->layouts_.push_back(layer_layout(c, l));
+  model->backend_ = options.backend ? options.backend : &default_backend();
   model->store_ = TensorStore::open(path, options.no_mmap ? FileResidency::Copied : FileResidency::Mapped);
   model->weights_ = bind_weights(model->config_, model->store_, options.progress);
-  model->rope_window_ = RopeTable(model->config_, false);
-  model->rope_compressed_ = RopeTable(model->config_, true);
+  // Window-only layers rotate with rope_theta; compressed layers with
+  // compress_rope_theta and the YaRN ramp.
+  model->rope_window_ = RopeTable(RopeParams{c.rope_dim, c.rope_theta});
+  model->rope_compressed_ = RopeTable(
+      RopeParams{c.rope_dim, c.compress_rope_theta, c.original_seq_len, c.beta_fast, c.beta_slow, c.rope_factor});
   return model;
 }
 
@@ -28,27 +33,30 @@ SequenceState Model::new_state() const {
 void Model::block_forward(const BlockWeights& b, const std::vector<Segment>& segments, float* x_hc,
                           const int32_t* tokens, int64_t n) const {
   const ModelConfig& c = config_;
-  const RopeTable& rope = b.ratio > 0 ? rope_compressed_ : rope_window_;
-  ScratchArray<float> y(n * c.dim), sub(n * c.dim);
+  const KernelBackend& kb = *backend_;
+  const RopeTable& rope = b.layout.compresses() ? rope_compressed_ : rope_window_;
+  const HcShape shape = hc_shape(c);
+  Buffer y = kb.buffer(n * c.dim), sub = kb.buffer(n * c.dim);
   HcMix mix;
 
-  hc_pre(c, b.hc_attn, x_hc, n, y.data(), &mix);
-  for (int64_t t = 0; t < n; ++t) rms_norm(y.data() + t * c.dim, b.attn_norm.data(), c.dim, c.norm_eps);
-  attention_forward(c, b.attn, rope, b.ratio, segments, y.data(), n, sub.data());
-  hc_post(c, mix, sub.data(), x_hc, n);
+  kb.hc_pre(shape, hc_site(b.hc_attn), x_hc, n, y.data(), &mix);
+  kb.rms_norm(y.data(), n, c.dim, c.dim, b.attn_norm.data(), c.norm_eps);
+  attention_forward(kb, c, b.attn, rope, b.layout, segments, y.data(), n, sub.data());
+  kb.hc_post(shape, mix, sub.data(), x_hc, n);
 
-  hc_pre(c, b.hc_ffn, x_hc, n, y.data(), &mix);
-  for (int64_t t = 0; t < n; ++t) rms_norm(y.data() + t * c.dim, b.ffn_norm.data(), c.dim, c.norm_eps);
-  moe_forward(c, b.moe, y.data(), tokens, n, sub.data());
-  hc_post(c, mix, sub.data(), x_hc, n);
+  kb.hc_pre(shape, hc_site(b.hc_ffn), x_hc, n, y.data(), &mix);
+  kb.rms_norm(y.data(), n, c.dim, c.dim, b.ffn_norm.data(), c.norm_eps);
+  moe_forward(kb, c, b.moe, y.data(), tokens, n, sub.data());
+  kb.hc_post(shape, mix, sub.data(), x_hc, n);
 }
 
 void Model::head_forward(const HyperConnectionWeights& hc_head, const std::vector<float>& norm,
                          const float* x_hc, int64_t n, float* logits) const {
-  std::vector<float> y(size_t(n * config_.dim));
-  hc_head_collapse(config_, hc_head, x_hc, n, y.data());
-  for (int64_t t = 0; t < n; ++t) rms_norm(y.data() + t * config_.dim, norm.data(), config_.dim, config_.norm_eps);
-  linear_forward(weights_.head, y.data(), n, logits);
+  const KernelBackend& kb = *backend_;
+  Buffer y = kb.buffer(n * config_.dim);
+  kb.hc_head(hc_shape(config_), hc_site(hc_head), x_hc, n, y.data());
+  kb.rms_norm(y.data(), n, config_.dim, config_.dim, norm.data(), config_.norm_eps);
+  kb.linear(weights_.head, y.data(), n, logits);
 }
 
 static void check_tokens(const ModelConfig& c, const int32_t* tokens, int64_t n) {
@@ -77,13 +85,8 @@ void Model::forward_batch(const std::vector<BatchItem>& items) const {
   std::vector<int32_t> tokens;
   tokens.reserve(size_t(rows));
   for (const BatchItem& it : items) tokens.insert(tokens.end(), it.tokens, it.tokens + it.n);
-  ScratchArray<float> x_hc(rows * width);
-  std::vector<float> row(size_t(c.dim));
-  for (int64_t t = 0; t < rows; ++t) {
-    linear_decode_row(weights_.embed, tokens[size_t(t)], row.data());
-    for (int64_t k = 0; k < c.hc_mult; ++k)
-      std::copy(row.begin(), row.end(), x_hc.data() + t * width + k * c.dim);
-  }
+  Buffer x_hc = backend_->buffer(rows * width);
+  backend_->embed(weights_.embed, tokens.data(), rows, c.hc_mult, x_hc.data());
   auto segments_for = [&](int64_t layer) {
     std::vector<Segment> segments;
     int64_t row0 = 0;
@@ -153,18 +156,15 @@ void Model::forward_mtp_batch(const std::vector<MtpBatchItem>& items) const {
     h.insert(h.end(), it.hc, it.hc + it.n * H * D);
   }
   // x[k] = e_proj(enorm(embed(next))) + h_proj(hnorm(hc[k])) for each copy k.
-  std::vector<float> e(size_t(n * D)), e_out(size_t(n * D));
-  for (int64_t t = 0; t < n; ++t) {
-    linear_decode_row(weights_.embed, next[size_t(t)], e.data() + t * D);
-    rms_norm(e.data() + t * D, m.enorm.data(), D, c.norm_eps);
-  }
-  linear_forward(m.e_proj, e.data(), n, e_out.data());
-  std::vector<float> x_hc(size_t(n * H * D));
-  for (int64_t r = 0; r < n * H; ++r) rms_norm(h.data() + r * D, m.hnorm.data(), D, c.norm_eps);
-  linear_forward(m.h_proj, h.data(), n * H, x_hc.data());
+  const KernelBackend& kb = *backend_;
+  Buffer e = kb.buffer(n * D), e_out = kb.buffer(n * D), x_hc = kb.buffer(n * H * D);
+  kb.embed(weights_.embed, next.data(), n, 1, e.data());
+  kb.rms_norm(e.data(), n, D, D, m.enorm.data(), c.norm_eps);
+  kb.linear(m.e_proj, e.data(), n, e_out.data());
+  kb.rms_norm(h.data(), n * H, D, D, m.hnorm.data(), c.norm_eps);
+  kb.linear(m.h_proj, h.data(), n * H, x_hc.data());
   for (int64_t t = 0; t < n; ++t)
-    for (int64_t k = 0; k < H; ++k)
-      for (int64_t d = 0; d < D; ++d) x_hc[size_t((t * H + k) * D + d)] += e_out[size_t(t * D + d)];
+    for (int64_t k = 0; k < H; ++k) kb.add(x_hc.data() + (t * H + k) * D, e_out.data() + t * D, D);
   std::vector<Segment> segments;
   int64_t row0 = 0;
   for (const MtpBatchItem& it : items) {
@@ -200,7 +200,7 @@ Model::TokenCost Model::token_cost() const {
     const BlockWeights& b = weights_.layers[i];
     const AttentionWeights& a = b.attn;
     LayerCost l;
-    l.ratio = c.ratio(int64_t(i));
+    l.layout = layouts_[i];
     for (const Linear* w : {&b.hc_attn.fn, &b.hc_ffn.fn, &a.wq_a, &a.wq_b, &a.wkv, &a.wo_a, &a.wo_b})
       add_dense(*w, l.weight_bytes, l.linear_macs, l.dense_weights);
     if (a.has_compressor)
@@ -240,11 +240,11 @@ int64_t Model::decode_weight_bytes_per_token() const {
   return bytes;
 }
 
-int64_t Model::attention_macs(const ModelConfig& c, int64_t ratio, int64_t position) {
+int64_t Model::attention_macs(const ModelConfig& c, const LayerLayout& layout, int64_t position) {
   const int64_t window_rows = std::min(position + 1, c.window);
-  int64_t compressed = ratio > 0 ? (position + 1) / ratio : 0;
+  int64_t compressed = layout.visible_rows(position);
   int64_t macs = 0;
-  if (ratio == 4) {
+  if (layout.has_indexer()) {
     macs += c.index_n_heads * c.index_head_dim * compressed;  // indexer scores
     compressed = std::min(compressed, c.index_topk);
   }

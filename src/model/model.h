@@ -11,7 +11,8 @@
 
 #include "io/config.h"
 #include "io/safetensors.h"
-#include "model/ops.h"
+#include "kernels/backend.h"
+#include "model/layer_kind.h"
 #include "model/state.h"
 #include "model/weights.h"
 
@@ -45,6 +46,8 @@ struct LoadOptions {
   std::function<void(int64_t, int64_t)> progress;
   // Copy the weights into huge-page memory instead of mapping the files.
   bool no_mmap = false;
+  // The kernels that run the forward pass (null: default_backend()).
+  const KernelBackend* backend = nullptr;
 };
 
 class Model {
@@ -53,6 +56,12 @@ class Model {
 
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }
+  // Layer kinds of the main layers, then the MTP layers.
+  const std::vector<LayerLayout>& layouts() const { return layouts_; }
+  const KernelBackend& backend() const { return *backend_; }
+  // Switches the kernels (every backend gives the same bits; tests compare
+  // them). Not while a forward pass runs.
+  void set_backend(const KernelBackend& backend) { backend_ = &backend; }
   SequenceState new_state() const;
 
   // Processes `n` tokens at positions state.n_tokens ... state.n_tokens+n-1.
@@ -89,7 +98,7 @@ class Model {
   // numbers to other layer counts. `compressor_*` is the part of a layer that
   // only compressed layers have (compressors and indexer).
   struct LayerCost {
-    int64_t ratio = 0;
+    LayerLayout layout;
     int64_t weight_bytes = 0, linear_macs = 0;
     int64_t compressor_bytes = 0, compressor_macs = 0;
     int64_t expert_bytes = 0;  // one routed expert (weight_bytes has n_activated of them)
@@ -107,10 +116,10 @@ class Model {
     WeightFormat expert_format = WeightFormat::F32;
   };
   TokenCost token_cost() const;
-  // Attention multiply-adds of one token at `position` in one layer of
-  // compression `ratio` (scores and values over the window and the selected
-  // compressed rows, plus the indexer's scores on ratio-4 layers).
-  static int64_t attention_macs(const ModelConfig& config, int64_t ratio, int64_t position);
+  // Attention multiply-adds of one token at `position` in one layer of that
+  // layout (scores and values over the window and the selected compressed
+  // rows, plus the indexer's scores on CSA layers).
+  static int64_t attention_macs(const ModelConfig& config, const LayerLayout& layout, int64_t position);
 
  private:
   Model() = default;
@@ -120,6 +129,8 @@ class Model {
                     const float* x_hc, int64_t n, float* logits) const;
 
   ModelConfig config_;
+  std::vector<LayerLayout> layouts_;
+  const KernelBackend* backend_ = nullptr;
   TensorStore store_;
   ModelWeights weights_;
   RopeTable rope_window_, rope_compressed_;

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "model/layer_kind.h"
 
 namespace dsv4 {
 
@@ -12,17 +13,16 @@ void CompressorState::reset(int64_t slots, int64_t slot_width) {
   score.assign(size_t(slots * slot_width), -std::numeric_limits<float>::infinity());
 }
 
-static void reset_layer(LayerState& s, const ModelConfig& c, int64_t ratio) {
+static void reset_layer(LayerState& s, const ModelConfig& c, const LayerLayout& layout) {
   s.window.assign(size_t(c.window * c.head_dim), 0.0f);
   s.compressed.clear();
   s.index_keys.clear();
   s.compressor = {};
   s.index_compressor = {};
-  if (ratio > 0) {
-    bool overlap = ratio == 4;
-    int64_t k = overlap ? 2 : 1;
-    s.compressor.reset(k * ratio, k * c.head_dim);
-    if (ratio == 4) s.index_compressor.reset(2 * ratio, 2 * c.index_head_dim);
+  if (layout.compresses()) {
+    const int64_t copies = layout.overlapping() ? 2 : 1;
+    s.compressor.reset(copies * layout.ratio, copies * c.head_dim);
+    if (layout.has_indexer()) s.index_compressor.reset(2 * layout.ratio, 2 * c.index_head_dim);
   }
 }
 
@@ -30,10 +30,10 @@ void SequenceState::reset(const ModelConfig& c) {
   n_tokens = 0;
   mtp_tokens = 0;
   layers.resize(size_t(c.n_layers));
-  for (int64_t l = 0; l < c.n_layers; ++l) reset_layer(layers[size_t(l)], c, c.ratio(l));
+  for (int64_t l = 0; l < c.n_layers; ++l) reset_layer(layers[size_t(l)], c, layer_layout(c, l));
   mtp_layers.resize(size_t(c.n_mtp_layers));
   for (int64_t k = 0; k < c.n_mtp_layers; ++k)
-    reset_layer(mtp_layers[size_t(k)], c, c.ratio(c.n_layers + k));
+    reset_layer(mtp_layers[size_t(k)], c, layer_layout(c, c.n_layers + k));
 }
 
 namespace {

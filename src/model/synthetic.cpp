@@ -1,5 +1,7 @@
 #include "model/synthetic.h"
 
+#include "model/layer_kind.h"
+
 
 #include <algorithm>
 #include <cmath>
@@ -59,8 +61,9 @@ json synthetic_config(const SyntheticSpec& s) {
   // Real-shaped slices alternate CSA (ratio 4) and HCA (ratio 128) layers,
   // like the bulk of the official schedules; the MTP block is window-only.
   std::vector<int64_t> ratios;
-  for (int64_t l = 0; l < layers; ++l) ratios.push_back(l % 2 == 0 ? 4 : 128);
-  ratios.push_back(0);
+  for (int64_t l = 0; l < layers; ++l)
+    ratios.push_back(default_ratio(l % 2 == 0 ? LayerKind::CompressedIndexed : LayerKind::Compressed));
+  ratios.push_back(default_ratio(LayerKind::Window));
   c["num_hidden_layers"] = layers;
   c["compress_ratios"] = ratios;
   if (s.fp8) {
@@ -243,7 +246,8 @@ class CheckpointWriter {
 
   void block(const std::string& p, int64_t layer) {
     const ModelConfig& c = c_;
-    const int64_t D = c.dim, ratio = c.ratio(layer), mix = c.hc_mix();
+    const int64_t D = c.dim, mix = c.hc_mix();
+    const LayerLayout layout = layer_layout(c, layer);
     add(p + ".attn_norm.weight", Storage::BF16, D, 0, 0, Fill::Ones);
     add(p + ".ffn_norm.weight", Storage::BF16, D, 0, 0, Fill::Ones);
     for (const char* hc : {".hc_attn", ".hc_ffn"}) {
@@ -261,17 +265,17 @@ class CheckpointWriter {
     linear(a + ".wo_a", c.o_groups * c.o_lora_rank, c.n_heads * c.head_dim / c.o_groups);
     linear(a + ".wo_b", D, c.o_groups * c.o_lora_rank);
     auto compressor = [&](const std::string& cp, int64_t r, int64_t width) {
-      int64_t w2 = (r == 4 ? 2 : 1) * width;
+      int64_t w2 = (layout.overlapping() ? 2 : 1) * width;
       add(cp + ".wkv.weight", Storage::BF16, w2, D, 1.0f / std::sqrt(float(D)));
       add(cp + ".wgate.weight", Storage::BF16, w2, D, 1.0f / std::sqrt(float(D)));
       add(cp + ".ape", Storage::F32, r, w2, 0.1f);
       add(cp + ".norm.weight", Storage::BF16, width, 0, 0, Fill::Ones);
     };
-    if (ratio > 0) compressor(a + ".compressor", ratio, c.head_dim);
-    if (ratio == 4) {
+    if (layout.compresses()) compressor(a + ".compressor", layout.ratio, c.head_dim);
+    if (layout.has_indexer()) {
       linear(a + ".indexer.wq_b", c.index_n_heads * c.index_head_dim, c.q_lora_rank);
       add(a + ".indexer.weights_proj.weight", Storage::BF16, c.index_n_heads, D, 1.0f / std::sqrt(float(D)));
-      compressor(a + ".indexer.compressor", 4, c.index_head_dim);
+      compressor(a + ".indexer.compressor", layout.ratio, c.index_head_dim);
     }
     const std::string f = p + ".ffn";
     add(f + ".gate.weight", Storage::BF16, c.n_routed_experts, D, 1.0f / std::sqrt(float(D)));

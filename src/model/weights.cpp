@@ -134,11 +134,12 @@ class Binder {
     return hc;
   }
 
-  CompressorWeights compressor(const std::string& prefix, int64_t ratio, int64_t width) {
+  CompressorWeights compressor(const std::string& prefix, const LayerLayout& layout, int64_t width) {
     CompressorWeights c;
+    const int64_t ratio = layout.ratio;
     c.ratio = ratio;
     c.width = width;
-    c.overlap = ratio == 4;
+    c.overlap = layout.overlapping();
     int64_t w2 = (c.overlap ? 2 : 1) * width;
     c.wkv = linear(prefix + ".wkv", w2, config_.dim, Storage::Dense);
     c.wgate = linear(prefix + ".wgate", w2, config_.dim, Storage::Dense);
@@ -153,7 +154,7 @@ class Binder {
     const ModelConfig& c = config_;
     BlockWeights b;
     b.layer_id = layer_id;
-    b.ratio = c.ratio(layer_id);
+    b.layout = layer_layout(c, layer_id);
     b.attn_norm = vec(p + ".attn_norm.weight", c.dim);
     b.ffn_norm = vec(p + ".ffn_norm.weight", c.dim);
     b.hc_attn = hyper(p + ".hc_attn", c.hc_mix(), 3);
@@ -171,21 +172,21 @@ class Binder {
     a.wo_a = linear(ap + ".wo_a", c.o_groups * c.o_lora_rank,
                     c.n_heads * c.head_dim / c.o_groups, Storage::Quantized, false);
     a.wo_b = linear(ap + ".wo_b", c.dim, c.o_groups * c.o_lora_rank, Storage::Quantized);
-    if (b.ratio > 0) {
+    if (b.layout.compresses()) {
       a.has_compressor = true;
-      a.compressor = compressor(ap + ".compressor", b.ratio, c.head_dim);
-      if (b.ratio == 4) {
+      a.compressor = compressor(ap + ".compressor", b.layout, c.head_dim);
+      if (b.layout.has_indexer()) {
         a.has_indexer = true;
         a.indexer.wq_b = linear(ap + ".indexer.wq_b", c.index_n_heads * c.index_head_dim,
                                 c.q_lora_rank, Storage::Quantized);
         a.indexer.weights_proj = linear(ap + ".indexer.weights_proj", c.index_n_heads, c.dim, Storage::Dense);
-        a.indexer.compressor = compressor(ap + ".indexer.compressor", 4, c.index_head_dim);
+        a.indexer.compressor = compressor(ap + ".indexer.compressor", b.layout, c.index_head_dim);
       }
     }
     for (const char* unexpected : {".compressor.wkv.weight", ".indexer.wq_b.weight"})
-      if (b.ratio == 0 && store_.find(ap + unexpected))
-        throw Error("tensor " + ap + unexpected + " present but compress ratio of layer " +
-                    std::to_string(layer_id) + " is 0");
+      if (!b.layout.compresses() && store_.find(ap + unexpected))
+        throw Error("tensor " + ap + unexpected + " present but layer " + std::to_string(layer_id) +
+                    " is window-only (compress ratio 0)");
 
     MoeWeights& m = b.moe;
     const std::string fp = p + ".ffn";

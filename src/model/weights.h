@@ -9,7 +9,8 @@
 
 #include "io/config.h"
 #include "io/safetensors.h"
-#include "kernels/cpu/linear.h"
+#include "kernels/linear.h"
+#include "model/layer_kind.h"
 
 namespace dsv4 {
 
@@ -58,7 +59,7 @@ struct MoeWeights {
 
 struct BlockWeights {
   int64_t layer_id = 0;
-  int64_t ratio = 0;
+  LayerLayout layout;
   std::vector<float> attn_norm, ffn_norm;
   HyperConnectionWeights hc_attn, hc_ffn;
   AttentionWeights attn;

@@ -17,26 +17,6 @@
 
 namespace dsv4 {
 
-const char* weight_format_name(WeightFormat format) {
-  switch (format) {
-    case WeightFormat::F32: return "F32";
-    case WeightFormat::BF16: return "BF16";
-    case WeightFormat::FP8_BLOCK128: return "FP8 (e4m3, 128x128 ue8m0 blocks)";
-    case WeightFormat::FP4_BLOCK32: return "FP4 (e2m1, 1x32 ue8m0 blocks)";
-  }
-  return "?";
-}
-
-int64_t Linear::weight_bytes() const {
-  switch (format) {
-    case WeightFormat::F32: return rows * cols * 4;
-    case WeightFormat::BF16: return rows * cols * 2;
-    case WeightFormat::FP8_BLOCK128: return rows * cols + ((rows + 127) / 128) * scale_cols;
-    case WeightFormat::FP4_BLOCK32: return rows * cols / 2 + rows * scale_cols;
-  }
-  return 0;
-}
-
 namespace {
 
 // ---------------------------------------------------------------- scalar ---
@@ -140,7 +120,7 @@ const E2m1Tables& e2m1_tables() {
 // ------------------------------------------------------------------ AVX2 ---
 
 // Every CPU with AVX2 and FMA also has F16C (fp16 conversions).
-#define DSV4_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define DSV4_AVX2 DSV4_TARGET_AVX2
 
 // Largest ue8m0 byte for which scale * 256 is still a finite float: the
 // fp16 decoders of e4m3 below take the scale times 256.
@@ -373,7 +353,7 @@ DSV4_AVX2 void dot_tokens_avx2(const Linear& w, int64_t row, const float* xs, in
 
 // --------------------------------------------------------------- AVX-512 ---
 
-#define DSV4_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+#define DSV4_AVX512 DSV4_TARGET_AVX512
 
 // fold16 of the 16 lanes of a register, in registers (the same additions).
 DSV4_AVX512 inline double fold16_avx512(__m512 lanes) {
@@ -1303,28 +1283,6 @@ void packed_gemm_outer_avx2(const Linear& w, int64_t row_begin, int64_t out, con
 
 using DotFn = double (*)(const Linear&, int64_t, const float*);
 
-KernelIsa detect_best() {
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
-    return KernelIsa::Avx512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
-    return KernelIsa::Avx2;
-  return KernelIsa::Scalar;
-}
-
-KernelIsa initial_isa() {
-  KernelIsa best = detect_best();
-  if (const char* env = std::getenv("DSV4_KERNELS")) {
-    std::string v = env;
-    KernelIsa want = v == "scalar" ? KernelIsa::Scalar : v == "avx2" ? KernelIsa::Avx2 : KernelIsa::Avx512;
-    if (int(want) <= int(best)) return want;
-  }
-  return best;
-}
-
-KernelIsa g_isa = initial_isa();
-
 DotFn dot_for(KernelIsa isa) {
   switch (isa) {
     case KernelIsa::Avx512: return dot_avx512;
@@ -1341,25 +1299,11 @@ void check_width(const Linear& w) {
 
 }  // namespace
 
-KernelIsa active_kernel_isa() { return g_isa; }
-bool kernel_isa_supported(KernelIsa isa) { return int(isa) <= int(detect_best()); }
-void set_kernel_isa(KernelIsa isa) {
-  if (!kernel_isa_supported(isa)) throw Error(std::string("CPU does not support ") + kernel_isa_name(isa));
-  g_isa = isa;
-}
-const char* kernel_isa_name(KernelIsa isa) {
-  switch (isa) {
-    case KernelIsa::Avx512: return "avx512";
-    case KernelIsa::Avx2: return "avx2";
-    default: return "scalar";
-  }
-}
-
-double linear_dot(const Linear& w, int64_t row, const float* x) {
+double linear_dot(const Linear& w, int64_t row, const float* x, KernelIsa isa) {
   check_width(w);
   AlignedVector<float> xs(static_cast<size_t>(w.cols));
   to_storage_order(w, x, xs.data());
-  return dot_for(g_isa)(w, row, xs.data());
+  return dot_for(isa)(w, row, xs.data());
 }
 
 void linear_decode_row(const Linear& w, int64_t row, float* out) {
@@ -1508,14 +1452,13 @@ int64_t register_pieces(int64_t out, int threads) {
 
 }  // namespace
 
-void linear_forward(const Linear& w, const float* x, int64_t n, float* y, int64_t row_begin,
+void linear_forward(KernelIsa isa, const Linear& w, const float* x, int64_t n, float* y, int64_t row_begin,
                     int64_t row_end, int64_t y_stride) {
   if (row_end < 0) row_end = w.rows;
   const int64_t out = row_end - row_begin;
   if (y_stride < 0) y_stride = out;
   const int64_t cols = w.cols;
   check_width(w);
-  const KernelIsa isa = g_isa;  // one choice per call (tests switch it between calls)
   const bool outer = n >= kOuterMinTokens;
   // AVX2 has the outer form only (its dot form is dot_tokens_avx2).
   const bool packed = n >= packed_min_tokens(w) && out >= kPackedMinRows &&
@@ -1573,8 +1516,7 @@ void linear_forward(const Linear& w, const float* x, int64_t n, float* y, int64_
     }
 }
 
-void linear_forward_many(const LinearProduct* products, size_t count) {
-  const KernelIsa isa = g_isa;
+void linear_forward_many(KernelIsa isa, const LinearProduct* products, size_t count) {
   std::vector<size_t> fused;
   std::vector<int64_t> offset;
   int64_t floats = 0, work = 0;
@@ -1582,7 +1524,7 @@ void linear_forward_many(const LinearProduct* products, size_t count) {
     const LinearProduct& p = products[i];
     check_width(*p.w);
     if (isa != KernelIsa::Avx512 || p.n < 1 || p.n >= packed_min_tokens(*p.w)) {
-      linear_forward(*p.w, p.x, p.n, p.y);
+      linear_forward(isa, *p.w, p.x, p.n, p.y);
       continue;
     }
     fused.push_back(i);

@@ -1,100 +1,40 @@
-// Weight matrices in their checkpoint formats and the products with them.
-//
-// Every output element y[t][o] is one dot product with a canonical reduction
-// order. Each weight is decoded with its block scale applied (exact in
-// fp32). The columns are taken in chunks of 1024; within a chunk, element i
-// goes into fp32 lane (i mod 16) with one fused multiply-add, in increasing
-// i; the 16 lanes are folded in double in a fixed tree and the chunk sums
-// added in double. FP4 matrices use their storage order instead of the column
-// order: in each 32-column block the 16 even columns (low nibbles) come
-// before the 16 odd ones (high nibbles), so that a vector of nibbles is a
-// vector of lanes; the input is permuted to match, once per token. Threads
-// only split the (t, o) space. So a token's result depends neither on its
-// batch, nor on the chunk size, nor on the thread count, nor on which SIMD
-// path (scalar, AVX2, AVX-512) ran it.
-//
-// Why fp32 lanes: the official kernels accumulate in fp32 too, and the golden
-// data (stabilised so that a float64 evaluation agrees) are matched as
-// closely as with the previous exact-products-in-double order (tiny-flash-fp8
-// median 1.7e-6, p99 5.0e-6, max 1.6e-5, as printed by
-// tests/test_model_golden.cpp),
-// at half the register width per lane and without any fp32->fp64
-// conversions, which is what bound the kernels. The chunks let a batched
-// GEMM keep 16-lane accumulators in registers only per chunk. An fp32 engine
-// can still, rarely, round a downstream FP8 activation the other way than the
-// float64 reference (section 5 of the notes that came with the golden data);
-// the golden tolerances leave room for that.
-//
-// Why not VDPBF16PS (AVX512-BF16): the FP8 and FP4 products' inputs are
-// rounded through FP8 and their weights are exact in bf16, and on this
-// project's Sapphire Rapids machine the instruction is exactly two fused
-// multiply-adds per lane, the odd element first, with DAZ/FTZ (checked
-// against an emulation on 32 M random lanes), so it could give these bits.
-// But it issued once per two cycles, mostly on port 5 beside the decoding
-// permutes: 16 multiply-adds per cycle where two fp32 FMAs do 32.
+// The CPU implementation of the weight-format products (the contract is in
+// kernels/linear.h): one scalar reference and AVX2 / AVX-512 paths that give
+// its bits, chosen per call by a KernelIsa.
 #pragma once
 #include <cstdint>
 #include <string>
 
+#include "kernels/cpu/isa.h"
+#include "kernels/linear.h"
+
 namespace dsv4 {
 
-enum class WeightFormat {
-  F32,
-  BF16,
-  FP8_BLOCK128,  // e4m3 values, one ue8m0 scale per 128x128 block
-  FP4_BLOCK32,   // e2m1 nibbles packed two per byte, one ue8m0 scale per 1x32
-};
-
-const char* weight_format_name(WeightFormat format);
-
-struct Linear {
-  WeightFormat format = WeightFormat::F32;
-  int64_t rows = 0;  // out features
-  int64_t cols = 0;  // in features
-  const uint8_t* data = nullptr;
-  const uint8_t* scale = nullptr;  // ue8m0 bytes, layout depends on format
-  int64_t scale_cols = 0;          // second dimension of the scale tensor
-  // The reference rounds the input through FP8 (1x128 blocks) before every
-  // FP8/FP4 weight product, except the bf16-dequantized wo_a.
-  bool quantize_input = false;
-
-  bool empty() const { return data == nullptr; }
-  int64_t weight_bytes() const;  // bytes read for one full pass over the weight
-};
-
-// Which SIMD implementation linear_forward uses (chosen from the CPU at start,
-// overridable with DSV4_KERNELS=scalar|avx2|avx512 for testing).
-enum class KernelIsa { Scalar, Avx2, Avx512 };
-KernelIsa active_kernel_isa();
-void set_kernel_isa(KernelIsa isa);  // must be supported by the CPU
-bool kernel_isa_supported(KernelIsa isa);
-const char* kernel_isa_name(KernelIsa isa);
-
 // y = W[row] . x in the canonical order (x in column order).
-double linear_dot(const Linear& w, int64_t row, const float* x);
+double linear_dot(const Linear& w, int64_t row, const float* x, KernelIsa isa = active_kernel_isa());
 // Scalar reference: dequantize each weight and sum left to right in long double.
 double linear_dot_reference(const Linear& w, int64_t row, const float* x);
 
 // Y[t][o] = W[o] . X[t] for rows [row_begin, row_end) of W, n tokens.
 // X is [n, cols] (rounded through FP8 first when w.quantize_input), Y is
 // [n, y_stride] and receives columns 0 .. row_end-row_begin-1.
-void linear_forward(const Linear& w, const float* x, int64_t n, float* y,
-                    int64_t row_begin = 0, int64_t row_end = -1, int64_t y_stride = -1);
+void linear_forward(KernelIsa isa, const Linear& w, const float* x, int64_t n, float* y, int64_t row_begin = 0,
+                    int64_t row_end = -1, int64_t y_stride = -1);
+// The same on the process's kernel path (active_kernel_isa).
+inline void linear_forward(const Linear& w, const float* x, int64_t n, float* y, int64_t row_begin = 0,
+                           int64_t row_end = -1, int64_t y_stride = -1) {
+  linear_forward(active_kernel_isa(), w, x, n, y, row_begin, row_end, y_stride);
+}
 
-// One product Y = X W^T as linear_forward computes it: X is [n, w->cols],
-// Y is [n, w->rows].
-struct LinearProduct {
-  const Linear* w = nullptr;
-  const float* x = nullptr;
-  int64_t n = 0;
-  float* y = nullptr;
-};
 // The products, with the bits linear_forward gives each of them. Those with
 // few tokens (decode) share one parallel region, the threads claiming
 // pieces of the matrices in turn: the routed experts of a decode step (about
 // 80 experts x 3 matrices of 4 MB per layer at batch 16) stream back to back
 // instead of paying a fork, a join and a cold start each.
-void linear_forward_many(const LinearProduct* products, size_t count);
+void linear_forward_many(KernelIsa isa, const LinearProduct* products, size_t count);
+inline void linear_forward_many(const LinearProduct* products, size_t count) {
+  linear_forward_many(active_kernel_isa(), products, count);
+}
 
 // Decodes one weight row to floats (embedding lookups, tests).
 void linear_decode_row(const Linear& w, int64_t row, float* out);

@@ -1,4 +1,4 @@
-#include "model/ops.h"
+#include "kernels/cpu/vector_ops.h"
 
 #include <immintrin.h>
 
@@ -6,7 +6,6 @@
 #include <cmath>
 #include <numeric>
 
-#include "kernels/cpu/linear.h"
 
 namespace dsv4 {
 
@@ -18,13 +17,13 @@ namespace dsv4 {
 // GCC does not vectorize std::fma loops.
 namespace {
 
-__attribute__((target("avx512f"))) void fma_lanes_avx512(const float* a, const float* b, int64_t n16, float* acc) {
+DSV4_TARGET_AVX512 void fma_lanes_avx512(const float* a, const float* b, int64_t n16, float* acc) {
   __m512 v = _mm512_loadu_ps(acc);
   for (int64_t i = 0; i < n16; i += 16) v = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), v);
   _mm512_storeu_ps(acc, v);
 }
 
-__attribute__((target("avx2,fma"))) void fma_lanes_avx2(const float* a, const float* b, int64_t n16, float* acc) {
+DSV4_TARGET_AVX2 void fma_lanes_avx2(const float* a, const float* b, int64_t n16, float* acc) {
   __m256 lo = _mm256_loadu_ps(acc), hi = _mm256_loadu_ps(acc + 8);
   for (int64_t i = 0; i < n16; i += 16) {
     lo = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), lo);
@@ -34,13 +33,13 @@ __attribute__((target("avx2,fma"))) void fma_lanes_avx2(const float* a, const fl
   _mm256_storeu_ps(acc + 8, hi);
 }
 
-__attribute__((target("avx512f"))) void add_scaled_avx512(float* y, float a, const float* x, int64_t n16) {
+DSV4_TARGET_AVX512 void add_scaled_avx512(float* y, float a, const float* x, int64_t n16) {
   const __m512 av = _mm512_set1_ps(a);
   for (int64_t i = 0; i < n16; i += 16)
     _mm512_storeu_ps(y + i, _mm512_fmadd_ps(av, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
 }
 
-__attribute__((target("avx2,fma"))) void add_scaled_avx2(float* y, float a, const float* x, int64_t n8) {
+DSV4_TARGET_AVX2 void add_scaled_avx2(float* y, float a, const float* x, int64_t n8) {
   const __m256 av = _mm256_set1_ps(a);
   for (int64_t i = 0; i < n8; i += 8)
     _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
@@ -48,10 +47,10 @@ __attribute__((target("avx2,fma"))) void add_scaled_avx2(float* y, float a, cons
 
 }  // namespace
 
-float dot_fixed(const float* a, const float* b, int64_t n) {
+float dot_fixed(const float* a, const float* b, int64_t n, KernelIsa isa) {
   float acc[16] = {};
   const int64_t n16 = n / 16 * 16;
-  switch (active_kernel_isa()) {
+  switch (isa) {
     case KernelIsa::Avx512: fma_lanes_avx512(a, b, n16, acc); break;
     case KernelIsa::Avx2: fma_lanes_avx2(a, b, n16, acc); break;
     default:
@@ -64,8 +63,8 @@ float dot_fixed(const float* a, const float* b, int64_t n) {
   return acc[0];
 }
 
-void rms_norm(float* x, const float* w, int64_t n, float eps) {
-  float inv = 1.0f / std::sqrt(sum_of_squares(x, n) / float(n) + eps);
+void rms_norm(float* x, const float* w, int64_t n, float eps, KernelIsa isa) {
+  float inv = 1.0f / std::sqrt(sum_of_squares(x, n, isa) / float(n) + eps);
   if (w) {
     for (int64_t i = 0; i < n; ++i) x[i] = w[i] * (x[i] * inv);
   } else {
@@ -73,9 +72,9 @@ void rms_norm(float* x, const float* w, int64_t n, float eps) {
   }
 }
 
-void add_scaled(float* y, float a, const float* x, int64_t n) {
+void add_scaled(float* y, float a, const float* x, int64_t n, KernelIsa isa) {
   int64_t i = 0;
-  switch (active_kernel_isa()) {
+  switch (isa) {
     case KernelIsa::Avx512: i = n / 16 * 16; add_scaled_avx512(y, a, x, i); break;
     case KernelIsa::Avx2: i = n / 8 * 8; add_scaled_avx2(y, a, x, i); break;
     default: break;
@@ -86,18 +85,11 @@ void add_scaled(float* y, float a, const float* x, int64_t n) {
 // ---- attention over many heads: the same bits as dot_fixed / add_scaled
 // per pair, with register blocks that load each key once for several heads.
 
-#define DSV4_AVX512_OPS __attribute__((target("avx512f,avx512dq")))
 
 namespace {
 
-// The CPU check of the matrix kernels (AVX-512 F/BW/VL/DQ), made once.
-bool have_avx512() {
-  static const bool yes = kernel_isa_supported(KernelIsa::Avx512);
-  return yes;
-}
-
 // dot_fixed's fold of its 16 lanes (l += l + 8, then + 4, + 2, + 1).
-DSV4_AVX512_OPS inline float fold_fixed(__m512 v) {
+DSV4_TARGET_AVX512 inline float fold_fixed(__m512 v) {
   const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
   const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
   const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
@@ -106,7 +98,7 @@ DSV4_AVX512_OPS inline float fold_fixed(__m512 v) {
 
 // Four heads against four keys: 16 accumulators, each lane summing
 // q[i] * k[i] (fused multiply-add) for i = l mod 16 in increasing i.
-DSV4_AVX512_OPS void dot_fixed_4x4(const float* q, int64_t q_stride, const float* const* keys, int64_t dim,
+DSV4_TARGET_AVX512 void dot_fixed_4x4(const float* q, int64_t q_stride, const float* const* keys, int64_t dim,
                                    float* scores, int64_t score_stride) {
   __m512 acc[4][4];
   for (auto& r : acc)
@@ -128,7 +120,7 @@ DSV4_AVX512_OPS void dot_fixed_4x4(const float* q, int64_t q_stride, const float
 // the loop is bound by the FMAs rather than by loads (16 heads x 640 keys x
 // 512 dims, q.k and p.v on one core: 39-45 -> 46-54 GMAC/s).
 template <int HB, int V>
-DSV4_AVX512_OPS void add_scaled_block(float* out, int64_t out_stride, const float* p, int64_t p_stride,
+DSV4_TARGET_AVX512 void add_scaled_block(float* out, int64_t out_stride, const float* p, int64_t p_stride,
                                       const float* const* keys, int64_t n_keys, int64_t d) {
   __m512 acc[HB][V];
   for (int h = 0; h < HB; ++h)
@@ -146,7 +138,7 @@ DSV4_AVX512_OPS void add_scaled_block(float* out, int64_t out_stride, const floa
 }
 
 template <int V>
-DSV4_AVX512_OPS void add_scaled_heads(int64_t heads, float* out, int64_t out_stride, const float* p,
+DSV4_TARGET_AVX512 void add_scaled_heads(int64_t heads, float* out, int64_t out_stride, const float* p,
                                       int64_t p_stride, const float* const* keys, int64_t n_keys, int64_t d) {
   switch (heads) {
     case 8: add_scaled_block<8, V>(out, out_stride, p, p_stride, keys, n_keys, d); break;
@@ -163,9 +155,9 @@ DSV4_AVX512_OPS void add_scaled_heads(int64_t heads, float* out, int64_t out_str
 }  // namespace
 
 void dot_fixed_rows(const float* q, int64_t heads, const float* const* keys, int64_t n_keys, int64_t dim,
-                    float* scores) {
+                    float* scores, KernelIsa isa) {
   int64_t h0 = 0, j0 = 0;
-  if (have_avx512() && dim % 16 == 0) {
+  if (isa == KernelIsa::Avx512 && dim % 16 == 0) {
     for (; h0 + 4 <= heads; h0 += 4)
       for (int64_t j = 0; j + 4 <= n_keys; j += 4)
         dot_fixed_4x4(q + h0 * dim, dim, keys + j, dim, scores + h0 * n_keys + j, n_keys);
@@ -174,14 +166,14 @@ void dot_fixed_rows(const float* q, int64_t heads, const float* const* keys, int
   // What the blocks left: the last keys of the blocked heads, then the
   // remaining heads.
   for (int64_t h = 0; h < heads; ++h)
-    for (int64_t j = h < h0 ? j0 : 0; j < n_keys; ++j) scores[h * n_keys + j] = dot_fixed(q + h * dim, keys[j], dim);
+    for (int64_t j = h < h0 ? j0 : 0; j < n_keys; ++j) scores[h * n_keys + j] = dot_fixed(q + h * dim, keys[j], dim, isa);
 }
 
 void add_scaled_rows(float* out, int64_t heads, const float* p, const float* const* keys, int64_t n_keys,
-                     int64_t dim) {
-  if (!have_avx512() || dim % 16) {
+                     int64_t dim, KernelIsa isa) {
+  if (isa != KernelIsa::Avx512 || dim % 16) {
     for (int64_t h = 0; h < heads; ++h)
-      for (int64_t j = 0; j < n_keys; ++j) add_scaled(out + h * dim, p[h * n_keys + j], keys[j], dim);
+      for (int64_t j = 0; j < n_keys; ++j) add_scaled(out + h * dim, p[h * n_keys + j], keys[j], dim, isa);
     return;
   }
   for (int64_t h0 = 0; h0 < heads; h0 += 8) {
@@ -204,43 +196,6 @@ void hadamard_transform(float* x, int64_t n) {
       }
   const float scale = 1.0f / std::sqrt(float(n));
   for (int64_t i = 0; i < n; ++i) x[i] *= scale;
-}
-
-RopeTable::RopeTable(const ModelConfig& c, bool compressed_layer) {
-  const int64_t dim = c.rope_dim;
-  const float base = float(compressed_layer ? c.compress_rope_theta : c.rope_theta);
-  freqs_.resize(size_t(dim / 2));
-  // fp32 throughout, like the reference's precompute_freqs_cis.
-  for (int64_t j = 0; j < dim / 2; ++j)
-    freqs_[size_t(j)] = 1.0f / std::pow(base, float(2 * j) / float(dim));
-  if (compressed_layer && c.original_seq_len > 0) {
-    auto correction_dim = [&](double rotations) {
-      return double(dim) * std::log(double(c.original_seq_len) / (rotations * 2 * M_PI)) /
-             (2 * std::log(double(base)));
-    };
-    double low = std::max(std::floor(correction_dim(c.beta_fast)), 0.0);
-    double high = std::min(std::ceil(correction_dim(c.beta_slow)), double(dim - 1));
-    if (low == high) high += 0.001;
-    const float factor = float(c.rope_factor);
-    for (int64_t j = 0; j < dim / 2; ++j) {
-      float ramp = (float(j) - float(low)) / (float(high) - float(low));
-      ramp = std::clamp(ramp, 0.0f, 1.0f);
-      float smooth = 1.0f - ramp;
-      float f = freqs_[size_t(j)];
-      freqs_[size_t(j)] = f / factor * (1.0f - smooth) + f * smooth;
-    }
-  }
-}
-
-void RopeTable::apply(float* x, int64_t pos, bool inverse) const {
-  for (size_t j = 0; j < freqs_.size(); ++j) {
-    float angle = float(pos) * freqs_[j];
-    float c = std::cos(angle), s = std::sin(angle);
-    if (inverse) s = -s;
-    float a = x[2 * j], b = x[2 * j + 1];
-    x[2 * j] = a * c - b * s;
-    x[2 * j + 1] = a * s + b * c;
-  }
 }
 
 std::vector<int32_t> top_k_indices(const float* scores, int64_t n, int64_t k) {

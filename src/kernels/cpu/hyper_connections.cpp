@@ -1,28 +1,32 @@
-// Manifold-constrained hyper-connections (architecture.md §4.2, §4.5).
+// Manifold-constrained hyper-connections on the CPU: the mixing weights
+// (a product with fn, normalised by the copies' RMS), Sinkhorn, the collapse
+// into one sublayer input and the expansion back (docs/architecture.md
+// describes where they sit in a block).
 #include <immintrin.h>
 
 #include <cmath>
 #include <vector>
 
 #include "core/threads.h"
+#include "kernels/cpu/isa.h"
 #include "kernels/cpu/linear.h"
-#include "model/layers.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/vector_ops.h"
 
-namespace dsv4 {
+namespace dsv4::cpu {
 
 namespace {
 
 // mix = (fn . v) / sqrt(mean(v^2) + eps) for every token; v is the token's
 // hc_mult copies flattened copy-major.
-std::vector<float> hc_mixes(const ModelConfig& c, const HyperConnectionWeights& w,
-                            const float* x_hc, int64_t n) {
-  const int64_t width = c.hc_mult * c.dim, mix = w.fn.rows;
+std::vector<float> hc_mixes(KernelIsa isa, const HcShape& c, const HcSite& w, const float* x_hc, int64_t n) {
+  const int64_t width = c.copies * c.dim, mix = w.fn->rows;
   std::vector<float> out(size_t(n * mix));
-  linear_forward(w.fn, x_hc, n, out.data());
+  linear_forward(isa, *w.fn, x_hc, n, out.data());
 #pragma omp parallel for schedule(static) num_threads(threads_for(n * width))
   for (int64_t t = 0; t < n; ++t) {
     const float* v = x_hc + t * width;
-    float inv = 1.0f / std::sqrt(sum_of_squares(v, width) / float(width) + c.norm_eps);
+    float inv = 1.0f / std::sqrt(sum_of_squares(v, width, isa) / float(width) + c.norm_eps);
     for (int64_t i = 0; i < mix; ++i) out[size_t(t * mix + i)] *= inv;
   }
   return out;
@@ -37,7 +41,7 @@ void collapse_columns(int64_t h, int64_t d, int64_t i0, const float* x, const fl
     y[i] = s;
   }
 }
-__attribute__((target("avx512f"))) void collapse_avx512(int64_t h, int64_t d, const float* x, const float* pre,
+DSV4_TARGET_AVX512 void collapse_avx512(int64_t h, int64_t d, const float* x, const float* pre,
                                                         float* y) {
   int64_t i = 0;
   for (; i + 16 <= d; i += 16) {
@@ -48,30 +52,31 @@ __attribute__((target("avx512f"))) void collapse_avx512(int64_t h, int64_t d, co
   }
   collapse_columns(h, d, i, x, pre, y);
 }
-void collapse(const ModelConfig& c, const float* x, const float* pre, float* y) {
-  if (active_kernel_isa() == KernelIsa::Avx512) collapse_avx512(c.hc_mult, c.dim, x, pre, y);
-  else collapse_columns(c.hc_mult, c.dim, 0, x, pre, y);
+void collapse(KernelIsa isa, const HcShape& c, const float* x, const float* pre, float* y) {
+  if (isa == KernelIsa::Avx512) collapse_avx512(c.copies, c.dim, x, pre, y);
+  else collapse_columns(c.copies, c.dim, 0, x, pre, y);
 }
+
+inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
 }  // namespace
 
-void hc_pre(const ModelConfig& c, const HyperConnectionWeights& w, const float* x_hc, int64_t n,
-            float* y, HcMix* out) {
-  const int64_t h = c.hc_mult, mix_n = c.hc_mix();
-  std::vector<float> mixes = hc_mixes(c, w, x_hc, n);
+void hc_pre(KernelIsa isa, const HcShape& c, const HcSite& w, const float* x_hc, int64_t n, float* y, HcMix* out) {
+  const int64_t h = c.copies, mix_n = w.fn->rows;
+  std::vector<float> mixes = hc_mixes(isa, c, w, x_hc, n);
   out->pre.resize(size_t(n * h));
   out->post.resize(size_t(n * h));
   out->comb.resize(size_t(n * h * h));
-  const float eps = c.hc_eps;
-#pragma omp parallel for schedule(static) num_threads(threads_for(n * (h * c.dim + 16 * h * h * c.hc_sinkhorn_iters)))
+  const float eps = c.eps;
+#pragma omp parallel for schedule(static) num_threads(threads_for(n * (h * c.dim + 16 * h * h * c.sinkhorn_iters)))
   for (int64_t t = 0; t < n; ++t) {
     const float* mix = mixes.data() + t * mix_n;
     float* pre = out->pre.data() + t * h;
     float* post = out->post.data() + t * h;
     float* comb = out->comb.data() + t * h * h;
     for (int64_t j = 0; j < h; ++j) {
-      pre[j] = sigmoid(mix[j] * w.scale[0] + w.base[size_t(j)]) + eps;
-      post[j] = 2.0f * sigmoid(mix[h + j] * w.scale[1] + w.base[size_t(h + j)]);
+      pre[j] = sigmoid(mix[j] * w.scale[0] + w.base[j]) + eps;
+      post[j] = 2.0f * sigmoid(mix[h + j] * w.scale[1] + w.base[h + j]);
     }
     // comb[j][k]: softmax over k, then alternate column / row normalisation
     // (Sinkhorn), ending with a column step: hc_sinkhorn_iters column steps.
@@ -79,7 +84,7 @@ void hc_pre(const ModelConfig& c, const HyperConnectionWeights& w, const float* 
       float* row = comb + j * h;
       float m = -INFINITY;
       for (int64_t k = 0; k < h; ++k) {
-        row[k] = mix[2 * h + j * h + k] * w.scale[2] + w.base[size_t(2 * h + j * h + k)];
+        row[k] = mix[2 * h + j * h + k] * w.scale[2] + w.base[2 * h + j * h + k];
         m = std::max(m, row[k]);
       }
       float sum = 0.0f;
@@ -101,11 +106,11 @@ void hc_pre(const ModelConfig& c, const HyperConnectionWeights& w, const float* 
       }
     };
     normalize_columns();
-    for (int64_t it = 1; it < c.hc_sinkhorn_iters; ++it) {
+    for (int64_t it = 1; it < c.sinkhorn_iters; ++it) {
       normalize_rows();
       normalize_columns();
     }
-    collapse(c, x_hc + t * h * c.dim, pre, y + t * c.dim);
+    collapse(isa, c, x_hc + t * h * c.dim, pre, y + t * c.dim);
   }
 }
 
@@ -130,7 +135,7 @@ void hc_post_token(int64_t h, int64_t d, int64_t i0, const float* post, const fl
 
 // The same operations on 16 columns at a time (hc_mult 4, 4096 columns: one
 // token went from ~60 to ~6 us).
-__attribute__((target("avx512f"))) void hc_post_token_avx512(int64_t h, int64_t d, const float* post,
+DSV4_TARGET_AVX512 void hc_post_token_avx512(int64_t h, int64_t d, const float* post,
                                                              const float* comb, const float* y, float* x) {
   int64_t i = 0;
   for (; i + 16 <= d; i += 16) {
@@ -148,9 +153,9 @@ __attribute__((target("avx512f"))) void hc_post_token_avx512(int64_t h, int64_t 
 
 }  // namespace
 
-void hc_post(const ModelConfig& c, const HcMix& mix, const float* y, float* x_hc, int64_t n) {
-  const int64_t h = c.hc_mult, d = c.dim;
-  const bool avx512 = active_kernel_isa() == KernelIsa::Avx512;
+void hc_post(KernelIsa isa, const HcShape& c, const HcMix& mix, const float* y, float* x_hc, int64_t n) {
+  const int64_t h = c.copies, d = c.dim;
+  const bool avx512 = isa == KernelIsa::Avx512;
 #pragma omp parallel for schedule(static) num_threads(threads_for(n * 2 * h * h * d))
   for (int64_t t = 0; t < n; ++t) {
     const float* post = mix.post.data() + t * h;
@@ -160,16 +165,15 @@ void hc_post(const ModelConfig& c, const HcMix& mix, const float* y, float* x_hc
   }
 }
 
-void hc_head_collapse(const ModelConfig& c, const HyperConnectionWeights& w, const float* x_hc,
-                      int64_t n, float* y) {
-  const int64_t h = c.hc_mult;
-  std::vector<float> mixes = hc_mixes(c, w, x_hc, n);
+void hc_head(KernelIsa isa, const HcShape& c, const HcSite& w, const float* x_hc, int64_t n, float* y) {
+  const int64_t h = c.copies;
+  std::vector<float> mixes = hc_mixes(isa, c, w, x_hc, n);
   for (int64_t t = 0; t < n; ++t) {
     float pre[16];
     for (int64_t j = 0; j < h; ++j)
-      pre[j] = sigmoid(mixes[size_t(t * h + j)] * w.scale[0] + w.base[size_t(j)]) + c.hc_eps;
-    collapse(c, x_hc + t * h * c.dim, pre, y + t * c.dim);
+      pre[j] = sigmoid(mixes[size_t(t * h + j)] * w.scale[0] + w.base[j]) + c.eps;
+    collapse(isa, c, x_hc + t * h * c.dim, pre, y + t * c.dim);
   }
 }
 
-}  // namespace dsv4
+}  // namespace dsv4::cpu

@@ -1,0 +1,124 @@
+// The CPU backend: KernelBackend on one instruction-set path. Every path
+// gives the scalar path's bits, so choosing one changes speed only.
+#include <memory>
+
+#include "core/error.h"
+#include "core/numeric.h"
+#include "core/threads.h"
+#include "kernels/backend.h"
+#include "kernels/cpu/isa.h"
+#include "kernels/cpu/linear.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/vector_ops.h"
+
+namespace dsv4 {
+
+namespace {
+
+class CpuBackend final : public KernelBackend {
+ public:
+  explicit CpuBackend(KernelIsa isa) : isa_(isa) {}
+  std::string name() const override { return std::string("cpu-") + kernel_isa_name(isa_); }
+
+  void linear(const Linear& w, const float* x, int64_t n, float* y, int64_t row_begin, int64_t row_end,
+              int64_t y_stride) const override {
+    linear_forward(isa_, w, x, n, y, row_begin, row_end, y_stride);
+  }
+  void linear_many(const LinearProduct* products, size_t count) const override {
+    linear_forward_many(isa_, products, count);
+  }
+  void embed(const Linear& table, const int32_t* ids, int64_t n, int64_t copies, float* out) const override {
+    const int64_t dim = table.cols;
+    for (int64_t t = 0; t < n; ++t) {
+      float* first = out + t * copies * dim;
+      linear_decode_row(table, ids[t], first);
+      for (int64_t k = 1; k < copies; ++k) std::copy_n(first, dim, first + k * dim);
+    }
+  }
+
+  void rms_norm(float* x, int64_t rows, int64_t width, int64_t stride, const float* weight,
+                float eps) const override {
+#pragma omp parallel for schedule(static) num_threads(threads_for(rows * width * 4))
+    for (int64_t r = 0; r < rows; ++r) dsv4::rms_norm(x + r * stride, weight, width, eps, isa_);
+  }
+  void rope(float* x, int64_t rows, int64_t stride, const int64_t* positions, int64_t rows_per_position,
+            const RopeTable& table, bool inverse) const override {
+#pragma omp parallel for schedule(static) num_threads(threads_for(rows * table.dim() * 16))
+    for (int64_t r = 0; r < rows; ++r) table.apply(x + r * stride, positions[r / rows_per_position], inverse);
+  }
+  void hadamard(float* x, int64_t rows, int64_t width, int64_t stride) const override {
+#pragma omp parallel for schedule(static) num_threads(threads_for(rows * width * 8))
+    for (int64_t r = 0; r < rows; ++r) hadamard_transform(x + r * stride, width);
+  }
+  void fp8_round(float* x, int64_t rows, int64_t width, int64_t stride, int64_t block) const override {
+#pragma omp parallel for schedule(static) num_threads(threads_for(rows * width * 8))
+    for (int64_t r = 0; r < rows; ++r) fp8_round_trip(x + r * stride, width, block);
+  }
+  void fp4_round(float* x, int64_t rows, int64_t width, int64_t stride, int64_t block) const override {
+#pragma omp parallel for schedule(static) num_threads(threads_for(rows * width * 8))
+    for (int64_t r = 0; r < rows; ++r) fp4_round_trip(x + r * stride, width, block);
+  }
+  void scale(float* x, int64_t n, float s) const override {
+    for (int64_t i = 0; i < n; ++i) x[i] *= s;
+  }
+  void add(float* y, const float* x, int64_t n) const override {
+    for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+  }
+
+  void sink_attention(const SinkAttention& problem) const override { cpu::sink_attention(isa_, problem); }
+  void indexer_select(const IndexerSelect& problem) const override { cpu::indexer_select(isa_, problem); }
+  void softmax_pool(const float* const* kv, const float* const* score, int64_t candidates, int64_t width,
+                    float* out) const override {
+    cpu::softmax_pool(kv, score, candidates, width, out);
+  }
+  std::vector<int32_t> top_k(const float* scores, int64_t n, int64_t k) const override {
+    return top_k_indices(scores, n, k);
+  }
+
+  void hc_pre(const HcShape& shape, const HcSite& site, const float* x_hc, int64_t n, float* y,
+              HcMix* mix) const override {
+    cpu::hc_pre(isa_, shape, site, x_hc, n, y, mix);
+  }
+  void hc_post(const HcShape& shape, const HcMix& mix, const float* y, float* x_hc, int64_t n) const override {
+    cpu::hc_post(isa_, shape, mix, y, x_hc, n);
+  }
+  void hc_head(const HcShape& shape, const HcSite& site, const float* x_hc, int64_t n, float* y) const override {
+    cpu::hc_head(isa_, shape, site, x_hc, n, y);
+  }
+
+  void moe_route(float* scores, int64_t n, int64_t experts, int64_t k, const float* bias, const int32_t* hash_table,
+                 const int32_t* tokens, float route_scale, int32_t* chosen, float* chosen_weights) const override {
+    cpu::moe_route(scores, n, experts, k, bias, hash_table, tokens, route_scale, chosen, chosen_weights);
+  }
+  void experts(const float* x, int64_t rows, int64_t dim, int64_t inter, const ExpertTask* tasks, size_t count,
+               float swiglu_limit, float* out) const override {
+    cpu::experts(isa_, x, rows, dim, inter, tasks, count, swiglu_limit, out);
+  }
+
+ private:
+  KernelIsa isa_;
+};
+
+const CpuBackend& cpu_backend(KernelIsa isa) {
+  static const CpuBackend scalar(KernelIsa::Scalar), avx2(KernelIsa::Avx2), avx512(KernelIsa::Avx512);
+  switch (isa) {
+    case KernelIsa::Avx512: return avx512;
+    case KernelIsa::Avx2: return avx2;
+    default: return scalar;
+  }
+}
+
+}  // namespace
+
+const KernelBackend& default_backend() { return cpu_backend(active_kernel_isa()); }
+
+const KernelBackend& backend_by_name(const std::string& name) {
+  const std::string isa_name = name.rfind("cpu-", 0) == 0 ? name.substr(4) : name;
+  KernelIsa isa;
+  if (!parse_kernel_isa(isa_name, &isa))
+    throw Error("unknown kernel backend '" + name + "' (cpu-scalar, cpu-avx2 or cpu-avx512)");
+  if (!kernel_isa_supported(isa)) throw Error("this CPU cannot run the " + name + " kernels");
+  return cpu_backend(isa);
+}
+
+}  // namespace dsv4

@@ -1,0 +1,35 @@
+// The instruction sets the CPU kernels are written for, how one is chosen,
+// and the one place that spells their GCC target attributes.
+//
+// Every path gives the scalar path's bits (see kernels/linear.h), so the
+// choice changes speed only. It is made once at start from the CPU's
+// features, unless DSV4_KERNELS=scalar|avx2|avx512 asks for another
+// supported one (tests and benchmarks compare paths that way).
+#pragma once
+#include <string>
+
+// Functions that use AVX2 (+FMA, F16C for the fp16 conversions of e4m3).
+#define DSV4_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
+// Functions that use AVX-512 (F, BW, VL, DQ: the set the kernels check for).
+#define DSV4_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+
+namespace dsv4 {
+
+enum class KernelIsa { Scalar, Avx2, Avx512 };
+
+// The best path this CPU supports.
+KernelIsa best_kernel_isa();
+bool kernel_isa_supported(KernelIsa isa);
+const char* kernel_isa_name(KernelIsa isa);
+// Parses "scalar" | "avx2" | "avx512"; false if the name is none of them.
+bool parse_kernel_isa(const std::string& name, KernelIsa* isa);
+
+// The path of this process: chosen at start (see above), changed by
+// set_kernel_isa (tests).
+KernelIsa active_kernel_isa();
+void set_kernel_isa(KernelIsa isa);  // must be supported by the CPU
+// Why the active path was chosen, in words, for the startup log: the CPU's
+// best, or DSV4_KERNELS (and what happened to a request the CPU cannot run).
+std::string kernel_isa_reason();
+
+}  // namespace dsv4
