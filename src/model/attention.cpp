@@ -47,13 +47,20 @@ std::vector<std::vector<int32_t>> indexer_select(const KernelBackend& kb, const 
   kb.scale(head_weights.data(), n_rows * heads, 1.0f / std::sqrt(float(hd)) * (1.0f / std::sqrt(float(heads))));
   CompressorProjections proj = compressor_project(kb, w.compressor, x, n_rows);
   for (const Segment& s : segments)
-    compressor_push(kb, c, w.compressor, rope, true, s.state->index_compressor, proj, s.row0, s.start, s.n,
-                    s.state->index_keys);
+    compressor_push(kb, c, w.compressor, rope, true, *s.state, proj, s.row0, s.start, s.n);
 
+  // Each sequence's keys as floats, as many as its last row sees.
+  std::vector<std::vector<float>> decoded(segments.size());
+  for (size_t k = 0; k < segments.size(); ++k) {
+    const Segment& s = segments[k];
+    const int64_t count = layout.visible_rows(s.start + s.n - 1);
+    decoded[k].resize(size_t(count * hd));
+    for (int64_t i = 0; i < count; ++i) s.state->index_keys.decode(i, decoded[k].data() + i * hd);
+  }
   std::vector<const float*> keys(static_cast<size_t>(n_rows));
   std::vector<int64_t> visible(static_cast<size_t>(n_rows));
   for (int64_t r = 0; r < n_rows; ++r) {
-    keys[size_t(r)] = rows.owner[size_t(r)]->state->index_keys.data();
+    keys[size_t(r)] = decoded[size_t(rows.owner[size_t(r)] - segments.data())].data();
     visible[size_t(r)] = layout.visible_rows(rows.position[size_t(r)]);
   }
   std::vector<std::vector<int32_t>> selected;
@@ -91,9 +98,38 @@ void attention_forward(const KernelBackend& kb, const ModelConfig& c, const Atte
     selected = indexer_select(kb, c, w.indexer, rope, layout, segments, rows, x, qr.data(), n);
   if (layout.compresses()) {
     CompressorProjections proj = compressor_project(kb, w.compressor, x, n);
-    for (const Segment& s : segments)
-      compressor_push(kb, c, w.compressor, rope, false, s.state->compressor, proj, s.row0, s.start, s.n,
-                      s.state->compressed);
+    for (const Segment& s : segments) compressor_push(kb, c, w.compressor, rope, false, *s.state, proj, s.row0, s.start, s.n);
+  }
+
+  // The cached keys the rows see, decoded once per sequence: window rows
+  // before the chunk, and the compressed rows (all visible ones for HCA,
+  // those some row selected for CSA). row_of maps a compressed row id to
+  // its decoded copy.
+  struct Decoded {
+    std::vector<float> window, rows;
+    std::vector<int64_t> row_of;
+  };
+  std::vector<Decoded> cache(segments.size());
+  for (size_t k = 0; k < segments.size(); ++k) {
+    const Segment& s = segments[k];
+    Decoded& d = cache[k];
+    const int64_t first = std::max<int64_t>(0, s.start - win + 1);
+    d.window.resize(size_t((s.start - first) * hd));
+    for (int64_t p = first; p < s.start; ++p) s.state->window.decode(p % win, d.window.data() + (p - first) * hd);
+    const int64_t count = layout.visible_rows(s.start + s.n - 1);
+    d.row_of.assign(size_t(count), -1);
+    if (layout.has_indexer()) {
+      for (int64_t t = s.row0; t < s.row0 + s.n; ++t)
+        for (int32_t i : selected[size_t(t)]) d.row_of[size_t(i)] = 0;
+    } else {
+      std::fill(d.row_of.begin(), d.row_of.end(), 0);
+    }
+    int64_t used = 0;
+    for (int64_t& slot : d.row_of)
+      if (slot == 0) slot = used++;
+    d.rows.resize(size_t(used * hd));
+    for (int64_t i = 0; i < count; ++i)
+      if (d.row_of[size_t(i)] >= 0) s.state->compressed.decode(i, d.rows.data() + d.row_of[size_t(i)] * hd);
   }
 
   // Keys of every row, in a fixed order (compressed rows by id, then window
@@ -105,15 +141,17 @@ void attention_forward(const KernelBackend& kb, const ModelConfig& c, const Atte
     key_begin[size_t(t)] = int64_t(keys.size());
     const int64_t pos = position[size_t(t)];
     const Segment& seg = *rows.owner[size_t(t)];
-    const LayerState& state = *seg.state;
+    const Decoded& d = cache[size_t(&seg - segments.data())];
+    auto compressed_row = [&](int64_t i) { return d.rows.data() + d.row_of[size_t(i)] * hd; };
     if (layout.has_indexer()) {
-      for (int32_t i : selected[size_t(t)]) keys.push_back(state.compressed.data() + int64_t(i) * hd);
+      for (int32_t i : selected[size_t(t)]) keys.push_back(compressed_row(i));
     } else {
-      for (int64_t i = 0; i < layout.visible_rows(pos); ++i) keys.push_back(state.compressed.data() + i * hd);
+      for (int64_t i = 0; i < layout.visible_rows(pos); ++i) keys.push_back(compressed_row(i));
     }
+    const int64_t window_first = std::max<int64_t>(0, seg.start - win + 1);
     for (int64_t p = std::max<int64_t>(0, pos - win + 1); p <= pos; ++p)
       keys.push_back(p >= seg.start ? kv.data() + (seg.row0 + p - seg.start) * hd
-                                    : state.window.data() + (p % win) * hd);
+                                    : d.window.data() + (p - window_first) * hd);
   }
   key_begin[size_t(n)] = int64_t(keys.size());
   Buffer o = kb.buffer(n * H * hd);
@@ -121,11 +159,11 @@ void attention_forward(const KernelBackend& kb, const ModelConfig& c, const Atte
                      1.0f / std::sqrt(float(hd)), o.data()});
   kb.rope(o.data() + nope, n * H, hd, position.data(), H, rope, /*inverse=*/true);
 
-  // The ring keeps the last `win` window rows of each sequence.
+  // The ring keeps the last `win` window rows of each sequence. Every row
+  // goes through it in order (not only a chunk's last `win`), so that a
+  // rollback into the chunk finds the ring a shorter run would have left.
   for (const Segment& s : segments)
-    for (int64_t t = std::max<int64_t>(0, s.n - win); t < s.n; ++t)
-      std::memcpy(s.state->window.data() + ((s.start + t) % win) * hd, kv.data() + (s.row0 + t) * hd,
-                  size_t(hd) * 4);
+    for (int64_t t = 0; t < s.n; ++t) s.state->write_window(s.start + t, kv.data() + (s.row0 + t) * hd);
 
   // Grouped low-rank output: group g of heads goes through rows
   // [g*R, (g+1)*R) of wo_a; the concatenation goes through wo_b.

@@ -24,9 +24,9 @@ CompressorProjections compressor_project(const KernelBackend& kb, const Compress
 }
 
 void compressor_push(const KernelBackend& kb, const ModelConfig& c, const CompressorWeights& w,
-                     const RopeTable& rope, bool indexer_keys, CompressorState& state,
-                     const CompressorProjections& proj, int64_t row0, int64_t start, int64_t n,
-                     std::vector<float>& rows) {
+                     const RopeTable& rope, bool indexer_keys, LayerState& layer,
+                     const CompressorProjections& proj, int64_t row0, int64_t start, int64_t n) {
+  CompressorState& state = indexer_keys ? layer.index_compressor : layer.compressor;
   const int64_t m = w.ratio, width = w.width;
   const int64_t slot_width = (w.overlap ? 2 : 1) * width;
   const std::vector<float>& kv = proj.kv;
@@ -37,6 +37,7 @@ void compressor_push(const KernelBackend& kb, const ModelConfig& c, const Compre
   for (int64_t t = 0; t < n; ++t) {
     const int64_t pos = start + t, r = pos % m;
     const int64_t slot = w.overlap ? m + r : r;
+    state.save(pos, slot * slot_width, slot_width);
     float* kv_slot = state.kv.data() + slot * slot_width;
     float* score_slot = state.score.data() + slot * slot_width;
     std::memcpy(kv_slot, kv.data() + (row0 + t) * slot_width, size_t(slot_width) * 4);
@@ -54,6 +55,7 @@ void compressor_push(const KernelBackend& kb, const ModelConfig& c, const Compre
     }
     kb.softmax_pool(kv_of.data(), score_of.data(), candidates, width, pooled.data());
     if (w.overlap) {
+      state.save(pos, 0, m * slot_width);
       std::memcpy(state.kv.data(), state.kv.data() + m * slot_width, size_t(m * slot_width) * 4);
       std::memcpy(state.score.data(), state.score.data() + m * slot_width, size_t(m * slot_width) * 4);
     }
@@ -67,7 +69,8 @@ void compressor_push(const KernelBackend& kb, const ModelConfig& c, const Compre
     } else {
       kb.fp8_round(pooled.data(), 1, width - c.rope_dim, width, 64);
     }
-    rows.insert(rows.end(), pooled.begin(), pooled.end());
+    if (indexer_keys) layer.index_keys.append(pooled.data());
+    else layer.compressed.append(pooled.data());
   }
 }
 

@@ -32,16 +32,16 @@ struct Segment {
 // Gated pooling compressor, in two steps: the projections of all rows of a
 // batch at once, then, per sequence, the tokens pushed in order through the
 // partial-window state; every completed row (normed, rotated at its first
-// position, rounded like the reference) is appended to `rows`.
+// position, rounded like the reference) is appended to the layer's
+// compressed rows (or its index keys).
 struct CompressorProjections {
   std::vector<float> kv, score;  // [n_rows, slot_width]
 };
 CompressorProjections compressor_project(const KernelBackend& kb, const CompressorWeights& w, const float* x,
                                          int64_t n_rows);
 void compressor_push(const KernelBackend& kb, const ModelConfig& c, const CompressorWeights& w,
-                     const RopeTable& rope, bool indexer_keys, CompressorState& state,
-                     const CompressorProjections& proj, int64_t row0, int64_t start, int64_t n,
-                     std::vector<float>& rows);
+                     const RopeTable& rope, bool indexer_keys, LayerState& layer,
+                     const CompressorProjections& proj, int64_t row0, int64_t start, int64_t n);
 
 // Attention over a batch of rows from one or more sequences.
 void attention_forward(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w,

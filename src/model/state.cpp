@@ -1,24 +1,77 @@
 #include "model/state.h"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 
 #include "core/error.h"
-#include "model/layer_kind.h"
 
 namespace dsv4 {
 
 void CompressorState::reset(int64_t slots, int64_t slot_width) {
   kv.assign(size_t(slots * slot_width), 0.0f);
   score.assign(size_t(slots * slot_width), -std::numeric_limits<float>::infinity());
+  journal.clear();
+}
+
+void CompressorState::save(int64_t position, int64_t offset, int64_t count) {
+  if (!journaling) return;
+  journal.push_back({position, offset, std::vector<float>(kv.begin() + offset, kv.begin() + offset + count),
+                     std::vector<float>(score.begin() + offset, score.begin() + offset + count)});
+}
+
+// Entries are recorded in position order for each slot, so undoing the
+// later ones newest first leaves each slot as its last earlier write left it.
+void CompressorState::undo_from(int64_t position) {
+  while (!journal.empty() && journal.back().position >= position) {
+    const Undo& u = journal.back();
+    std::copy(u.kv.begin(), u.kv.end(), kv.begin() + u.offset);
+    std::copy(u.score.begin(), u.score.end(), score.begin() + u.offset);
+    journal.pop_back();
+  }
+}
+
+void LayerState::write_window(int64_t position, const float* row) {
+  const int64_t slot = position % window.rows();
+  if (journaling) {
+    WindowUndo u{position, slot, std::vector<uint8_t>(size_t(window.row_bytes()))};
+    window.copy_row_bytes(slot, u.bytes.data());
+    window_journal.push_back(std::move(u));
+  }
+  window.set(slot, row);
+}
+
+void LayerState::set_journaling(bool on) {
+  journaling = compressor.journaling = index_compressor.journaling = on;
+  if (!on) {
+    window_journal.clear();
+    compressor.journal.clear();
+    index_compressor.journal.clear();
+  }
+}
+
+void LayerState::rollback(int64_t tokens) {
+  while (!window_journal.empty() && window_journal.back().position >= tokens) {
+    window.restore_row_bytes(window_journal.back().slot, window_journal.back().bytes.data());
+    window_journal.pop_back();
+  }
+  compressor.undo_from(tokens);
+  index_compressor.undo_from(tokens);
+  if (layout.compresses()) {
+    compressed.resize(std::min(compressed.rows(), tokens / layout.ratio));
+    if (layout.has_indexer()) index_keys.resize(std::min(index_keys.rows(), tokens / layout.ratio));
+  }
 }
 
 static void reset_layer(LayerState& s, const ModelConfig& c, const LayerLayout& layout) {
-  s.window.assign(size_t(c.window * c.head_dim), 0.0f);
-  s.compressed.clear();
-  s.index_keys.clear();
+  s.layout = layout;
+  s.window = KvRows(c.head_dim, c.nope_dim());
+  s.window.resize(c.window);
+  s.compressed = KvRows(c.head_dim, c.nope_dim());
+  s.index_keys = Fp4Rows(c.index_head_dim > 0 ? c.index_head_dim : 2);
   s.compressor = {};
   s.index_compressor = {};
+  s.set_journaling(false);
   if (layout.compresses()) {
     const int64_t copies = layout.overlapping() ? 2 : 1;
     s.compressor.reset(copies * layout.ratio, copies * c.head_dim);
@@ -29,6 +82,7 @@ static void reset_layer(LayerState& s, const ModelConfig& c, const LayerLayout& 
 void SequenceState::reset(const ModelConfig& c) {
   n_tokens = 0;
   mtp_tokens = 0;
+  checkpoint_tokens_ = checkpoint_mtp_tokens_ = -1;
   layers.resize(size_t(c.n_layers));
   for (int64_t l = 0; l < c.n_layers; ++l) reset_layer(layers[size_t(l)], c, layer_layout(c, l));
   mtp_layers.resize(size_t(c.n_mtp_layers));
@@ -36,8 +90,34 @@ void SequenceState::reset(const ModelConfig& c) {
     reset_layer(mtp_layers[size_t(k)], c, layer_layout(c, c.n_layers + k));
 }
 
+void SequenceState::checkpoint() {
+  for (auto& l : layers) l.set_journaling(false), l.set_journaling(true);
+  for (auto& l : mtp_layers) l.set_journaling(false), l.set_journaling(true);
+  checkpoint_tokens_ = n_tokens;
+  checkpoint_mtp_tokens_ = mtp_tokens;
+}
+
+void SequenceState::rollback(int64_t tokens, int64_t mtp) {
+  if (!has_checkpoint()) throw Error("rollback without a checkpoint");
+  if (mtp < 0) mtp = std::min(mtp_tokens, tokens);
+  if (tokens < checkpoint_tokens_ || tokens > n_tokens || mtp < checkpoint_mtp_tokens_ || mtp > mtp_tokens)
+    throw Error("rollback to " + std::to_string(tokens) + " tokens is outside [" + std::to_string(checkpoint_tokens_) +
+                ", " + std::to_string(n_tokens) + "]");
+  for (auto& l : layers) l.rollback(tokens);
+  for (auto& l : mtp_layers) l.rollback(mtp);
+  n_tokens = tokens;
+  mtp_tokens = mtp;
+}
+
+void SequenceState::end_checkpoint() {
+  for (auto& l : layers) l.set_journaling(false);
+  for (auto& l : mtp_layers) l.set_journaling(false);
+  checkpoint_tokens_ = checkpoint_mtp_tokens_ = -1;
+}
+
 namespace {
 constexpr uint32_t kSnapshotMagic = 0x34565344;  // "DSV4"
+constexpr uint64_t kSnapshotVersion = 2;         // 2: compact rows
 
 struct Writer {
   std::vector<uint8_t> out;
@@ -49,6 +129,10 @@ struct Writer {
   void floats(const std::vector<float>& v) {
     u64(v.size());
     bytes(v.data(), v.size() * sizeof(float));
+  }
+  void blob(const std::vector<uint8_t>& v) {
+    u64(v.size());
+    bytes(v.data(), v.size());
   }
 };
 
@@ -71,32 +155,53 @@ struct Reader {
     v.resize(n);
     bytes(v.data(), n * sizeof(float));
   }
+  std::vector<uint8_t> blob() {
+    uint64_t n = u64();
+    if (n > in.size() - pos) throw Error("decode-state snapshot is truncated");
+    std::vector<uint8_t> v(n);
+    bytes(v.data(), n);
+    return v;
+  }
 };
 
 void write_layer(Writer& w, const LayerState& s) {
-  w.floats(s.window);
-  w.floats(s.compressed);
-  w.floats(s.index_keys);
+  w.u64(uint64_t(s.window.rows()));
+  w.blob(s.window.bytes());
+  w.u64(uint64_t(s.compressed.rows()));
+  w.blob(s.compressed.bytes());
+  w.u64(uint64_t(s.index_keys.rows()));
+  w.blob(s.index_keys.bytes());
   w.floats(s.compressor.kv);
   w.floats(s.compressor.score);
   w.floats(s.index_compressor.kv);
   w.floats(s.index_compressor.score);
 }
 
+// `s` was reset for the model: its row formats and sizes are the model's.
 void read_layer(Reader& r, LayerState& s) {
-  r.floats(s.window);
-  r.floats(s.compressed);
-  r.floats(s.index_keys);
-  r.floats(s.compressor.kv);
-  r.floats(s.compressor.score);
-  r.floats(s.index_compressor.kv);
-  r.floats(s.index_compressor.score);
+  auto check_floats = [&](std::vector<float>& v) {
+    const size_t expected = v.size();
+    r.floats(v);
+    if (v.size() != expected) throw Error("decode-state snapshot does not match the model's state layout");
+  };
+  int64_t rows = int64_t(r.u64());
+  if (rows != s.window.rows()) throw Error("decode-state snapshot does not match the model's window");
+  s.window.set_bytes(r.blob(), rows);
+  rows = int64_t(r.u64());
+  s.compressed.set_bytes(r.blob(), rows);
+  rows = int64_t(r.u64());
+  s.index_keys.set_bytes(r.blob(), rows);
+  check_floats(s.compressor.kv);
+  check_floats(s.compressor.score);
+  check_floats(s.index_compressor.kv);
+  check_floats(s.index_compressor.score);
 }
 }  // namespace
 
 std::vector<uint8_t> SequenceState::snapshot() const {
   Writer w;
   w.u64(kSnapshotMagic);
+  w.u64(kSnapshotVersion);
   w.u64(uint64_t(n_tokens));
   w.u64(uint64_t(mtp_tokens));
   w.u64(layers.size());
@@ -106,17 +211,18 @@ std::vector<uint8_t> SequenceState::snapshot() const {
   return std::move(w.out);
 }
 
+// `this` must have been reset for the model the snapshot came from.
 void SequenceState::restore(const std::vector<uint8_t>& bytes) {
   Reader r{bytes};
   if (r.u64() != kSnapshotMagic) throw Error("not a decode-state snapshot");
-  SequenceState s;
+  if (r.u64() != kSnapshotVersion) throw Error("decode-state snapshot of another format version");
+  SequenceState s = *this;
+  s.end_checkpoint();
   s.n_tokens = int64_t(r.u64());
   s.mtp_tokens = int64_t(r.u64());
   uint64_t n_layers = r.u64(), n_mtp = r.u64();
   if (n_layers != layers.size() || n_mtp != mtp_layers.size())
     throw Error("decode-state snapshot belongs to a model with a different layer count");
-  s.layers.resize(n_layers);
-  s.mtp_layers.resize(n_mtp);
   for (auto& l : s.layers) read_layer(r, l);
   for (auto& l : s.mtp_layers) read_layer(r, l);
   if (r.pos != bytes.size()) throw Error("decode-state snapshot has trailing bytes");
@@ -126,10 +232,10 @@ void SequenceState::restore(const std::vector<uint8_t>& bytes) {
 int64_t SequenceState::memory_bytes() const {
   int64_t total = 0;
   auto add = [&](const LayerState& l) {
-    total += int64_t(l.window.size() + l.compressed.size() + l.index_keys.size() +
-                     l.compressor.kv.size() + l.compressor.score.size() +
-                     l.index_compressor.kv.size() + l.index_compressor.score.size()) *
-             4;
+    total += l.window.memory_bytes() + l.compressed.memory_bytes() + l.index_keys.memory_bytes() +
+             int64_t(l.compressor.kv.size() + l.compressor.score.size() + l.index_compressor.kv.size() +
+                     l.index_compressor.score.size()) *
+                 4;
   };
   for (auto& l : layers) add(l);
   for (auto& l : mtp_layers) add(l);

@@ -1,0 +1,152 @@
+#include "model/cache_rows.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/numeric.h"
+
+namespace dsv4 {
+
+namespace {
+
+// The ue8m0 byte of the smallest power of two >= amax / format_max (amax
+// 0: any scale encodes zeros; take 2^0).
+uint8_t block_scale(const float* x, int64_t n, float format_max) {
+  float amax = 0.0f;
+  for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
+  if (amax == 0.0f) return 127;
+  const uint32_t bits = float_to_bits(pow2_ceil(amax / format_max));
+  return uint8_t(bits >> 23);
+}
+
+// The e4m3 code of an exactly representable value (|v| <= 448).
+uint8_t e4m3_code(float v) {
+  const uint8_t sign = std::signbit(v) ? 0x80 : 0;
+  const float a = std::fabs(v);
+  if (a == 0.0f) return sign;
+  int e;
+  const float m = std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
+  const int exponent = e - 1;         // a = (2m) * 2^exponent
+  if (exponent < -6) return uint8_t(sign | int(std::ldexp(a, 9)));  // subnormal: a = k * 2^-9
+  const int mantissa = int(std::ldexp(2 * m - 1, 3));
+  return uint8_t(sign | (exponent + 7) << 3 | mantissa);
+}
+
+// The e2m1 nibble of an exactly representable value (|v| <= 6).
+uint8_t e2m1_code(float v) {
+  static const float magnitudes[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  const float a = std::fabs(v);
+  uint8_t code = 0;
+  while (code < 7 && magnitudes[code] != a) ++code;
+  return uint8_t((std::signbit(v) ? 8 : 0) | code);
+}
+
+}  // namespace
+
+KvRows::KvRows(int64_t width, int64_t nope, int64_t block)
+    : width_(width), nope_(nope), block_(block), blocks_((nope + block - 1) / block) {}
+
+void KvRows::resize(int64_t rows) {
+  rows_ = rows;
+  codes_.resize(size_t(rows * nope_), 0);
+  scales_.resize(size_t(rows * blocks_), 127);
+  rope_.resize(size_t(rows * (width_ - nope_)), 0.0f);
+}
+
+void KvRows::set(int64_t row, const float* values) {
+  uint8_t* codes = codes_.data() + row * nope_;
+  uint8_t* scales = scales_.data() + row * blocks_;
+  for (int64_t b = 0; b < blocks_; ++b) {
+    const int64_t b0 = b * block_, b1 = std::min(nope_, b0 + block_);
+    scales[b] = block_scale(values + b0, b1 - b0, 448.0f);
+    const float inverse = 1.0f / e8m0_to_float(scales[b]);  // exact: a power of two
+    for (int64_t i = b0; i < b1; ++i) codes[i] = e4m3_code(values[i] * inverse);
+  }
+  std::memcpy(rope_.data() + row * (width_ - nope_), values + nope_, size_t(width_ - nope_) * 4);
+}
+
+void KvRows::append(const float* values) {
+  resize(rows_ + 1);
+  set(rows_ - 1, values);
+}
+
+void KvRows::decode(int64_t row, float* out) const {
+  const uint8_t* codes = codes_.data() + row * nope_;
+  const uint8_t* scales = scales_.data() + row * blocks_;
+  for (int64_t i = 0; i < nope_; ++i) out[i] = e4m3_to_float(codes[i]) * e8m0_to_float(scales[i / block_]);
+  std::memcpy(out + nope_, rope_.data() + row * (width_ - nope_), size_t(width_ - nope_) * 4);
+}
+
+void KvRows::copy_row_bytes(int64_t row, uint8_t* out) const {
+  std::memcpy(out, codes_.data() + row * nope_, size_t(nope_));
+  std::memcpy(out + nope_, scales_.data() + row * blocks_, size_t(blocks_));
+  std::memcpy(out + nope_ + blocks_, rope_.data() + row * (width_ - nope_), size_t(width_ - nope_) * 4);
+}
+
+void KvRows::restore_row_bytes(int64_t row, const uint8_t* in) {
+  std::memcpy(codes_.data() + row * nope_, in, size_t(nope_));
+  std::memcpy(scales_.data() + row * blocks_, in + nope_, size_t(blocks_));
+  std::memcpy(rope_.data() + row * (width_ - nope_), in + nope_ + blocks_, size_t(width_ - nope_) * 4);
+}
+
+std::vector<uint8_t> KvRows::bytes() const {
+  std::vector<uint8_t> out(size_t(rows_ * row_bytes()));
+  for (int64_t r = 0; r < rows_; ++r) copy_row_bytes(r, out.data() + r * row_bytes());
+  return out;
+}
+
+void KvRows::set_bytes(const std::vector<uint8_t>& bytes, int64_t rows) {
+  if (int64_t(bytes.size()) != rows * row_bytes()) throw Error("decode-state snapshot: KV rows of the wrong size");
+  resize(rows);
+  for (int64_t r = 0; r < rows; ++r) restore_row_bytes(r, bytes.data() + r * row_bytes());
+}
+
+Fp4Rows::Fp4Rows(int64_t width, int64_t block) : width_(width), block_(block), blocks_((width + block - 1) / block) {
+  if (width % 2) throw Error("FP4 rows need an even width");
+}
+
+void Fp4Rows::resize(int64_t rows) {
+  rows_ = rows;
+  nibbles_.resize(size_t(rows * width_ / 2), 0);
+  scales_.resize(size_t(rows * blocks_), 127);
+}
+
+void Fp4Rows::append(const float* values) {
+  resize(rows_ + 1);
+  uint8_t* nibbles = nibbles_.data() + (rows_ - 1) * (width_ / 2);
+  uint8_t* scales = scales_.data() + (rows_ - 1) * blocks_;
+  for (int64_t b = 0; b < blocks_; ++b) {
+    const int64_t b0 = b * block_, b1 = std::min(width_, b0 + block_);
+    scales[b] = block_scale(values + b0, b1 - b0, 6.0f);
+    const float inverse = 1.0f / e8m0_to_float(scales[b]);
+    for (int64_t i = b0; i < b1; ++i) {
+      const uint8_t code = e2m1_code(values[i] * inverse);
+      nibbles[i / 2] = uint8_t(i % 2 ? (nibbles[i / 2] & 0x0f) | code << 4 : (nibbles[i / 2] & 0xf0) | code);
+    }
+  }
+}
+
+void Fp4Rows::decode(int64_t row, float* out) const {
+  const uint8_t* nibbles = nibbles_.data() + row * (width_ / 2);
+  const uint8_t* scales = scales_.data() + row * blocks_;
+  for (int64_t i = 0; i < width_; ++i)
+    out[i] = e2m1_to_float(i % 2 ? nibbles[i / 2] >> 4 : nibbles[i / 2] & 15) * e8m0_to_float(scales[i / block_]);
+}
+
+std::vector<uint8_t> Fp4Rows::bytes() const {
+  std::vector<uint8_t> out(nibbles_);
+  out.insert(out.end(), scales_.begin(), scales_.end());
+  return out;
+}
+
+void Fp4Rows::set_bytes(const std::vector<uint8_t>& bytes, int64_t rows) {
+  if (int64_t(bytes.size()) != rows * (width_ / 2 + blocks_))
+    throw Error("decode-state snapshot: index keys of the wrong size");
+  resize(rows);
+  std::memcpy(nibbles_.data(), bytes.data(), nibbles_.size());
+  std::memcpy(scales_.data(), bytes.data() + nibbles_.size(), scales_.size());
+}
+
+}  // namespace dsv4

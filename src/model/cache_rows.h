@@ -1,0 +1,67 @@
+// Cached rows in the exact form the reference rounds them to, so that a
+// decode state holds each value in as few bytes as its rounding allows and
+// decodes to the very same floats:
+//  - KV rows (window ring and compressed rows): the reference rounds the
+//    first `nope` dims through FP8 e4m3 with one power-of-two scale per 64
+//    (stored: one byte each plus a scale byte per block) and keeps the
+//    rotated `rope` dims as they are (stored as floats);
+//  - indexer keys: rounded through FP4 e2m1 with a scale per 32 (stored: a
+//    nibble each plus a scale byte per block).
+// Encoding takes the rounded floats the forward pass computed and finds, per
+// block, a power-of-two scale that makes every value an exact code (the
+// largest magnitude over the format's maximum, rounded up to a power of
+// two: the rounding's own scale or a smaller one, under which the values
+// are codes times a power of two and so codes too). Decoding multiplies the
+// code by the scale, as the rounding did: the same bits.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace dsv4 {
+
+class KvRows {
+ public:
+  KvRows() = default;
+  KvRows(int64_t width, int64_t nope, int64_t block = 64);
+  int64_t width() const { return width_; }
+  int64_t rows() const { return rows_; }
+  void resize(int64_t rows);  // new rows decode to zeros
+  // Row `row` <- the floats at `values` (already rounded by the reference's
+  // FP8 round trip over the first nope dims).
+  void set(int64_t row, const float* values);
+  void append(const float* values);
+  void decode(int64_t row, float* out) const;
+  // Bytes of row `row` in storage (for the rollback journal) and their size.
+  int64_t row_bytes() const { return nope_ + blocks_ + (width_ - nope_) * 4; }
+  void copy_row_bytes(int64_t row, uint8_t* out) const;
+  void restore_row_bytes(int64_t row, const uint8_t* in);
+  int64_t memory_bytes() const { return rows_ * row_bytes(); }
+  // All rows' storage, for snapshots.
+  std::vector<uint8_t> bytes() const;
+  void set_bytes(const std::vector<uint8_t>& bytes, int64_t rows);
+
+ private:
+  int64_t width_ = 0, nope_ = 0, block_ = 64, blocks_ = 0, rows_ = 0;
+  std::vector<uint8_t> codes_, scales_;  // [rows, nope], [rows, blocks]
+  std::vector<float> rope_;              // [rows, width - nope]
+};
+
+class Fp4Rows {
+ public:
+  Fp4Rows() = default;
+  explicit Fp4Rows(int64_t width, int64_t block = 32);
+  int64_t width() const { return width_; }
+  int64_t rows() const { return rows_; }
+  void resize(int64_t rows);
+  void append(const float* values);  // already rounded by the FP4 round trip
+  void decode(int64_t row, float* out) const;
+  int64_t memory_bytes() const { return rows_ * (width_ / 2 + blocks_); }
+  std::vector<uint8_t> bytes() const;
+  void set_bytes(const std::vector<uint8_t>& bytes, int64_t rows);
+
+ private:
+  int64_t width_ = 0, block_ = 32, blocks_ = 0, rows_ = 0;
+  std::vector<uint8_t> nibbles_, scales_;  // [rows, width / 2], [rows, blocks]
+};
+
+}  // namespace dsv4
