@@ -162,3 +162,12 @@ bool pin_compute_threads() {
 }
 
 }  // namespace dsv4
+
+namespace dsv4 {
+
+void parallel_for(int64_t n, const std::function<void(int64_t)>& body) {
+#pragma omp parallel for schedule(dynamic, 1) num_threads(compute_threads())
+  for (int64_t i = 0; i < n; ++i) body(i);
+}
+
+}  // namespace dsv4

@@ -14,6 +14,7 @@
 // fixed order per output element.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace dsv4 {
@@ -60,5 +61,14 @@ std::string pinning_refusal();
 constexpr int64_t kMinParallelWork = int64_t(1) << 20;
 
 inline int threads_for(int64_t work) { return work >= kMinParallelWork ? compute_threads() : 1; }
+
+}  // namespace dsv4
+
+namespace dsv4 {
+
+// Runs body(i) for every i in [0, n) on the compute threads, which claim the
+// items one at a time (for coarse, uneven items outside the kernels, e.g.
+// writing a synthetic checkpoint; the kernels schedule their own loops).
+void parallel_for(int64_t n, const std::function<void(int64_t)>& body);
 
 }  // namespace dsv4

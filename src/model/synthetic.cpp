@@ -345,13 +345,12 @@ class CheckpointWriter {
     // Gaussian values, generated and encoded in blocks of 128 rows.
     const int64_t block_rows = 128;
     const int64_t n_blocks = (t.rows + block_rows - 1) / block_rows;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(compute_threads())
-    for (int64_t b = 0; b < n_blocks; ++b) {
+    parallel_for(n_blocks, [&](int64_t b) {
       int64_t r0 = b * block_rows, r1 = std::min(t.rows, r0 + block_rows);
       std::vector<float> v(size_t((r1 - r0) * t.cols));
       gaussian_rows(t, seed, r0, r1, v.data());
       encode_rows(t, p, r0, r1, v.data(), out.data());
-    }
+    });
     return out;
   }
 
