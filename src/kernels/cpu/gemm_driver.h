@@ -14,17 +14,16 @@
 
 namespace dsv4::linear_detail {
 
-// Batches, GEMM-style (n >= packed_min_tokens(w)), as outer products: a vector
-// holds 16 rows, not 16 columns. The canonical order is kept lane by lane:
-// lane l of (row, token) is the fp32 FMA chain over the columns c0 + 16k + l
-// of a chunk, k = 0, 1, ...; the kernel runs that chain for 32 rows x 12
-// tokens at once (24 accumulators, two weight vectors and one broadcast
-// input per step), one lane after the other, and the 16 lanes' results are
-// then folded in double with vertical adds that make the same tree as
-// fold16_avx512. Same bits as dot_avx512, with half the L2 traffic of the
-// dot-product form (4 rows x 6 tokens: four 64-byte weight loads per 24
-// FMAs) and a third of its fold work: one core went from ~120 to ~170
-// GFLOP/s (its fp32 FMA peak) over a 256 KB panel in L2.
+// The outer form (n >= kOuterMinTokens): a vector holds 16 rows, not 16
+// columns. The canonical order is kept lane by lane: lane l of (row, token)
+// is the fp32 FMA chain over the columns c0 + 16k + l of a chunk, k = 0, 1,
+// ...; the kernel runs that chain for 32 rows x 12 tokens at once (24
+// accumulators, two weight vectors and one broadcast input per step), one
+// lane after the other, and the 16 lanes' results are then folded in double
+// with vertical adds that make the same tree as fold16. Same bits as the
+// dot kernels, with half the L2 traffic of the dot-product form (4 rows x 6
+// tokens: four 64-byte weight loads per 24 FMAs) and a third of its fold
+// work, which lets one core reach its fp32 FMA peak (docs/kernels.md).
 //
 // A task takes kRowBlock rows x all tokens (up to kMaxTokenBlock). For each
 // chunk it decodes its rows once into a panel laid out [row group of 32]
@@ -77,10 +76,9 @@ inline void prefetch_weights(const Linear& w, int64_t row0, int64_t row1, int64_
 // tokens (token blocks major, so that consecutive tasks share their tokens).
 // Threads claim tasks one at a time (schedule(dynamic)): on a shared
 // machine a thread that loses its core for a while no longer holds the
-// other at the end of every product. With a static split, the FP8 and FP4
-// products of 128-1024 tokens on this 2-vCPU VM ran 80-105 GMAC/s in its
-// noisy phases against 105-120 with claiming, at the same best. Fewer
-// tasks than threads (a small matrix, few tokens): smaller row blocks, whole
+// other at the end of every product (a static split was as fast at best but
+// much slower in a noisy VM's bad phases; docs/kernels.md). Fewer tasks
+// than threads (a small matrix, few tokens): smaller row blocks, whole
 // multiples of `row_unit`, so that every thread gets rows. The blocking
 // never changes bits.
 struct PackedTasks {

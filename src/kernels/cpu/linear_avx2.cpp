@@ -18,8 +18,8 @@ namespace dsv4::linear_detail {
 namespace {
 
 // e4m3 read as the top bits of an fp16 (see e4m3_to_ps_via_half, its AVX-512
-// twin): 16 codes, as two vectors of 8 floats times scale256. About 6 uops
-// per 8 values where e4m3_to_ps_avx2 takes 14.
+// twin): 16 codes, as two vectors of 8 floats times scale256. Less than
+// half the uops of e4m3_to_ps_avx2 (docs/kernels.md).
 DSV4_AVX2 inline void e4m3x16_to_ps_via_half_avx2(const uint8_t* bytes16, __m256 scale256, __m256& lo, __m256& hi) {
   __m256i h = _mm256_slli_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)bytes16)), 7);
   h = _mm256_and_si256(h, _mm256_set1_epi16(int16_t(0xBFFF)));
@@ -49,8 +49,8 @@ DSV4_AVX2 inline __m256 e4m3_to_ps_avx2(__m128i bytes8, __m256 scale) {
 // 8 e2m1 codes, the low nibbles of 8 widened bytes or, when `high`, their
 // high ones, from a block's scaled table (E2m1Tables) held as codes 0-7 and
 // 8-15 in a vector each: vpermps reads only the low 3 bits of an index, the
-// nibble's top bit picks the vector. 5 uops per 8 values where scaling them
-// took 9; the scalar decoder's floats, NaN scale included.
+// nibble's top bit picks the vector: fewer uops than scaling each value
+// (docs/kernels.md), and the scalar decoder's floats, NaN scale included.
 DSV4_AVX2 inline __m256 e2m1x8_avx2(__m256i bytes, bool high, __m256 positive, __m256 negative) {
   const __m256i index = high ? _mm256_srli_epi32(bytes, 4) : bytes;
   const __m256i top_bit = high ? _mm256_slli_epi32(bytes, 24) : _mm256_slli_epi32(bytes, 28);

@@ -53,9 +53,8 @@ DSV4_AVX512 inline __m512 e4m3_to_ps_times_2m8(__m128i bytes16) {
 DSV4_AVX512 inline __m512 e4m3_to_ps_via_half(__m128i bytes16, __m512 scale256) {
   return _mm512_mul_ps(e4m3_to_ps_times_2m8(bytes16), scale256);
 }
-// The same for 32 bytes: one widening, shift and mask for both halves
-// (12 uops per 32 values instead of 14 on the ports that also run the FMAs;
-// 10 where the scale is in the inputs instead).
+// The same for 32 bytes: one widening, shift and mask for both halves, which
+// saves uops on the ports that also run the FMAs (docs/kernels.md).
 DSV4_AVX512 inline void e4m3x32_to_ps_times_2m8(const uint8_t* bytes32, __m512& lo, __m512& hi) {
   __m512i h = _mm512_slli_epi16(_mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)bytes32)), 7);
   h = _mm512_and_si512(h, _mm512_set1_epi16(int16_t(0xBFFF)));
@@ -122,10 +121,9 @@ namespace {
 
 // A register group with one token group (batch 1) asks for each stream's
 // bytes kPrefetchBytesAhead ahead as it goes (past a row's end: the next row
-// of the stream, which the same thread takes next). The hardware prefetchers
-// alone kept too few lines in flight: batch-1 products over DRAM-resident
-// weights on 2 threads went from 23 to 27-28 GB/s (BF16), 19 to 21 (FP8),
-// 19-20 to 20-21 (FP4); 1-2 KB ahead did equally well, 4 KB worse.
+// of the stream, which the same thread takes next): the hardware
+// prefetchers alone kept too few lines in flight for DRAM-resident weights
+// (docs/kernels.md).
 constexpr int64_t kPrefetchBytesAhead = 1024;
 
 // Few tokens (decode and small batches), in registers: four consecutive rows
@@ -138,9 +136,8 @@ constexpr int64_t kPrefetchBytesAhead = 1024;
 // The loop nest is chunk-major: for each 1024-column chunk, every token group
 // in turn. When each group walked whole rows instead, the first group
 // stalled on DRAM while the others ran from cache, with no overlap between
-// the two (the head of a 16-sequence decode step, BF16 from DRAM: 55-65
-// GMAC/s); now the groups ask for the rows' next chunk while they compute
-// this one.
+// the two (docs/kernels.md); now the groups ask for the rows' next chunk
+// while they compute this one.
 //
 // Each format gives one generic lambda, add_chunk(c0, c1, x, a, group,
 // groups), that adds the products of columns [c0, c1) of the four rows with
@@ -581,10 +578,9 @@ void rows_as_four_streams(const Linear& w, int64_t row_begin, int64_t lo, int64_
 // 128-row blocks go as four streams 32 rows apart inside each block: the
 // four rows of a group then share their scales, and for one token each
 // block's scales go into a copy of the input once, for its 32 groups,
-// instead of into every decoded weight (1 MB in L2, 1 thread: 10.5-11.1 ->
-// 11.7-12.3 GMAC/s). With 2-4 tokens that path was slower (4 tokens: 26.5
-// -> 23.5), the grouping alone as fast. The other rows go as four streams
-// over the range.
+// instead of into every decoded weight. With 2-4 tokens that prescaling was
+// slower, the grouping alone as fast (docs/kernels.md). The other rows go
+// as four streams over the range.
 DSV4_AVX512 void register_rows_avx512(const Linear& w, int64_t row_begin, int64_t o0, int64_t o1, const float* xs,
                                       int64_t n, float* y, int64_t y_stride) {
   const int64_t blocks_begin = (row_begin + o0 + 127) / 128 * 128 - row_begin;

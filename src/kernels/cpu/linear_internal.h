@@ -94,14 +94,12 @@ constexpr uint8_t kMaxHalfPathScale = 127 + 119;
 
 // ------------------------------------------------------ which path runs ---
 
-// Below this many tokens, weights are decoded in registers (above) instead of
-// into packed panels. With several token groups the first decodes each
-// chunk's rows into an L1 buffer that the others read (BF16, FP8), so a
-// second decoding costs nothing: 16 BF16 tokens from DRAM (the head of a
-// 16-sequence decode step) ran at 92-95 GMAC/s against 37-53 packed, FP8
-// from DRAM at 10 tokens 78 against 59, at 16 tokens 87 against 77. FP4
-// rows (no buffer) are packed from 8 tokens (16 in cache: 72-76 against
-// 50-69 in registers).
+// Below this many tokens, weights are decoded in registers (the register
+// path, linear_avx512.cpp) instead of into packed panels. With several token
+// groups the first decodes each chunk's rows into an L1 buffer that the
+// others read (BF16, FP8), so a second decoding costs nothing and the
+// register path stays faster up to 16 tokens; FP4 rows (no buffer) are
+// packed from 8 tokens (measurements in docs/kernels.md).
 constexpr int64_t kPackedMinTokensFp4 = 8, kPackedMinTokensBuffered = 17;
 constexpr int64_t kMaxRegisterTokens = std::max(kPackedMinTokensFp4, kPackedMinTokensBuffered) - 1;
 
@@ -115,11 +113,10 @@ inline int64_t packed_min_tokens(const Linear& w) {
   return w.format == WeightFormat::FP4_BLOCK32 ? kPackedMinTokensFp4 : kPackedMinTokensBuffered;  // BF16, F32 and FP8
 }
 
-// From this many tokens on, the outer form (below, the dot form). Its panel
-// transpose and input packing pay off only over many tokens: with FP4
-// weights from DRAM the dot form was as fast or faster up to 96 tokens
-// (24: 92 vs 63 GMAC/s, 48: 98 vs 93, 96: 117 vs 114), the outer form
-// faster at 128 (111 vs 95) and 1024 (115-122 vs 99-103).
+// From this many tokens on, the packed GEMM's outer form (below, its dot
+// form; gemm_driver.h). Its panel transpose and input packing pay off only
+// over many tokens: the dot form was as fast or faster up to 96 tokens, the
+// outer form faster from 128 (docs/kernels.md).
 constexpr int64_t kOuterMinTokens = 128;
 
 // The four rows of a register group: row(r) = first + r * stride. A thread
