@@ -26,13 +26,9 @@
 // float64 reference (section 5 of the notes that came with the golden data);
 // the golden tolerances leave room for that.
 //
-// Why not VDPBF16PS (AVX512-BF16): the FP8 and FP4 products' inputs are
-// rounded through FP8 and their weights are exact in bf16, and on this
-// project's Sapphire Rapids machine the instruction is exactly two fused
-// multiply-adds per lane, the odd element first, with DAZ/FTZ (checked
-// against an emulation on 32 M random lanes), so it could give these bits.
-// But it issued once per two cycles, mostly on port 5 beside the decoding
-// permutes: 16 multiply-adds per cycle where two fp32 FMAs do 32.
+// Why not VDPBF16PS (AVX512-BF16): it could give these bits, but it was
+// measured at half the multiply-add rate of two fp32 FMAs, on the port the
+// decoding permutes need (docs/kernels.md).
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -117,8 +117,7 @@ DSV4_TARGET_AVX512 void dot_fixed_4x4(const float* q, int64_t q_stride, const fl
 
 // out[h][d] += p[h][j] * key_j[d] for j in order, HB heads, V x 16 dims at
 // d. With V = 2 each key load and each broadcast weight serves two FMAs, so
-// the loop is bound by the FMAs rather than by loads (16 heads x 640 keys x
-// 512 dims, q.k and p.v on one core: 39-45 -> 46-54 GMAC/s).
+// the loop is bound by the FMAs rather than by loads (docs/kernels.md).
 template <int HB, int V>
 DSV4_TARGET_AVX512 void add_scaled_block(float* out, int64_t out_stride, const float* p, int64_t p_stride,
                                       const float* const* keys, int64_t n_keys, int64_t d) {

@@ -1,0 +1,348 @@
+// The AVX2 (+FMA, F16C) weight-product kernels: one row against up to four
+// tokens in registers, four rows against one token as four streams, and the
+// packed GEMM's outer form (gemm_driver.h) for prefill on CPUs without
+// AVX-512. Same bits as the scalar path (kernels/linear.h).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/cpu/gemm_driver.h"
+#include "kernels/cpu/linear_internal.h"
+
+// Every CPU with AVX2 and FMA also has F16C (fp16 conversions).
+#define DSV4_AVX2 DSV4_TARGET_AVX2
+
+namespace dsv4::linear_detail {
+
+namespace {
+
+// e4m3 read as the top bits of an fp16 (see e4m3_to_ps_via_half, its AVX-512
+// twin): 16 codes, as two vectors of 8 floats times scale256. Less than
+// half the uops of e4m3_to_ps_avx2 (docs/kernels.md).
+DSV4_AVX2 inline void e4m3x16_to_ps_via_half_avx2(const uint8_t* bytes16, __m256 scale256, __m256& lo, __m256& hi) {
+  __m256i h = _mm256_slli_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)bytes16)), 7);
+  h = _mm256_and_si256(h, _mm256_set1_epi16(int16_t(0xBFFF)));
+  lo = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), scale256);
+  hi = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), scale256);
+}
+
+DSV4_AVX2 inline __m256 e4m3_to_ps_avx2(__m128i bytes8, __m256 scale) {
+  // Normal codes: the e4m3 exponent and mantissa land in a float whose
+  // exponent field is rebiased by +120. Subnormal codes (exponent 0) are built
+  // as 1.m * 2^-6 minus 2^-6. No float subnormals are ever touched (they
+  // would cost microcode assists).
+  __m256i b = _mm256_cvtepu8_epi32(bytes8);
+  __m256i em = _mm256_and_si256(b, _mm256_set1_epi32(0x7f));
+  __m256i is_sub = _mm256_cmpeq_epi32(_mm256_and_si256(em, _mm256_set1_epi32(0x78)), _mm256_setzero_si256());
+  __m256i bits = _mm256_add_epi32(_mm256_slli_epi32(em, 20), _mm256_set1_epi32(120 << 23));
+  bits = _mm256_add_epi32(bits, _mm256_and_si256(is_sub, _mm256_set1_epi32(1 << 23)));
+  __m256 v = _mm256_castsi256_ps(bits);
+  v = _mm256_sub_ps(v, _mm256_and_ps(_mm256_castsi256_ps(is_sub), _mm256_set1_ps(0x1p-6f)));
+  __m256i sign = _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x80)), 24);
+  v = _mm256_castsi256_ps(_mm256_or_si256(_mm256_castps_si256(v), sign));
+  return _mm256_mul_ps(v, scale);
+}
+
+
+
+// 8 e2m1 codes, the low nibbles of 8 widened bytes or, when `high`, their
+// high ones, from a block's scaled table (E2m1Tables) held as codes 0-7 and
+// 8-15 in a vector each: vpermps reads only the low 3 bits of an index, the
+// nibble's top bit picks the vector: fewer uops than scaling each value
+// (docs/kernels.md), and the scalar decoder's floats, NaN scale included.
+DSV4_AVX2 inline __m256 e2m1x8_avx2(__m256i bytes, bool high, __m256 positive, __m256 negative) {
+  const __m256i index = high ? _mm256_srli_epi32(bytes, 4) : bytes;
+  const __m256i top_bit = high ? _mm256_slli_epi32(bytes, 24) : _mm256_slli_epi32(bytes, 28);
+  return _mm256_blendv_ps(_mm256_permutevar8x32_ps(positive, index), _mm256_permutevar8x32_ps(negative, index),
+                          _mm256_castsi256_ps(top_bit));
+}
+
+// Weights [i, i+16) of a row as two vectors of 8 floats, scale applied.
+DSV4_AVX2 inline void decode16_avx2(const Linear& w, int64_t row, int64_t i,
+                                                              __m256& lo, __m256& hi) {
+  const int64_t n = w.cols;
+  switch (w.format) {
+    case WeightFormat::F32: {
+      const float* p = reinterpret_cast<const float*>(w.data) + row * n + i;
+      lo = _mm256_loadu_ps(p);
+      hi = _mm256_loadu_ps(p + 8);
+      return;
+    }
+    case WeightFormat::BF16: {
+      const uint16_t* p = reinterpret_cast<const uint16_t*>(w.data) + row * n + i;
+      lo = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+      hi = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(p + 8))), 16));
+      return;
+    }
+    case WeightFormat::FP8_BLOCK128: {
+      const uint8_t s = w.scale[(row / 128) * w.scale_cols + i / 128];
+      if (s <= kMaxHalfPathScale)
+        return e4m3x16_to_ps_via_half_avx2(w.data + row * n + i, _mm256_set1_ps(e8m0_to_float(s) * 256.0f), lo, hi);
+      const __m256 sc = _mm256_set1_ps(e8m0_to_float(s));
+      const __m128i b = _mm_loadu_si128((const __m128i*)(w.data + row * n + i));
+      lo = e4m3_to_ps_avx2(b, sc);
+      hi = e4m3_to_ps_avx2(_mm_srli_si128(b, 8), sc);
+      return;
+    }
+    case WeightFormat::FP4_BLOCK32: {
+      // Storage order: the block's 16 low nibbles, then its 16 high ones.
+      const float* table = e2m1_tables().values[w.scale[row * w.scale_cols + i / 32]];
+      const __m256 positive = _mm256_load_ps(table), negative = _mm256_load_ps(table + 8);
+      const uint8_t* p = w.data + row * (n / 2) + i / 32 * 16;
+      const bool high = i % 32 != 0;
+      lo = e2m1x8_avx2(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p)), high, positive, negative);
+      hi = e2m1x8_avx2(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(p + 8))), high, positive, negative);
+      return;
+    }
+  }
+}
+
+
+// The few-token AVX2 kernels. BF16 and F32 rows ask for their bytes 1 KB
+// ahead, one cache line at a time (past a row's end: the next row of the
+// stream, which the same thread takes next); FP8 and FP4 rows, bound by
+// their decoding, gained nothing from it.
+constexpr int64_t kAvx2PrefetchBytes = 1024;
+DSV4_AVX2 inline void prefetch_ahead_avx2(const void* p) {
+  _mm_prefetch(static_cast<const char*>(p) + kAvx2PrefetchBytes, _MM_HINT_T0);
+}
+
+// R rows (first + r * stride) against T tokens (xs: [T][cols], storage
+// order): sums[r][t] in the canonical order (linear.h). Each 16 weights are
+// decoded once for all T tokens, and the FP8 and FP4 loops fetch a scale
+// once per scale block, where decode16_avx2 does it for every 16 weights. R * T <= 4: the 2 * R * T
+// accumulators leave registers for the decoding.
+template <int R, int T>
+DSV4_AVX2 void dot_rows_tokens_avx2(const Linear& w, int64_t first, int64_t stride, const float* xs,
+                                    double (&sums)[R][T]) {
+  const int64_t cols = w.cols;
+  for (auto& r : sums)
+    for (auto& t : r) t = 0.0;
+  for (int64_t c0 = 0; c0 < cols; c0 += kChunk) {
+    const int64_t c1 = std::min(cols, c0 + kChunk);
+    __m256 a[R][T][2];
+    for (auto& r : a)
+      for (auto& t : r) t[0] = t[1] = _mm256_setzero_ps();
+    auto add16 = [&](int r, int64_t i, __m256 lo, __m256 hi) DSV4_AVX2 {
+      for (int t = 0; t < T; ++t) {
+        a[r][t][0] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(xs + t * cols + i), a[r][t][0]);
+        a[r][t][1] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(xs + t * cols + i + 8), a[r][t][1]);
+      }
+    };
+    if (w.format == WeightFormat::FP8_BLOCK128) {
+      const uint8_t* p[R];
+      for (int r = 0; r < R; ++r) p[r] = w.data + (first + r * stride) * cols;
+      for (int64_t b = c0; b < c1; b += 128) {
+        const int64_t end = std::min(c1, b + 128);
+        uint8_t sb[R];
+        bool half_ok = true;
+        for (int r = 0; r < R; ++r) {
+          sb[r] = w.scale[((first + r * stride) / 128) * w.scale_cols + b / 128];
+          half_ok = half_ok && sb[r] <= kMaxHalfPathScale;
+        }
+        if (half_ok) {
+          __m256 scale256[R];
+          for (int r = 0; r < R; ++r) scale256[r] = _mm256_set1_ps(e8m0_to_float(sb[r]) * 256.0f);
+          for (int64_t i = b; i < end; i += 16)
+            for (int r = 0; r < R; ++r) {
+              __m256 lo, hi;
+              e4m3x16_to_ps_via_half_avx2(p[r] + i, scale256[r], lo, hi);
+              add16(r, i, lo, hi);
+            }
+        } else {
+          for (int64_t i = b; i < end; i += 16)
+            for (int r = 0; r < R; ++r) {
+              __m256 lo, hi;
+              decode16_avx2(w, first + r * stride, i, lo, hi);
+              add16(r, i, lo, hi);
+            }
+        }
+      }
+    } else if (w.format == WeightFormat::FP4_BLOCK32) {
+      const E2m1Tables& tables = e2m1_tables();
+      for (int64_t b = c0; b < c1; b += 32)
+        for (int r = 0; r < R; ++r) {
+          const int64_t row = first + r * stride;
+          const uint8_t* p = w.data + row * (cols / 2) + b / 2;
+          const float* table = tables.values[w.scale[row * w.scale_cols + b / 32]];
+          const __m256 positive = _mm256_load_ps(table), negative = _mm256_load_ps(table + 8);
+          const __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p));
+          const __m256i b1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(p + 8)));
+          add16(r, b, e2m1x8_avx2(b0, false, positive, negative), e2m1x8_avx2(b1, false, positive, negative));
+          add16(r, b + 16, e2m1x8_avx2(b0, true, positive, negative), e2m1x8_avx2(b1, true, positive, negative));
+        }
+    } else if (w.format == WeightFormat::BF16) {
+      const uint16_t* p[R];
+      for (int r = 0; r < R; ++r) p[r] = reinterpret_cast<const uint16_t*>(w.data) + (first + r * stride) * cols;
+      for (int64_t i = c0; i < c1; i += 16)
+        for (int r = 0; r < R; ++r) {
+          if (i % 32 == 0) prefetch_ahead_avx2(p[r] + i);
+          const __m256i h = _mm256_loadu_si256((const __m256i*)(p[r] + i));
+          add16(r, i, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(h)), 16)),
+                _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(h, 1)), 16)));
+        }
+    } else {
+      const float* p[R];
+      for (int r = 0; r < R; ++r) p[r] = reinterpret_cast<const float*>(w.data) + (first + r * stride) * cols;
+      for (int64_t i = c0; i < c1; i += 16)
+        for (int r = 0; r < R; ++r) {
+          prefetch_ahead_avx2(p[r] + i);
+          add16(r, i, _mm256_loadu_ps(p[r] + i), _mm256_loadu_ps(p[r] + i + 8));
+        }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) {
+        float lanes[16];
+        _mm256_storeu_ps(lanes, a[r][t][0]);
+        _mm256_storeu_ps(lanes + 8, a[r][t][1]);
+        sums[r][t] += fold16(lanes);
+      }
+  }
+}
+
+// Row `row` against n tokens (xs: [n][cols], storage order), y[t * y_stride]
+// receiving token t, up to four tokens at a time.
+template <int T>
+DSV4_AVX2 void dot_token_group_avx2(const Linear& w, int64_t row, const float* xs, float* y, int64_t y_stride) {
+  double sums[1][T];
+  dot_rows_tokens_avx2<1, T>(w, row, 1, xs, sums);
+  for (int t = 0; t < T; ++t) y[t * y_stride] = float(sums[0][t]);
+}
+
+}  // namespace
+
+DSV4_AVX2 double dot_avx2(const Linear& w, int64_t row, const float* x) {
+  double sums[1][1];
+  dot_rows_tokens_avx2<1, 1>(w, row, 1, x, sums);
+  return sums[0][0];
+}
+
+// Rows [lo, hi) against one token as four streams (see RowGroup): memory-
+// bound BF16 rows read from four places at once, like the AVX-512 kernels.
+DSV4_AVX2 void rows_one_token_avx2(const Linear& w, int64_t row_begin, int64_t lo, int64_t hi, const float* xs,
+                                   float* y) {
+  const int64_t quarter = (hi - lo) / 4;
+  for (int64_t j = 0; j < quarter; ++j) {
+    double sums[4][1];
+    dot_rows_tokens_avx2<4, 1>(w, row_begin + lo + j, quarter, xs, sums);
+    for (int q = 0; q < 4; ++q) y[lo + j + q * quarter] = float(sums[q][0]);
+  }
+  for (int64_t o = lo + 4 * quarter; o < hi; ++o) dot_token_group_avx2<1>(w, row_begin + o, xs, y + o, 1);
+}
+
+DSV4_AVX2 void dot_tokens_avx2(const Linear& w, int64_t row, const float* xs, int64_t n, float* y, int64_t y_stride) {
+  for (int64_t t = 0; t < n; t += 4) {
+    const float* x = xs + t * w.cols;
+    float* out = y + t * y_stride;
+    switch (std::min<int64_t>(4, n - t)) {
+      case 4: dot_token_group_avx2<4>(w, row, x, out, y_stride); break;
+      case 3: dot_token_group_avx2<3>(w, row, x, out, y_stride); break;
+      case 2: dot_token_group_avx2<2>(w, row, x, out, y_stride); break;
+      default: dot_token_group_avx2<1>(w, row, x, out, y_stride); break;
+    }
+  }
+}
+
+namespace {
+
+// The outer form on AVX2 (prefill on CPUs without AVX-512): the same
+// panels, token packing, tasks and folding tree as packed_gemm_outer_avx512,
+// so the same bits. With 16 vector registers the kernel runs half a panel
+// row group (16 rows, two vectors) against half a token group (6 tokens):
+// 12 accumulators, two weight loads and six broadcasts per step.
+constexpr int kOuterTokensAvx2 = kOuterTokens / 2;
+
+// Rows [row, row + count) (count <= 16; the rest are zeros), storage
+// positions [c0, c0 + 16 * steps), into a panel row group as
+// decode_rows_to_panel lays it out.
+DSV4_AVX2 void decode_rows_to_panel_avx2(const Linear& w, int64_t row, int count, int64_t c0, int64_t steps,
+                                         float* rows_tmp, float* panel) {
+  for (int r = 0; r < 16; ++r) {
+    float* dst = rows_tmp + r * steps * 16;
+    if (r >= count) {
+      std::fill_n(dst, steps * 16, 0.0f);
+      continue;
+    }
+    for (int64_t k = 0; k < steps; ++k) {
+      __m256 lo, hi;
+      decode16_avx2(w, row + r, c0 + 16 * k, lo, hi);
+      _mm256_storeu_ps(dst + 16 * k, lo);
+      _mm256_storeu_ps(dst + 16 * k + 8, hi);
+    }
+  }
+  for (int64_t k = 0; k < steps; ++k)
+    for (int l = 0; l < 16; ++l) {
+      float* out = panel + (l * steps + k) * kPanelRows;
+      for (int r = 0; r < 16; ++r) out[r] = rows_tmp[r * steps * 16 + k * 16 + l];
+    }
+}
+
+// outer_lane_kernel for 16 of the panel's 32 rows (w: 32 floats per step,
+// this half's first) and T of a group's tokens (x: `group` floats per step,
+// these T first); results to out[t * 32 + row].
+template <int T>
+DSV4_AVX2 void outer_lane_kernel_avx2(const float* w, const float* x, int group, int64_t steps, float* out) {
+  __m256 a[T][2];
+  for (auto& t : a) t[0] = t[1] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < steps; ++k, w += kPanelRows, x += group) {
+    const __m256 w0 = _mm256_loadu_ps(w), w1 = _mm256_loadu_ps(w + 8);
+    for (int t = 0; t < T; ++t) {
+      const __m256 xb = _mm256_broadcast_ss(x + t);
+      a[t][0] = _mm256_fmadd_ps(w0, xb, a[t][0]);
+      a[t][1] = _mm256_fmadd_ps(w1, xb, a[t][1]);
+    }
+  }
+  for (int t = 0; t < T; ++t) {
+    _mm256_storeu_ps(out + t * kPanelRows, a[t][0]);
+    _mm256_storeu_ps(out + t * kPanelRows + 8, a[t][1]);
+  }
+}
+
+DSV4_AVX2 void outer_lane_kernel_any_avx2(int tokens, const float* w, const float* x, int group, int64_t steps,
+                                          float* out) {
+  switch (tokens) {
+    case 6: outer_lane_kernel_avx2<6>(w, x, group, steps, out); break;
+    case 5: outer_lane_kernel_avx2<5>(w, x, group, steps, out); break;
+    case 4: outer_lane_kernel_avx2<4>(w, x, group, steps, out); break;
+    case 3: outer_lane_kernel_avx2<3>(w, x, group, steps, out); break;
+    case 2: outer_lane_kernel_avx2<2>(w, x, group, steps, out); break;
+    default: outer_lane_kernel_avx2<1>(w, x, group, steps, out); break;
+  }
+}
+
+// fold_lanes with four doubles per vector: the same additions.
+DSV4_AVX2 void fold_lanes_avx2(const float* lanes, int tokens, double* sums, int64_t sums_stride) {
+  for (int t = 0; t < tokens; ++t)
+    for (int h = 0; h < kPanelRows; h += 4) {
+      __m256d l[16];
+      for (int q = 0; q < 16; ++q) l[q] = _mm256_cvtps_pd(_mm_loadu_ps(lanes + (q * tokens + t) * kPanelRows + h));
+      for (int q = 0; q < 8; ++q) l[q] = _mm256_add_pd(l[q], l[q + 8]);
+      for (int q = 0; q < 4; ++q) l[q] = _mm256_add_pd(l[q], l[q + 4]);
+      for (int q = 0; q < 2; ++q) l[q] = _mm256_add_pd(l[q], l[q + 2]);
+      double* s = sums + t * sums_stride + h;
+      _mm256_storeu_pd(s, _mm256_add_pd(_mm256_loadu_pd(s), _mm256_add_pd(l[0], l[1])));
+    }
+}
+
+}  // namespace
+
+void packed_gemm_outer_avx2(const Linear& w, int64_t row_begin, int64_t out, const float* xp, int64_t n, float* y,
+                            int64_t y_stride, int threads) {
+  packed_gemm_outer(
+      w, row_begin, out, xp, n, y, y_stride, threads,
+      [&](int64_t row, int count, int64_t c0, int64_t steps, float* rows_tmp, float* panel) DSV4_AVX2 {
+        decode_rows_to_panel_avx2(w, row, count, c0, steps, rows_tmp, panel);
+      },
+      [](int group, const float* pg, const float* xg, int64_t steps, float* lanes) DSV4_AVX2 {
+        for (int l = 0; l < 16; ++l)
+          for (int half = 0; half < 2; ++half)
+            for (int u = 0; u < group; u += kOuterTokensAvx2)
+              outer_lane_kernel_any_avx2(std::min(kOuterTokensAvx2, group - u),
+                                         pg + l * steps * kPanelRows + 16 * half, xg + l * steps * group + u, group,
+                                         steps, lanes + (l * group + u) * kPanelRows + 16 * half);
+      },
+      fold_lanes_avx2);
+}
+
+}  // namespace dsv4::linear_detail

@@ -1,0 +1,680 @@
+// The AVX-512 weight-product kernels: one row against one token, the
+// register path (four rows against up to 16 tokens, decoded in registers)
+// and the packed GEMM in its dot and outer forms (gemm_driver.h). Same bits
+// as the scalar path (kernels/linear.h).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+
+#include "core/scratch.h"
+#include "kernels/cpu/gemm_driver.h"
+#include "kernels/cpu/linear_internal.h"
+
+#define DSV4_AVX512 DSV4_TARGET_AVX512
+
+namespace dsv4::linear_detail {
+
+namespace {
+
+// fold16 of the 16 lanes of a register, in registers (the same additions).
+DSV4_AVX512 inline double fold16_avx512(__m512 lanes) {
+  const __m512d s8 = _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(lanes)),
+                                   _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(lanes), 1))));
+  const __m256d s4 = _mm256_add_pd(_mm512_castpd512_pd256(s8), _mm512_extractf64x4_pd(s8, 1));
+  const __m128d s2 = _mm_add_pd(_mm256_castpd256_pd128(s4), _mm256_extractf128_pd(s4, 1));
+  return _mm_cvtsd_f64(_mm_add_sd(s2, _mm_unpackhi_pd(s2, s2)));
+}
+
+// See e4m3_to_ps_avx2: rebiased exponent, subnormal codes as 1.m*2^-6 - 2^-6.
+DSV4_AVX512 inline __m512 e4m3_to_ps_avx512(__m128i bytes16, __m512 scale) {
+  __m512i b = _mm512_cvtepu8_epi32(bytes16);
+  __m512i em = _mm512_and_si512(b, _mm512_set1_epi32(0x7f));
+  __mmask16 sub = _mm512_testn_epi32_mask(em, _mm512_set1_epi32(0x78));
+  __m512i bits = _mm512_add_epi32(_mm512_slli_epi32(em, 20), _mm512_set1_epi32(120 << 23));
+  bits = _mm512_mask_add_epi32(bits, sub, bits, _mm512_set1_epi32(1 << 23));
+  __m512 v = _mm512_castsi512_ps(bits);
+  v = _mm512_mask_sub_ps(v, sub, v, _mm512_set1_ps(0x1p-6f));
+  v = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(v),
+                                          _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x80)), 24)));
+  return _mm512_mul_ps(v, scale);
+}
+// e4m3 read as the top bits of an fp16: sign-extending the byte to 16 bits
+// and shifting it left by 7 puts the exponent and mantissa where fp16 keeps
+// them (bit 14, a copy of the sign, is cleared). The fp16 then holds the
+// e4m3 value times 2^-8, subnormals included, so `scale256` is the block
+// scale times 256. Cheaper than e4m3_to_ps_avx512 for the same floats.
+DSV4_AVX512 inline __m512 e4m3_to_ps_times_2m8(__m128i bytes16) {
+  __m256i h = _mm256_slli_epi16(_mm256_cvtepi8_epi16(bytes16), 7);
+  h = _mm256_and_si256(h, _mm256_set1_epi16(int16_t(0xBFFF)));
+  return _mm512_cvtph_ps(h);
+}
+DSV4_AVX512 inline __m512 e4m3_to_ps_via_half(__m128i bytes16, __m512 scale256) {
+  return _mm512_mul_ps(e4m3_to_ps_times_2m8(bytes16), scale256);
+}
+// The same for 32 bytes: one widening, shift and mask for both halves, which
+// saves uops on the ports that also run the FMAs (docs/kernels.md).
+DSV4_AVX512 inline void e4m3x32_to_ps_times_2m8(const uint8_t* bytes32, __m512& lo, __m512& hi) {
+  __m512i h = _mm512_slli_epi16(_mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)bytes32)), 7);
+  h = _mm512_and_si512(h, _mm512_set1_epi16(int16_t(0xBFFF)));
+  lo = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
+  hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
+}
+// The SIMD e4m3 decoders read the two NaN codes (0x7F, 0xFF) as +-480 where
+// the scalar table says NaN: checkpoints never hold them (a NaN weight), so
+// the bit-identity of the paths is only claimed for real e4m3 values.
+
+
+// FP4 in storage order (see linear.h): the 16 bytes of a 32-column block
+// give its even elements (low nibbles) and then its odd ones (high nibbles).
+// `table` holds the 16 e2m1 codes' values times the block scale. vpermps
+// reads only the low 4 bits of each index, so the bytes need no masking.
+DSV4_AVX512 inline void e2m1_block_avx512(const uint8_t* bytes16, __m512 table, __m512& even, __m512& odd) {
+  const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)bytes16));
+  even = _mm512_permutexvar_ps(b, table);
+  odd = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), table);
+}
+
+
+DSV4_AVX512 inline __m512 e2m1_table_avx512(const E2m1Tables& tables, uint8_t scale) {
+  return _mm512_load_ps(tables.values[scale]);
+}
+
+// Storage positions [i, i+16) of a row, scale applied (plain decoders; the
+// row-group kernels below have faster ones).
+DSV4_AVX512 inline __m512 decode16_avx512(const Linear& w, int64_t row, int64_t i) {
+  const int64_t n = w.cols;
+  switch (w.format) {
+    case WeightFormat::F32: return _mm512_loadu_ps(reinterpret_cast<const float*>(w.data) + row * n + i);
+    case WeightFormat::BF16:
+      return _mm512_castsi512_ps(_mm512_slli_epi32(
+          _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(reinterpret_cast<const uint16_t*>(w.data) + row * n + i))),
+          16));
+    case WeightFormat::FP8_BLOCK128:
+      return e4m3_to_ps_avx512(_mm_loadu_si128((const __m128i*)(w.data + row * n + i)),
+                               _mm512_set1_ps(e8m0_to_float(w.scale[(row / 128) * w.scale_cols + i / 128])));
+    case WeightFormat::FP4_BLOCK32: {
+      __m512 even, odd;
+      e2m1_block_avx512(w.data + row * (n / 2) + i / 32 * 16, e2m1_table_avx512(e2m1_tables(), w.scale[row * w.scale_cols + i / 32]),
+                        even, odd);
+      return i % 32 ? odd : even;
+    }
+  }
+  return _mm512_setzero_ps();
+}
+
+}  // namespace
+
+DSV4_AVX512 double dot_avx512(const Linear& w, int64_t row, const float* x) {
+  double sum = 0.0;
+  for (int64_t c0 = 0; c0 < w.cols; c0 += kChunk) {
+    const int64_t c1 = std::min(w.cols, c0 + kChunk);
+    __m512 a = _mm512_setzero_ps();
+    for (int64_t i = c0; i < c1; i += 16) a = _mm512_fmadd_ps(decode16_avx512(w, row, i), _mm512_loadu_ps(x + i), a);
+    sum += fold16_avx512(a);
+  }
+  return sum;
+}
+
+namespace {
+
+// A register group with one token group (batch 1) asks for each stream's
+// bytes kPrefetchBytesAhead ahead as it goes (past a row's end: the next row
+// of the stream, which the same thread takes next): the hardware
+// prefetchers alone kept too few lines in flight for DRAM-resident weights
+// (docs/kernels.md).
+constexpr int64_t kPrefetchBytesAhead = 1024;
+
+// Few tokens (decode and small batches), in registers: four consecutive rows
+// against the tokens in groups of up to four, the weights decoded in
+// registers for each group (one pass over the weights from memory: a group
+// after the first finds the rows' chunk in L1). Four rows x four tokens keep
+// 16 FMA chains in flight. Each (row, token) sees exactly the sequence
+// dot_avx512 gives it: same bits.
+//
+// The loop nest is chunk-major: for each 1024-column chunk, every token group
+// in turn. When each group walked whole rows instead, the first group
+// stalled on DRAM while the others ran from cache, with no overlap between
+// the two (docs/kernels.md); now the groups ask for the rows' next chunk
+// while they compute this one.
+//
+// Each format gives one generic lambda, add_chunk(c0, c1, x, a, group,
+// groups), that adds the products of columns [c0, c1) of the four rows with
+// the group's T tokens x[0..T) to a[row][t]. It is inlined into this small
+// loop nest, so that the compiler keeps the accumulators in registers (one
+// function with a switch over formats spilled them at every scale block).
+constexpr int kSmallTokenGroup = 4;
+
+// 16 bf16 values as floats: one word permutation (vpermw, zero-masked) puts
+// value j in the high half of lane j, where a float keeps the bf16 bits;
+// one p5 uop where widening and shifting take a p5 and a p0 uop.
+DSV4_AVX512 inline __m512i bf16_widen_index() {
+  alignas(64) static const uint16_t index[32] = {0, 0, 0, 1, 0, 2, 0, 3, 0, 4, 0, 5, 0, 6, 0, 7,
+                                                0, 8, 0, 9, 0, 10, 0, 11, 0, 12, 0, 13, 0, 14, 0, 15};
+  return _mm512_load_si512(index);
+}
+DSV4_AVX512 inline __m512 bf16x16_to_ps_avx512(const uint16_t* p, __m512i widen) {
+  return _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(
+      __mmask32(0xAAAAAAAAu), widen, _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)p))));
+}
+
+template <int T>
+DSV4_AVX512 inline void fma16_tokens(__m512 v, const float* const* x, int64_t i, __m512* a) {
+  for (int t = 0; t < T; ++t) a[t] = _mm512_fmadd_ps(v, _mm512_loadu_ps(x[t] + i), a[t]);
+}
+
+// One group of T tokens over one chunk; its folded lanes are added to
+// sums[row * kMaxRegisterTokens + t].
+template <int T, class AddChunk>
+DSV4_AVX512 inline void dot4_group_chunk(const AddChunk& add_chunk, int64_t c0, int64_t c1, const float* const* x,
+                                         int group, int groups, double* sums) {
+  __m512 a[4][T];
+  for (auto& r : a)
+    for (auto& t : r) t = _mm512_setzero_ps();
+  add_chunk(c0, c1, x, a, group, groups);
+  for (int r = 0; r < 4; ++r)
+    for (int t = 0; t < T; ++t) sums[r * kMaxRegisterTokens + t] += fold16_avx512(a[r][t]);
+}
+
+// n <= kMaxRegisterTokens tokens (xs: [n][cols], storage order); out[t *
+// out_stride + r] receives (row r, token t).
+template <class AddChunk>
+DSV4_AVX512 inline void dot4_token_groups(int64_t cols, const float* xs, int64_t n, double* out, int64_t out_stride,
+                                          const AddChunk& add_chunk) {
+  double sums[4][kMaxRegisterTokens] = {};
+  const int groups = int((n + kSmallTokenGroup - 1) / kSmallTokenGroup);
+  for (int64_t c0 = 0; c0 < cols; c0 += kChunk) {
+    const int64_t c1 = std::min(cols, c0 + kChunk);
+    for (int g = 0; g < groups; ++g) {
+      const int64_t t = int64_t(g) * kSmallTokenGroup;
+      const float* x[kSmallTokenGroup];
+      for (int u = 0; u < kSmallTokenGroup; ++u) x[u] = xs + std::min(t + u, n - 1) * cols;
+      double* s = &sums[0][t];
+      switch (std::min<int64_t>(kSmallTokenGroup, n - t)) {
+        case 4: dot4_group_chunk<4>(add_chunk, c0, c1, x, g, groups, s); break;
+        case 3: dot4_group_chunk<3>(add_chunk, c0, c1, x, g, groups, s); break;
+        case 2: dot4_group_chunk<2>(add_chunk, c0, c1, x, g, groups, s); break;
+        default: dot4_group_chunk<1>(add_chunk, c0, c1, x, g, groups, s); break;
+      }
+    }
+  }
+  for (int r = 0; r < 4; ++r)
+    for (int64_t t = 0; t < n; ++t) out[t * out_stride + r] = sums[r][t];
+}
+
+
+DSV4_AVX512 void dot4_float_avx512(const Linear& w, RowGroup g, const float* xs, int64_t n, double* out,
+                                   int64_t out_stride) {
+  const int64_t cols = w.cols;
+  // With several token groups, the first decodes each chunk's BF16 rows
+  // into this L1 buffer and the others load floats from it.
+  alignas(64) float decoded[4 * kChunk];
+  dot4_token_groups(cols, xs, n, out, out_stride,
+                    [&]<int T>(int64_t c0, int64_t c1, const float* const* x, __m512 (*a)[T], int group,
+                               int groups) DSV4_AVX512 {
+    if (w.format == WeightFormat::F32) {
+      const float* p[4];
+      for (int r = 0; r < 4; ++r) p[r] = reinterpret_cast<const float*>(w.data) + g.row(r) * cols;
+      for (int64_t i = c0; i < c1; i += 16)
+        for (int r = 0; r < 4; ++r) fma16_tokens<T>(_mm512_loadu_ps(p[r] + i), x, i, a[r]);
+      return;
+    }
+    const uint16_t* p[4];
+    for (int r = 0; r < 4; ++r) p[r] = reinterpret_cast<const uint16_t*>(w.data) + g.row(r) * cols;
+    const __m512i widen = bf16_widen_index();
+    // One group (batch 1) asks for each stream's bytes kPrefetchBytesAhead
+    // ahead. Several groups share the prefetches of the rows' next chunk
+    // (after the last chunk, the first chunk of the rows this thread takes
+    // next), each group its rows, one cache line per two steps.
+    const bool next_chunk = c1 < cols;
+    const bool stream_ahead = groups == 1 && g.has_next;
+    const bool chunk_ahead = groups > 1 && (next_chunk || g.has_next);
+    if (group > 0) {
+      for (int64_t i = c0; i < c1; i += 16) {
+        if ((i - c0) % 32 == 0 && chunk_ahead)
+          for (int r = group; r < 4; r += groups)
+            _mm_prefetch((const char*)(p[r] + (next_chunk ? c1 : cols) + (i - c0)), _MM_HINT_T0);
+        for (int r = 0; r < 4; ++r) fma16_tokens<T>(_mm512_load_ps(decoded + r * kChunk + (i - c0)), x, i, a[r]);
+      }
+      return;
+    }
+    for (int64_t i = c0; i < c1; i += 16) {
+      if ((i - c0) % 32 == 0) {
+        if (stream_ahead)
+          for (int r = 0; r < 4; ++r) _mm_prefetch((const char*)(p[r] + i) + kPrefetchBytesAhead, _MM_HINT_T0);
+        else if (chunk_ahead)
+          for (int r = group; r < 4; r += groups)
+            _mm_prefetch((const char*)(p[r] + (next_chunk ? c1 : cols) + (i - c0)), _MM_HINT_T0);
+      }
+      for (int r = 0; r < 4; ++r) {
+        const __m512 v = bf16x16_to_ps_avx512(p[r] + i, widen);
+        if (groups > 1) _mm512_store_ps(decoded + r * kChunk + (i - c0), v);
+        fma16_tokens<T>(v, x, i, a[r]);
+      }
+    }
+  });
+}
+
+DSV4_AVX512 void dot4_fp8_avx512(const Linear& w, RowGroup g, const float* xs, int64_t n, double* out,
+                                 int64_t out_stride) {
+  const int64_t cols = w.cols;
+  const uint8_t* p[4];
+  for (int r = 0; r < 4; ++r) p[r] = w.data + g.row(r) * cols;
+  // As for BF16: with several token groups the first one decodes each
+  // chunk's rows into this L1 buffer, the others load floats from it.
+  alignas(64) float decoded[4 * kChunk];
+  dot4_token_groups(cols, xs, n, out, out_stride,
+                    [&]<int T>(int64_t c0, int64_t c1, const float* const* x, __m512 (*a)[T], int group,
+                               int groups) DSV4_AVX512 {
+    if (group > 0) {
+      for (int64_t i = c0; i < c1; i += 16)
+        for (int r = 0; r < 4; ++r) fma16_tokens<T>(_mm512_load_ps(decoded + r * kChunk + (i - c0)), x, i, a[r]);
+      return;
+    }
+    const bool keep = groups > 1;
+    auto use = [&](int r, int64_t i, __m512 v) DSV4_AVX512 {
+      if (keep) _mm512_store_ps(decoded + r * kChunk + (i - c0), v);
+      fma16_tokens<T>(v, x, i, a[r]);
+    };
+    const bool prefetch = g.has_next;
+    for (int64_t b = c0; b < c1; b += 128) {
+      const int64_t end = std::min(c1, b + 128);
+      uint8_t sb[4];
+      bool half_ok = true;
+      for (int r = 0; r < 4; ++r) {
+        sb[r] = w.scale[(g.row(r) / 128) * w.scale_cols + b / 128];
+        half_ok = half_ok && sb[r] <= kMaxHalfPathScale;
+      }
+      // The fp16 decoding, 32 weights a step. With one token group whose
+      // four rows share the block's scale, that scale is already in the
+      // inputs: each FMA gets the exact product (e4m3 * 2^-8) * (x * 2^(s -
+      // 119)) = (e4m3 * 2^(s - 127)) * x that the other paths give it, same
+      // bits, without the two scale multiplies per 32 weights.
+      auto half_path = [&]<bool kPrescaled>() DSV4_AVX512 {
+        const float* prescaled[T];
+        __m512 sc[4];
+        if constexpr (kPrescaled)
+          for (int t = 0; t < T; ++t) prescaled[t] = g.scaled_inputs + t * cols;
+        else
+          for (int r = 0; r < 4; ++r) sc[r] = _mm512_set1_ps(e8m0_to_float(sb[r]) * 256.0f);
+        auto put = [&](int r, int64_t i, __m512 v) DSV4_AVX512 {
+          if constexpr (kPrescaled) {
+            fma16_tokens<T>(v, prescaled, i, a[r]);  // groups == 1: nothing to keep
+          } else {
+            use(r, i, _mm512_mul_ps(v, sc[r]));
+          }
+        };
+        int64_t i = b;
+        for (; i + 32 <= end; i += 32) {
+          if (prefetch && i % 64 == 0)  // one cache line per row
+            for (int r = 0; r < 4; ++r) _mm_prefetch((const char*)(p[r] + i) + kPrefetchBytesAhead, _MM_HINT_T0);
+          for (int r = 0; r < 4; ++r) {
+            __m512 lo, hi;
+            e4m3x32_to_ps_times_2m8(p[r] + i, lo, hi);
+            put(r, i, lo);
+            put(r, i + 16, hi);
+          }
+        }
+        for (; i < end; i += 16)
+          for (int r = 0; r < 4; ++r) put(r, i, e4m3_to_ps_times_2m8(_mm_loadu_si128((const __m128i*)(p[r] + i))));
+      };
+      if (g.scaled_inputs && groups == 1 && g.scaled_spans[b / 128]) {
+        half_path.template operator()<true>();
+      } else if (half_ok) {
+        half_path.template operator()<false>();
+      } else {
+        for (int64_t i = b; i < end; i += 16)
+          for (int r = 0; r < 4; ++r)
+            use(r, i,
+                e4m3_to_ps_avx512(_mm_loadu_si128((const __m128i*)(p[r] + i)), _mm512_set1_ps(e8m0_to_float(sb[r]))));
+      }
+    }
+  });
+}
+
+DSV4_AVX512 void dot4_fp4_avx512(const Linear& w, RowGroup g, const float* xs, int64_t n, double* out,
+                                 int64_t out_stride) {
+  const int64_t cols = w.cols, row_bytes = cols / 2;
+  const uint8_t* p[4];
+  const uint8_t* s[4];
+  for (int r = 0; r < 4; ++r) {
+    p[r] = w.data + g.row(r) * row_bytes;
+    s[r] = w.scale + g.row(r) * w.scale_cols;
+  }
+  const E2m1Tables& tables = e2m1_tables();
+  dot4_token_groups(cols, xs, n, out, out_stride,
+                    [&]<int T>(int64_t c0, int64_t c1, const float* const* x, __m512 (*a)[T], int group,
+                               int) DSV4_AVX512 {
+    const bool prefetch = g.has_next && group == 0;
+    for (int64_t b = c0; b < c1; b += 32) {
+      if (prefetch && b % 128 == 0)  // one cache line per row
+        for (int r = 0; r < 4; ++r) _mm_prefetch((const char*)(p[r] + b / 2) + kPrefetchBytesAhead, _MM_HINT_T0);
+      for (int r = 0; r < 4; ++r) {
+        __m512 even, odd;
+        e2m1_block_avx512(p[r] + b / 2, e2m1_table_avx512(tables, s[r][b / 32]), even, odd);
+        fma16_tokens<T>(even, x, b, a[r]);
+        fma16_tokens<T>(odd, x, b + 16, a[r]);
+      }
+    }
+  });
+}
+
+// The four rows of `g` against n < packed_min_tokens(w) tokens.
+DSV4_AVX512 void dot4_all_tokens_avx512(const Linear& w, RowGroup g, const float* xs, int64_t n, double* out,
+                                        int64_t out_stride) {
+  switch (w.format) {
+    case WeightFormat::F32:
+    case WeightFormat::BF16: dot4_float_avx512(w, g, xs, n, out, out_stride); break;
+    case WeightFormat::FP8_BLOCK128: dot4_fp8_avx512(w, g, xs, n, out, out_stride); break;
+    case WeightFormat::FP4_BLOCK32: dot4_fp4_avx512(w, g, xs, n, out, out_stride); break;
+  }
+}
+
+// Storage positions [c0, c1) of one row, decoded with the fast decoders into
+// dst, dst + step, dst + 2 * step, ... (16 floats each).
+DSV4_AVX512 void decode_chunk_avx512(const Linear& w, int64_t row, int64_t c0, int64_t c1, float* dst,
+                                     int64_t step) {
+  const int64_t n = w.cols;
+  switch (w.format) {
+    case WeightFormat::F32:
+    case WeightFormat::BF16:
+      for (int64_t i = c0; i < c1; i += 16, dst += step) _mm512_storeu_ps(dst, decode16_avx512(w, row, i));
+      return;
+    case WeightFormat::FP8_BLOCK128: {
+      const uint8_t* p = w.data + row * n;
+      for (int64_t b = c0; b < c1; b += 128) {
+        const uint8_t s = w.scale[(row / 128) * w.scale_cols + b / 128];
+        const int64_t end = std::min(c1, b + 128);
+        if (s <= kMaxHalfPathScale) {
+          const __m512 sc = _mm512_set1_ps(e8m0_to_float(s) * 256.0f);
+          for (int64_t i = b; i < end; i += 16, dst += step)
+            _mm512_storeu_ps(dst, e4m3_to_ps_via_half(_mm_loadu_si128((const __m128i*)(p + i)), sc));
+        } else {
+          const __m512 sc = _mm512_set1_ps(e8m0_to_float(s));
+          for (int64_t i = b; i < end; i += 16, dst += step)
+            _mm512_storeu_ps(dst, e4m3_to_ps_avx512(_mm_loadu_si128((const __m128i*)(p + i)), sc));
+        }
+      }
+      return;
+    }
+    case WeightFormat::FP4_BLOCK32: {
+      const uint8_t* p = w.data + row * (n / 2);
+      const E2m1Tables& tables = e2m1_tables();
+      for (int64_t b = c0; b < c1; b += 32, dst += 2 * step) {
+        __m512 even, odd;
+        e2m1_block_avx512(p + b / 2, e2m1_table_avx512(tables, w.scale[row * w.scale_cols + b / 32]), even, odd);
+        _mm512_storeu_ps(dst, even);
+        _mm512_storeu_ps(dst + step, odd);
+      }
+      return;
+    }
+  }
+}
+
+// r[i][j] -> r[j][i] for a 16 x 16 block of floats.
+DSV4_AVX512 inline void transpose16x16(__m512 r[16]) {
+  __m512 a[16], b[16];
+  for (int i = 0; i < 8; ++i) {
+    a[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    a[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    const __m512d a0 = _mm512_castps_pd(a[4 * i]), a1 = _mm512_castps_pd(a[4 * i + 1]);
+    const __m512d a2 = _mm512_castps_pd(a[4 * i + 2]), a3 = _mm512_castps_pd(a[4 * i + 3]);
+    b[4 * i + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(a0, a2));
+    b[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a0, a2));
+    b[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(a1, a3));
+    b[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(a1, a3));
+  }
+  // b[4i + m], 128-bit lane L, holds rows 4i..4i+3 of column 4L + m.
+  for (int m = 0; m < 4; ++m) {
+    const __m512 e0 = _mm512_shuffle_f32x4(b[m], b[4 + m], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512 e1 = _mm512_shuffle_f32x4(b[m], b[4 + m], _MM_SHUFFLE(3, 2, 3, 2));
+    const __m512 e2 = _mm512_shuffle_f32x4(b[8 + m], b[12 + m], _MM_SHUFFLE(1, 0, 1, 0));
+    const __m512 e3 = _mm512_shuffle_f32x4(b[8 + m], b[12 + m], _MM_SHUFFLE(3, 2, 3, 2));
+    r[m] = _mm512_shuffle_f32x4(e0, e2, _MM_SHUFFLE(2, 0, 2, 0));
+    r[4 + m] = _mm512_shuffle_f32x4(e0, e2, _MM_SHUFFLE(3, 1, 3, 1));
+    r[8 + m] = _mm512_shuffle_f32x4(e1, e3, _MM_SHUFFLE(2, 0, 2, 0));
+    r[12 + m] = _mm512_shuffle_f32x4(e1, e3, _MM_SHUFFLE(3, 1, 3, 1));
+  }
+}
+
+// Rows [row, row + count) (count <= 16; the rest of the 16 are zeros),
+// storage positions [c0, c0 + 16 * steps), into a panel row group: for lane
+// l and step k, the 16 rows land at panel[(l * steps + k) * kPanelRows].
+DSV4_AVX512 void decode_rows_to_panel(const Linear& w, int64_t row, int count, int64_t c0, int64_t steps,
+                                      float* rows_tmp, float* panel) {
+  for (int r = 0; r < 16; ++r) {
+    float* dst = rows_tmp + r * steps * 16;
+    if (r < count) decode_chunk_avx512(w, row + r, c0, c0 + steps * 16, dst, 16);
+    else std::fill_n(dst, steps * 16, 0.0f);
+  }
+  for (int64_t k = 0; k < steps; ++k) {
+    __m512 v[16];
+    for (int r = 0; r < 16; ++r) v[r] = _mm512_loadu_ps(rows_tmp + r * steps * 16 + k * 16);
+    transpose16x16(v);
+    for (int l = 0; l < 16; ++l) _mm512_storeu_ps(panel + (l * steps + k) * kPanelRows, v[l]);
+  }
+}
+
+// One lane's FMA chains over `steps` steps for 32 rows (w: 32 floats per
+// step) and T tokens (x: T floats per step); the chains' fp32 results go to
+// out[t * 32 + row].
+template <int T>
+DSV4_AVX512 void outer_lane_kernel(const float* w, const float* x, int64_t steps, float* out) {
+  __m512 a[T][2];
+  for (auto& t : a) t[0] = t[1] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < steps; ++k, w += kPanelRows, x += T) {
+    const __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16);
+    for (int t = 0; t < T; ++t) {
+      const __m512 xb = _mm512_set1_ps(x[t]);
+      a[t][0] = _mm512_fmadd_ps(w0, xb, a[t][0]);
+      a[t][1] = _mm512_fmadd_ps(w1, xb, a[t][1]);
+    }
+  }
+  for (int t = 0; t < T; ++t) {
+    _mm512_storeu_ps(out + t * kPanelRows, a[t][0]);
+    _mm512_storeu_ps(out + t * kPanelRows + 16, a[t][1]);
+  }
+}
+
+// The 16 lanes of a row group x T tokens (lane l's results at
+// lanes[(l * T + t) * 32 + row]), folded with fold16_avx512's tree, eight
+// rows at a time, and added to sums[t * sums_stride + row].
+DSV4_AVX512 void fold_lanes(const float* lanes, int tokens, double* sums, int64_t sums_stride) {
+  for (int t = 0; t < tokens; ++t)
+    for (int h = 0; h < kPanelRows; h += 8) {
+      __m512d l[16];
+      for (int q = 0; q < 16; ++q) l[q] = _mm512_cvtps_pd(_mm256_loadu_ps(lanes + (q * tokens + t) * kPanelRows + h));
+      for (int q = 0; q < 8; ++q) l[q] = _mm512_add_pd(l[q], l[q + 8]);
+      for (int q = 0; q < 4; ++q) l[q] = _mm512_add_pd(l[q], l[q + 4]);
+      for (int q = 0; q < 2; ++q) l[q] = _mm512_add_pd(l[q], l[q + 2]);
+      double* s = sums + t * sums_stride + h;
+      _mm512_storeu_pd(s, _mm512_add_pd(_mm512_loadu_pd(s), _mm512_add_pd(l[0], l[1])));
+    }
+}
+
+DSV4_AVX512 void outer_lane_kernel_any(int tokens, const float* w, const float* x, int64_t steps, float* out) {
+  switch (tokens) {
+    case 12: outer_lane_kernel<12>(w, x, steps, out); break;
+    case 11: outer_lane_kernel<11>(w, x, steps, out); break;
+    case 10: outer_lane_kernel<10>(w, x, steps, out); break;
+    case 9: outer_lane_kernel<9>(w, x, steps, out); break;
+    case 8: outer_lane_kernel<8>(w, x, steps, out); break;
+    case 7: outer_lane_kernel<7>(w, x, steps, out); break;
+    case 6: outer_lane_kernel<6>(w, x, steps, out); break;
+    case 5: outer_lane_kernel<5>(w, x, steps, out); break;
+    case 4: outer_lane_kernel<4>(w, x, steps, out); break;
+    case 3: outer_lane_kernel<3>(w, x, steps, out); break;
+    case 2: outer_lane_kernel<2>(w, x, steps, out); break;
+    default: outer_lane_kernel<1>(w, x, steps, out); break;
+  }
+}
+
+// R rows of a panel against T tokens of a packed group, `steps` x 16
+// positions; the folded chunk is added to sum[r * sum_stride + t].
+template <int R, int T>
+DSV4_AVX512 void micro_kernel_avx512(const float* w, const float* x, int64_t steps, double* sum,
+                                     int64_t sum_stride) {
+  __m512 a[R][T];
+  for (auto& r : a)
+    for (auto& t : r) t = _mm512_setzero_ps();
+  for (int64_t s = 0; s < steps; ++s, w += R * 16, x += T * 16) {
+    __m512 xv[T];
+    for (int t = 0; t < T; ++t) xv[t] = _mm512_loadu_ps(x + t * 16);
+    for (int r = 0; r < R; ++r) {
+      const __m512 wv = _mm512_loadu_ps(w + r * 16);
+      for (int t = 0; t < T; ++t) a[r][t] = _mm512_fmadd_ps(wv, xv[t], a[r][t]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) sum[r * sum_stride + t] += fold16_avx512(a[r][t]);
+}
+
+template <int R>
+DSV4_AVX512 void micro_kernel_rows_avx512(int tokens, const float* w, const float* x, int64_t steps, double* sum,
+                                          int64_t sum_stride) {
+  switch (tokens) {
+    case 6: micro_kernel_avx512<R, 6>(w, x, steps, sum, sum_stride); break;
+    case 5: micro_kernel_avx512<R, 5>(w, x, steps, sum, sum_stride); break;
+    case 4: micro_kernel_avx512<R, 4>(w, x, steps, sum, sum_stride); break;
+    case 3: micro_kernel_avx512<R, 3>(w, x, steps, sum, sum_stride); break;
+    case 2: micro_kernel_avx512<R, 2>(w, x, steps, sum, sum_stride); break;
+    default: micro_kernel_avx512<R, 1>(w, x, steps, sum, sum_stride); break;
+  }
+}
+
+DSV4_AVX512 void micro_kernel_any_avx512(int rows, int tokens, const float* w, const float* x, int64_t steps,
+                                         double* sum, int64_t sum_stride) {
+  switch (rows) {
+    case 4: micro_kernel_rows_avx512<4>(tokens, w, x, steps, sum, sum_stride); break;
+    case 3: micro_kernel_rows_avx512<3>(tokens, w, x, steps, sum, sum_stride); break;
+    case 2: micro_kernel_rows_avx512<2>(tokens, w, x, steps, sum, sum_stride); break;
+    default: micro_kernel_rows_avx512<1>(tokens, w, x, steps, sum, sum_stride); break;
+  }
+}
+
+// Rows [lo, hi) of rows [row_begin, row_begin + out) against n register-path
+// tokens, as four streams (see RowGroup); the last rows of a range that
+// does not split in four go one by one.
+void rows_as_four_streams(const Linear& w, int64_t row_begin, int64_t lo, int64_t hi, const float* xs, int64_t n,
+                          float* y, int64_t y_stride) {
+  const int64_t quarter = (hi - lo) / 4;
+  for (int64_t j = 0; j < quarter; ++j) {
+    const RowGroup g{row_begin + lo + j, quarter, j + 1 < quarter};
+    double r[4 * kMaxRegisterTokens];
+    dot4_all_tokens_avx512(w, g, xs, n, r, 4);
+    for (int64_t t = 0; t < n; ++t)
+      for (int q = 0; q < 4; ++q) y[t * y_stride + lo + j + q * quarter] = float(r[t * 4 + q]);
+  }
+  for (int64_t o = lo + 4 * quarter; o < hi; ++o)
+    for (int64_t t = 0; t < n; ++t) y[t * y_stride + o] = float(dot_avx512(w, row_begin + o, xs + t * w.cols));
+}
+
+}  // namespace
+
+// Rows [o0, o1) against n register-path tokens. FP8 rows that fill whole
+// 128-row blocks go as four streams 32 rows apart inside each block: the
+// four rows of a group then share their scales, and for one token each
+// block's scales go into a copy of the input once, for its 32 groups,
+// instead of into every decoded weight. With 2-4 tokens that prescaling was
+// slower, the grouping alone as fast (docs/kernels.md). The other rows go
+// as four streams over the range.
+DSV4_AVX512 void register_rows_avx512(const Linear& w, int64_t row_begin, int64_t o0, int64_t o1, const float* xs,
+                                      int64_t n, float* y, int64_t y_stride) {
+  const int64_t blocks_begin = (row_begin + o0 + 127) / 128 * 128 - row_begin;
+  const int64_t blocks_end = (row_begin + o1) / 128 * 128 - row_begin;
+  if (w.format != WeightFormat::FP8_BLOCK128 || blocks_begin >= blocks_end) {
+    rows_as_four_streams(w, row_begin, o0, o1, xs, n, y, y_stride);
+    return;
+  }
+  rows_as_four_streams(w, row_begin, o0, blocks_begin, xs, n, y, y_stride);
+  const int64_t cols = w.cols, spans = w.scale_cols;
+  const bool prescale = n == 1;
+  const auto [prescale_min, prescale_max] = prescale ? prescalable_scales(xs, n * cols) : std::pair<int, int>{1, 0};
+  float* scaled = nullptr;  // the scaled inputs, then a flag per span, in one scratch block
+  uint8_t* scaled_spans = nullptr;
+  if (prescale) {
+    scaled = static_cast<float*>(thread_scratch(ScratchSlot::ScaledInput, size_t(n * cols) * 4 + size_t(spans)));
+    scaled_spans = reinterpret_cast<uint8_t*>(scaled + n * cols);
+  }
+  for (int64_t block = blocks_begin; block < blocks_end; block += 128) {
+    if (prescale) {
+      const uint8_t* scale_row = w.scale + (row_begin + block) / 128 * spans;
+      for (int64_t k = 0; k < spans; ++k) {
+        const int s = scale_row[k];
+        scaled_spans[k] = s >= prescale_min && s <= prescale_max;
+        if (!scaled_spans[k]) continue;
+        const __m512 f = _mm512_set1_ps(e8m0_to_float(uint8_t(s)) * 256.0f);
+        for (int64_t t = 0; t < n; ++t)
+          for (int64_t c = k * 128; c < std::min(cols, k * 128 + 128); c += 16)
+            _mm512_storeu_ps(scaled + t * cols + c, _mm512_mul_ps(_mm512_loadu_ps(xs + t * cols + c), f));
+      }
+    }
+    for (int64_t j = 0; j < 32; ++j) {
+      const RowGroup g{row_begin + block + j, 32, j + 1 < 32, scaled, scaled_spans};
+      double r[4 * kMaxRegisterTokens];
+      dot4_all_tokens_avx512(w, g, xs, n, r, 4);
+      for (int64_t t = 0; t < n; ++t)
+        for (int q = 0; q < 4; ++q) y[t * y_stride + block + j + 32 * q] = float(r[t * 4 + q]);
+    }
+  }
+  rows_as_four_streams(w, row_begin, blocks_end, o1, xs, n, y, y_stride);
+}
+
+// Y[t][o] for rows [row_begin, row_begin + out) and n packed tokens (xp),
+// on `threads` threads.
+DSV4_AVX512 void packed_gemm_dot_avx512(const Linear& w, int64_t row_begin, int64_t out, const float* xp, int64_t n,
+                                    float* y, int64_t y_stride, int threads) {
+  const int64_t cols = w.cols;
+  const PackedTasks tasks = packed_tasks(out, n, threads, kDotTokens, kDotRows);
+  const int64_t token_block = tasks.token_block;
+#pragma omp parallel num_threads(threads)
+  {
+    float* panel = thread_scratch_array<float>(ScratchSlot::GemmPanel, kRowBlock * kChunk);
+    double* sums = thread_scratch_array<double>(ScratchSlot::GemmSums, kRowBlock * token_block);
+#pragma omp for schedule(dynamic)
+    for (int64_t task = 0; task < tasks.count(); ++task) {
+      const int64_t t0 = tasks.first_token(task), r0 = tasks.first_row(task);
+      const int64_t nt = std::min(token_block, n - t0), nr = std::min(tasks.row_block, out - r0);
+      std::fill_n(sums, kRowBlock * token_block, 0.0);
+      for (int64_t c0 = 0; c0 < cols; c0 += kChunk) {
+        const int64_t c1 = std::min(cols, c0 + kChunk), steps = (c1 - c0) / 16;
+        const NextPanel next = next_panel(tasks, out, cols, task, c1, (nt + kDotTokens - 1) / kDotTokens);
+        for (int64_t r = 0; r < nr; ++r) {
+          const int64_t g = r / kDotRows * kDotRows;
+          const int64_t rows_in_group = std::min<int64_t>(kDotRows, nr - g);
+          decode_chunk_avx512(w, row_begin + r0 + r, c0, c1, panel + g * kChunk + (r - g) * 16,
+                              rows_in_group * 16);
+        }
+        for (int64_t tg = t0; tg < t0 + nt; tg += kDotTokens) {
+          prefetch_next_panel_part(w, row_begin, next, (tg - t0) / kDotTokens);
+          const int group = int(std::min<int64_t>(kDotTokens, n - tg));
+          const float* xg = xp + tg * cols + (c0 / 16) * (group * 16);
+          for (int64_t g = 0; g < nr; g += kDotRows)
+            micro_kernel_any_avx512(int(std::min<int64_t>(kDotRows, nr - g)), group, panel + g * kChunk, xg,
+                                    steps, sums + g * token_block + (tg - t0), token_block);
+        }
+      }
+      store_task_sums(sums, token_block, 1, nt, nr, y + t0 * y_stride + r0, y_stride);
+    }
+  }
+}
+
+void packed_gemm_outer_avx512(const Linear& w, int64_t row_begin, int64_t out, const float* xp, int64_t n, float* y,
+                              int64_t y_stride, int threads) {
+  packed_gemm_outer(
+      w, row_begin, out, xp, n, y, y_stride, threads,
+      [&](int64_t row, int count, int64_t c0, int64_t steps, float* rows_tmp, float* panel) DSV4_AVX512 {
+        decode_rows_to_panel(w, row, count, c0, steps, rows_tmp, panel);
+      },
+      [](int group, const float* pg, const float* xg, int64_t steps, float* lanes) DSV4_AVX512 {
+        for (int l = 0; l < 16; ++l)
+          outer_lane_kernel_any(group, pg + l * steps * kPanelRows, xg + l * steps * group, steps,
+                                lanes + l * group * kPanelRows);
+      },
+      fold_lanes);
+}
+
+}  // namespace dsv4::linear_detail

@@ -1,0 +1,175 @@
+// What the CPU weight-product kernels (kernels/cpu/linear*.cpp) share: the
+// scalar decoders, the canonical order's chunk and fold (kernels/linear.h),
+// the FP4 value tables, the limits that choose between the register path and
+// the packed GEMM, and the per-ISA entry points that linear.cpp dispatches
+// to. The design is described in docs/kernels.md.
+//
+// The small helpers are inline here so that every kernel file still inlines
+// them into its loops, as when the kernels were one file.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+
+#include "core/numeric.h"
+#include "kernels/cpu/isa.h"
+#include "kernels/linear.h"
+
+namespace dsv4::linear_detail {
+
+// ---------------------------------------------------------------- scalar ---
+
+// Decodes weights [i0, i0+16) of a row into floats with the scale applied.
+inline void decode16(const Linear& w, int64_t row, int64_t i0, float* out) {
+  const int64_t n = w.cols;
+  switch (w.format) {
+    case WeightFormat::F32:
+      std::memcpy(out, reinterpret_cast<const float*>(w.data) + row * n + i0, 64);
+      return;
+    case WeightFormat::BF16: {
+      const uint16_t* p = reinterpret_cast<const uint16_t*>(w.data) + row * n + i0;
+      for (int l = 0; l < 16; ++l) out[l] = bf16_to_float(p[l]);
+      return;
+    }
+    case WeightFormat::FP8_BLOCK128: {
+      const uint8_t* p = w.data + row * n + i0;
+      float s = e8m0_to_float(w.scale[(row / 128) * w.scale_cols + i0 / 128]);
+      for (int l = 0; l < 16; ++l) out[l] = e4m3_to_float(p[l]) * s;
+      return;
+    }
+    case WeightFormat::FP4_BLOCK32: {
+      const uint8_t* p = w.data + row * (n / 2) + i0 / 2;
+      float s = e8m0_to_float(w.scale[row * w.scale_cols + i0 / 32]);
+      for (int l = 0; l < 8; ++l) {
+        out[2 * l] = e2m1_to_float(p[l] & 15) * s;
+        out[2 * l + 1] = e2m1_to_float(p[l] >> 4) * s;
+      }
+      return;
+    }
+  }
+}
+
+// Storage positions [i0, i0+16) of a row (see linear.h: FP4 blocks of 32
+// columns are stored even elements first), decoded with the scale applied.
+inline void decode16_storage(const Linear& w, int64_t row, int64_t i0, float* out) {
+  if (w.format != WeightFormat::FP4_BLOCK32) return decode16(w, row, i0, out);
+  const uint8_t* p = w.data + row * (w.cols / 2) + i0 / 32 * 16;
+  const float s = e8m0_to_float(w.scale[row * w.scale_cols + i0 / 32]);
+  const bool odd = i0 % 32 != 0;
+  for (int l = 0; l < 16; ++l) out[l] = e2m1_to_float(odd ? p[l] >> 4 : p[l] & 15) * s;
+}
+
+// The canonical order (see linear.h): within each chunk of kChunk columns,
+// element i goes to fp32 lane i mod 16 with one fused multiply-add, in
+// increasing i; the 16 lanes are folded in double in a fixed tree; the chunk
+// sums are added in double in increasing chunk order.
+constexpr int64_t kChunk = 1024;
+
+inline double fold16(const float* lanes) {
+  double s8[8], s4[4];
+  for (int l = 0; l < 8; ++l) s8[l] = double(lanes[l]) + double(lanes[l + 8]);
+  for (int l = 0; l < 4; ++l) s4[l] = s8[l] + s8[l + 4];
+  return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+
+// The 16 e2m1 values times 2^(s - 127) for every ue8m0 byte s, computed as
+// the scalar decoder computes them (code value * scale in float): loading a
+// block's table is cheaper than scaling one per block and row.
+struct E2m1Tables {
+  alignas(64) float values[256][16];
+  E2m1Tables() {
+    for (int s = 0; s < 256; ++s)
+      for (int c = 0; c < 16; ++c) values[s][c] = e2m1_to_float(uint8_t(c)) * e8m0_to_float(uint8_t(s));
+  }
+};
+inline const E2m1Tables& e2m1_tables() {
+  static const E2m1Tables tables;
+  return tables;
+}
+
+// Largest ue8m0 byte for which scale * 256 is still a finite float: the
+// SIMD fp16 decoders of e4m3 take the scale times 256.
+constexpr uint8_t kMaxHalfPathScale = 127 + 119;
+
+// ------------------------------------------------------ which path runs ---
+
+// Below this many tokens, weights are decoded in registers (the register
+// path, linear_avx512.cpp) instead of into packed panels. With several token
+// groups the first decodes each chunk's rows into an L1 buffer that the
+// others read (BF16, FP8), so a second decoding costs nothing and the
+// register path stays faster up to 16 tokens; FP4 rows (no buffer) are
+// packed from 8 tokens (measurements in docs/kernels.md).
+constexpr int64_t kPackedMinTokensFp4 = 8, kPackedMinTokensBuffered = 17;
+constexpr int64_t kMaxRegisterTokens = std::max(kPackedMinTokensFp4, kPackedMinTokensBuffered) - 1;
+
+// Matrices of fewer rows (the hyper-connection mixes: 24 x 16384 fp32)
+// stay on the register path at any token count, kMaxRegisterTokens tokens
+// at a time with the weights in L2: packing every token's input costs
+// more than such a product.
+constexpr int64_t kPackedMinRows = 64;
+
+inline int64_t packed_min_tokens(const Linear& w) {
+  return w.format == WeightFormat::FP4_BLOCK32 ? kPackedMinTokensFp4 : kPackedMinTokensBuffered;  // BF16, F32 and FP8
+}
+
+// From this many tokens on, the packed GEMM's outer form (below, its dot
+// form; gemm_driver.h). Its panel transpose and input packing pay off only
+// over many tokens: the dot form was as fast or faster up to 96 tokens, the
+// outer form faster from 128 (docs/kernels.md).
+constexpr int64_t kOuterMinTokens = 128;
+
+// The four rows of a register group: row(r) = first + r * stride. A thread
+// walks the rows of a piece as four streams (stride = a quarter of the
+// piece; the group after this one holds the next row of each stream), the
+// access pattern of the four-stream bandwidth measure: each stream runs on
+// through row after row, where consecutive groups of four rows restarted
+// four short streams every few KB.
+struct RowGroup {
+  int64_t first = 0, stride = 1;
+  bool has_next = false;  // the same thread takes rows row(r) + 1 next
+  // FP8, one token group: the four rows lie in one 128-row block, so they
+  // share each 128 columns' scale, and scaled_inputs ([token][column]) holds
+  // the inputs times 256 times that scale for the spans k with
+  // scaled_spans[k] (see prescalable_scales).
+  const float* scaled_inputs = nullptr;
+  const uint8_t* scaled_spans = nullptr;
+  int64_t row(int r) const { return first + r * stride; }
+};
+
+// ----------------------------------------------------------- entry points ---
+// All take inputs in storage order (linear.cpp prepares them) and give the
+// scalar path's bits.
+
+// linear.cpp: the FP8 scale bytes for which a token's inputs can carry the
+// block scale exactly (see register_rows_avx512).
+std::pair<int, int> prescalable_scales(const float* xs, int64_t count);
+
+// linear_avx2.cpp
+// One row against one token.
+DSV4_TARGET_AVX2 double dot_avx2(const Linear& w, int64_t row, const float* x);
+// Rows [lo, hi) of rows [row_begin, ...) against one token, y[o] receiving row
+// row_begin + o (four streams, see RowGroup).
+DSV4_TARGET_AVX2 void rows_one_token_avx2(const Linear& w, int64_t row_begin, int64_t lo, int64_t hi,
+                                          const float* xs, float* y);
+// One row against n tokens, y[t * y_stride] receiving token t.
+DSV4_TARGET_AVX2 void dot_tokens_avx2(const Linear& w, int64_t row, const float* xs, int64_t n, float* y,
+                                      int64_t y_stride);
+// The outer-form packed GEMM (xp packed by pack_token_outer, gemm_driver.h).
+void packed_gemm_outer_avx2(const Linear& w, int64_t row_begin, int64_t out, const float* xp, int64_t n, float* y,
+                            int64_t y_stride, int threads);
+
+// linear_avx512.cpp
+DSV4_TARGET_AVX512 double dot_avx512(const Linear& w, int64_t row, const float* x);
+// The register path: rows [o0, o1) of rows [row_begin, ...) against n <=
+// kMaxRegisterTokens tokens (xs: [n][cols]), Y[t][o] at y[t * y_stride + o].
+DSV4_TARGET_AVX512 void register_rows_avx512(const Linear& w, int64_t row_begin, int64_t o0, int64_t o1,
+                                             const float* xs, int64_t n, float* y, int64_t y_stride);
+// The packed GEMMs, dot form (xp packed by pack_token_dot) and outer form
+// (pack_token_outer), for rows [row_begin, row_begin + out) on `threads` threads.
+DSV4_TARGET_AVX512 void packed_gemm_dot_avx512(const Linear& w, int64_t row_begin, int64_t out, const float* xp,
+                                               int64_t n, float* y, int64_t y_stride, int threads);
+void packed_gemm_outer_avx512(const Linear& w, int64_t row_begin, int64_t out, const float* xp, int64_t n, float* y,
+                              int64_t y_stride, int threads);
+
+}  // namespace dsv4::linear_detail
