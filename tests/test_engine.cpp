@@ -170,5 +170,30 @@ TEST(Engine, GreedyStopsAtStopTokenAndCountsIt) {
   EXPECT_EQ(stopped.reason, FinishReason::Stop);
 }
 
+TEST(EngineValidate, OneCheckOfIdsAndLength) {
+  const RequestLimits limits{512, 64};
+  SamplingParams p;
+  p.max_new_tokens = 1000;
+  // 60 prompt tokens leave room for 4 in a context of 64.
+  EXPECT_EQ(validate_request(limits, prompt_of(60, 1), p).max_new_tokens, 4);
+  p.max_new_tokens = 3;
+  EXPECT_EQ(validate_request(limits, prompt_of(60, 1), p).max_new_tokens, 3);
+  EXPECT_EQ(validate_request(limits, {511}, p).max_new_tokens, 3);
+  EXPECT_THROW(validate_request(limits, {}, p), Error);
+  EXPECT_THROW(validate_request(limits, {0, 512}, p), Error);
+  EXPECT_THROW(validate_request(limits, {-1}, p), Error);
+  p.stop_token_ids = {7, 512};
+  EXPECT_THROW(validate_request(limits, {0}, p), Error);
+  p.stop_token_ids = {7, 511};
+  EXPECT_NO_THROW(validate_request(limits, {0}, p));
+  try {
+    validate_request(limits, prompt_of(64, 1), p);
+    FAIL();
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("The input (64 tokens) is longer than the model's context length (64 tokens)"),
+              std::string::npos);
+  }
+}
+
 }  // namespace
 }  // namespace dsv4::test

@@ -11,46 +11,6 @@
 
 namespace dsv4 {
 
-const char* finish_reason_name(FinishReason r) {
-  switch (r) {
-    case FinishReason::Stop: return "stop";
-    case FinishReason::Length: return "length";
-    case FinishReason::Abort: return "abort";
-    case FinishReason::Error: return "error";
-    default: return "";
-  }
-}
-
-bool RequestHandle::wait(std::vector<TokenEvent>& out, double timeout_s) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  if (events_.empty())
-    cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] { return !events_.empty(); });
-  if (events_.empty()) return false;
-  while (!events_.empty()) {
-    out.push_back(std::move(events_.front()));
-    events_.pop_front();
-  }
-  return true;
-}
-
-void RequestHandle::cancel() { cancelled_ = true; }
-
-RequestTimes RequestHandle::times() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return times_;
-}
-
-void RequestHandle::push(TokenEvent event) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    double now = now_seconds();
-    if (event.has_token && times_.first_token == 0) times_.first_token = now;
-    if (event.finished) times_.finished = now;
-    events_.push_back(std::move(event));
-  }
-  cv_.notify_all();
-}
-
 struct Engine::Sequence {
   std::shared_ptr<RequestHandle> handle;
   std::vector<int32_t> prompt;
@@ -83,15 +43,8 @@ Engine::~Engine() {
 
 std::shared_ptr<RequestHandle> Engine::submit(const std::string& id, std::vector<int32_t> prompt,
                                               SamplingParams params) {
-  const ModelConfig& c = model_->config();
-  if (prompt.empty()) throw Error("the prompt is empty");
-  for (int32_t t : prompt)
-    if (t < 0 || t >= c.vocab_size) throw Error("token id " + std::to_string(t) + " is outside the vocabulary");
+  params = validate_request(limits(), prompt, std::move(params));
   const int64_t n = int64_t(prompt.size());
-  if (n >= options_.context_length)
-    throw Error("The input (" + std::to_string(n) + " tokens) is longer than the model's context length (" +
-                std::to_string(options_.context_length) + " tokens).");
-  params.max_new_tokens = std::min(params.max_new_tokens, options_.context_length - n);
   auto handle = std::make_shared<RequestHandle>();
   handle->id_ = id;
   handle->prompt_tokens_ = n;
@@ -102,7 +55,7 @@ std::shared_ptr<RequestHandle> Engine::submit(const std::string& id, std::vector
   seq->params = std::move(params);
   seq->reserved_tokens = n + seq->params.max_new_tokens;
   seq->stop_ids = seq->params.stop_token_ids;
-  if (!seq->params.ignore_eos) seq->stop_ids.push_back(int32_t(c.eos_token_id));
+  if (!seq->params.ignore_eos) seq->stop_ids.push_back(int32_t(model_->config().eos_token_id));
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (int64_t(waiting_.size()) >= options_.max_queued_requests) throw QueueFullError();
@@ -320,10 +273,11 @@ void Engine::step(std::vector<std::unique_ptr<Sequence>>& running) {
     e.sampled = t;
     e.has_token = true;
     e.is_stop_token = std::find(s.stop_ids.begin(), s.stop_ids.end(), t.token) != s.stop_ids.end();
-    const int64_t total = int64_t(s.prompt.size() + s.output.size());
+    // validate_request lowered max_new_tokens to what the context holds after
+    // the prompt, so the length limit also stops a sequence at the context's end.
     if (e.is_stop_token) e.finished = true, e.reason = FinishReason::Stop;
-    else if (int64_t(s.output.size()) >= s.params.max_new_tokens || total >= options_.context_length)
-      e.finished = true, e.reason = FinishReason::Length;
+    else if (int64_t(s.output.size()) >= s.params.max_new_tokens) e.finished = true, e.reason = FinishReason::Length;
+    const bool finished = e.finished;
     s.handle->push(std::move(e));
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -332,7 +286,7 @@ void Engine::step(std::vector<std::unique_ptr<Sequence>>& running) {
       recent_tokens_.push_back({now, 1});
       while (!recent_tokens_.empty() && now - recent_tokens_.front().first > 10) recent_tokens_.pop_front();
     }
-    if (int64_t(s.output.size()) >= s.params.max_new_tokens || e.is_stop_token || total >= options_.context_length) {
+    if (finished) {
       // Keep the conversation's state for a follow-up turn, then free it.
       std::vector<int32_t> fed_tokens(s.prompt);
       fed_tokens.insert(fed_tokens.end(), s.output.begin(), s.output.end() - 1);
