@@ -170,6 +170,40 @@ TEST(Engine, GreedyStopsAtStopTokenAndCountsIt) {
   EXPECT_EQ(stopped.reason, FinishReason::Stop);
 }
 
+// The executor's rows are the model's: a multi-token item wanting every row
+// gives, batched with another sequence, the bits of feeding its tokens one at
+// a time; an item wanting none advances its state and returns no rows.
+TEST(Engine, ExecutorRowsMatchOneTokenAtATime) {
+  const Model& m = *shared_model();
+  const int64_t V = m.config().vocab_size;
+  Executor ex(m);
+  const std::vector<int32_t> p = prompt_of(40, 5);
+  const std::vector<int32_t> head(p.begin(), p.begin() + 36), tail(p.begin() + 36, p.end());
+  SequenceState ref = m.new_state();
+  std::vector<ExecItem> items = {{&ref, head, LogitRows::None}};
+  StepLogits none = ex.run(items);
+  EXPECT_EQ(none.rows(0), 0);
+  EXPECT_EQ(ref.n_tokens, 36);
+  std::vector<std::vector<float>> want;
+  for (int32_t t : tail) {
+    items = {{&ref, {t}, LogitRows::Last}};
+    StepLogits l = ex.run(items);
+    ASSERT_EQ(l.rows(0), 1);
+    want.emplace_back(l.row(0, 0), l.row(0, 0) + V);
+  }
+  SequenceState a = m.new_state(), b = m.new_state();
+  items = {{&a, head, LogitRows::None}, {&b, prompt_of(17, 6), LogitRows::Last}};
+  ex.run(items);
+  items = {{&b, {3}, LogitRows::Last}, {&a, tail, LogitRows::All}};
+  StepLogits all = ex.run(items);
+  EXPECT_EQ(all.rows(0), 1);
+  ASSERT_EQ(all.rows(1), int64_t(tail.size()));
+  EXPECT_EQ(a.n_tokens, 40);
+  for (size_t r = 0; r < tail.size(); ++r)
+    EXPECT_EQ(std::vector<float>(all.row(1, int64_t(r)), all.row(1, int64_t(r)) + V), want[r]) << r;  // bitwise
+  EXPECT_EQ(all.last_row(1), all.row(1, int64_t(tail.size()) - 1));
+}
+
 TEST(EngineValidate, OneCheckOfIdsAndLength) {
   const RequestLimits limits{512, 64};
   SamplingParams p;

@@ -1,7 +1,9 @@
-// The generation engine: a scheduler thread that batches many sequences
-// through the model (continuous batching), interleaves chunked prefill with
-// decode, samples, and streams tokens to request handles. Callers pass the
-// full token prompt; the engine owns the decode states.
+// The generation engine: a thread that batches many sequences through the
+// model (continuous batching), interleaves chunked prefill with decode,
+// samples, and streams tokens to request handles. Callers pass the full token
+// prompt; the engine owns the decode states. Each step is planned by the
+// scheduler, run by the executor, sampled, offered to the cache policy and
+// turned into events (docs/engine.md).
 #pragma once
 #include <condition_variable>
 #include <cstdint>
@@ -14,9 +16,11 @@
 #include <thread>
 #include <vector>
 
-#include "engine/prefix_cache.h"
+#include "engine/cache_policy.h"
+#include "engine/executor.h"
 #include "engine/request.h"
 #include "engine/sampler.h"
+#include "engine/scheduler.h"
 #include "engine/validate.h"
 #include "model/model.h"
 
@@ -72,12 +76,19 @@ class Engine {
  private:
   struct Sequence;
   void loop();
+  void admit(std::vector<std::unique_ptr<Sequence>>& running);
+  void start(Sequence& s);
   void step(std::vector<std::unique_ptr<Sequence>>& running);
+  SampledToken draw(const Sequence& s, const float* logits) const;
+  void emit(Sequence& s, const float* logits, const SampledToken& t);
+  void retire(std::vector<std::unique_ptr<Sequence>>& running);
   void finish(Sequence& s, FinishReason reason, const std::string& error = "");
 
   std::shared_ptr<const Model> model_;
   EngineOptions options_;
-  PrefixCache cache_;
+  SchedulerBudgets budgets_;
+  Executor executor_;
+  CachePolicy cache_;
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<std::unique_ptr<Sequence>> waiting_;
