@@ -4,7 +4,6 @@
 
 #include <algorithm>
 
-#include "core/error.h"
 #include "core/machine.h"
 #include "core/scratch.h"
 #include "core/threads.h"
