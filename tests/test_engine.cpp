@@ -170,5 +170,64 @@ TEST(Engine, GreedyStopsAtStopTokenAndCountsIt) {
   EXPECT_EQ(stopped.reason, FinishReason::Stop);
 }
 
+// The executor's rows are the model's: a multi-token item wanting every row
+// gives, batched with another sequence, the bits of feeding its tokens one at
+// a time; an item wanting none advances its state and returns no rows.
+TEST(Engine, ExecutorRowsMatchOneTokenAtATime) {
+  const Model& m = *shared_model();
+  const int64_t V = m.config().vocab_size;
+  Executor ex(m);
+  const std::vector<int32_t> p = prompt_of(40, 5);
+  const std::vector<int32_t> head(p.begin(), p.begin() + 36), tail(p.begin() + 36, p.end());
+  SequenceState ref = m.new_state();
+  std::vector<ExecItem> items = {{&ref, head, LogitRows::None}};
+  StepLogits none = ex.run(items);
+  EXPECT_EQ(none.rows(0), 0);
+  EXPECT_EQ(ref.n_tokens, 36);
+  std::vector<std::vector<float>> want;
+  for (int32_t t : tail) {
+    items = {{&ref, {t}, LogitRows::Last}};
+    StepLogits l = ex.run(items);
+    ASSERT_EQ(l.rows(0), 1);
+    want.emplace_back(l.row(0, 0), l.row(0, 0) + V);
+  }
+  SequenceState a = m.new_state(), b = m.new_state();
+  items = {{&a, head, LogitRows::None}, {&b, prompt_of(17, 6), LogitRows::Last}};
+  ex.run(items);
+  items = {{&b, {3}, LogitRows::Last}, {&a, tail, LogitRows::All}};
+  StepLogits all = ex.run(items);
+  EXPECT_EQ(all.rows(0), 1);
+  ASSERT_EQ(all.rows(1), int64_t(tail.size()));
+  EXPECT_EQ(a.n_tokens, 40);
+  for (size_t r = 0; r < tail.size(); ++r)
+    EXPECT_EQ(std::vector<float>(all.row(1, int64_t(r)), all.row(1, int64_t(r)) + V), want[r]) << r;  // bitwise
+  EXPECT_EQ(all.last_row(1), all.row(1, int64_t(tail.size()) - 1));
+}
+
+TEST(EngineValidate, OneCheckOfIdsAndLength) {
+  const RequestLimits limits{512, 64};
+  SamplingParams p;
+  p.max_new_tokens = 1000;
+  // 60 prompt tokens leave room for 4 in a context of 64.
+  EXPECT_EQ(validate_request(limits, prompt_of(60, 1), p).max_new_tokens, 4);
+  p.max_new_tokens = 3;
+  EXPECT_EQ(validate_request(limits, prompt_of(60, 1), p).max_new_tokens, 3);
+  EXPECT_EQ(validate_request(limits, {511}, p).max_new_tokens, 3);
+  EXPECT_THROW(validate_request(limits, {}, p), Error);
+  EXPECT_THROW(validate_request(limits, {0, 512}, p), Error);
+  EXPECT_THROW(validate_request(limits, {-1}, p), Error);
+  p.stop_token_ids = {7, 512};
+  EXPECT_THROW(validate_request(limits, {0}, p), Error);
+  p.stop_token_ids = {7, 511};
+  EXPECT_NO_THROW(validate_request(limits, {0}, p));
+  try {
+    validate_request(limits, prompt_of(64, 1), p);
+    FAIL();
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("The input (64 tokens) is longer than the model's context length (64 tokens)"),
+              std::string::npos);
+  }
+}
+
 }  // namespace
 }  // namespace dsv4::test

@@ -97,5 +97,78 @@ TEST(Sampler, PenaltiesAndBlockedTokens) {
   EXPECT_EQ(sample_token(l.data(), 2, b, PenaltyState{}, {}, 0, {0}).token, 1);
 }
 
+// The distribution handed back is the one drawn from: it sums to 1, holds the
+// drawn token, respects the truncations, and asking for it changes nothing.
+TEST(Sampler, ReturnsTheDistributionItDrewFrom) {
+  std::vector<float> l(3000);
+  for (size_t i = 0; i < l.size(); ++i) l[i] = float(3.0 * std::sin(double(i) * 0.37));
+  PenaltyState seen;
+  seen.add(5);
+  seen.add(5);
+  seen.add(17);
+  const std::vector<int32_t> prompt = {1, 2, 3};
+  const std::vector<int32_t> blocked = {42, 2999};
+  std::vector<SamplingParams> cases(6);
+  cases[1].top_k = 7;
+  cases[2].top_p = 0.5f;
+  cases[3].min_p = 0.2f;
+  cases[4].temperature = 0.3f, cases[4].top_k = 100, cases[4].top_p = 0.9f, cases[4].min_p = 0.01f;
+  cases[5].temperature = 1.7f, cases[5].repetition_penalty = 1.3f, cases[5].frequency_penalty = 0.5f,
+  cases[5].presence_penalty = 0.4f;
+  for (size_t c = 0; c < cases.size(); ++c) {
+    SamplingParams p = cases[c];
+    p.top_logprobs = 2;
+    for (uint64_t seed = 0; seed < 20; ++seed) {
+      p.seed = seed;
+      SampledToken plain = sample_token(l.data(), int64_t(l.size()), p, seen, prompt, int64_t(seed), blocked);
+      TokenDistribution d;
+      SampledToken t = sample_token(l.data(), int64_t(l.size()), p, seen, prompt, int64_t(seed), blocked, &d);
+      EXPECT_EQ(t.token, plain.token);
+      EXPECT_EQ(t.logprob, plain.logprob);
+      EXPECT_EQ(t.top, plain.top);
+      ASSERT_FALSE(d.probs.empty());
+      double sum = 0;
+      for (size_t i = 0; i < d.probs.size(); ++i) {
+        EXPECT_GT(d.probs[i].second, 0.0f);
+        if (i > 0) EXPECT_LT(d.probs[i - 1].first, d.probs[i].first);  // sorted by id, no repeats
+        sum += d.probs[i].second;
+      }
+      EXPECT_NEAR(sum, 1.0, 1e-5) << c;
+      EXPECT_GT(d.prob(t.token), 0.0f) << c;
+      EXPECT_EQ(d.prob(42), 0.0f);  // blocked
+      EXPECT_EQ(d.prob(2999), 0.0f);
+      if (p.top_k > 0) EXPECT_LE(int64_t(d.probs.size()), p.top_k);
+    }
+  }
+  // Untruncated sampling at temperature 1 without penalties: the softmax.
+  std::vector<float> small = {0.0f, 1.0f, 2.0f, -1.0f};
+  TokenDistribution d;
+  SamplingParams p;
+  sample_token(small.data(), 4, p, PenaltyState{}, {}, 0, {}, &d);
+  double z = 0;
+  for (float v : small) z += std::exp(double(v));
+  ASSERT_EQ(d.probs.size(), 4u);
+  for (int v = 0; v < 4; ++v) EXPECT_NEAR(d.prob(v), std::exp(double(small[size_t(v)])) / z, 1e-6);
+  // top_p = 0.9 over probs ~ .51 .46 .025 .0002 keeps two tokens, renormalized.
+  std::vector<float> tail = {3.0f, 2.9f, 0.0f, -5.0f};
+  p.top_p = 0.9f;
+  sample_token(tail.data(), 4, p, PenaltyState{}, {}, 0, {}, &d);
+  ASSERT_EQ(d.probs.size(), 2u);
+  EXPECT_NEAR(d.prob(0), 1.0 / (1.0 + std::exp(-0.1)), 1e-6);
+}
+
+TEST(Sampler, GreedyDistributionIsOneHot) {
+  std::vector<float> l = {0.1f, 2.0f, -1.0f, 1.9f};
+  SamplingParams p;
+  p.temperature = 0;
+  TokenDistribution d;
+  SampledToken t = sample_token(l.data(), 4, p, PenaltyState{}, {}, 0, {1}, &d);  // 1 blocked: 3 wins
+  EXPECT_EQ(t.token, 3);
+  ASSERT_EQ(d.probs.size(), 1u);
+  EXPECT_EQ(d.probs[0].first, 3);
+  EXPECT_EQ(d.probs[0].second, 1.0f);
+  EXPECT_EQ(d.prob(1), 0.0f);
+}
+
 }  // namespace
 }  // namespace dsv4

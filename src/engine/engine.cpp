@@ -4,71 +4,50 @@
 
 #include <algorithm>
 
-#include "core/error.h"
 #include "core/machine.h"
 #include "core/scratch.h"
 #include "core/threads.h"
 
 namespace dsv4 {
 
-const char* finish_reason_name(FinishReason r) {
-  switch (r) {
-    case FinishReason::Stop: return "stop";
-    case FinishReason::Length: return "length";
-    case FinishReason::Abort: return "abort";
-    case FinishReason::Error: return "error";
-    default: return "";
-  }
-}
-
-bool RequestHandle::wait(std::vector<TokenEvent>& out, double timeout_s) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  if (events_.empty())
-    cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] { return !events_.empty(); });
-  if (events_.empty()) return false;
-  while (!events_.empty()) {
-    out.push_back(std::move(events_.front()));
-    events_.pop_front();
-  }
-  return true;
-}
-
-void RequestHandle::cancel() { cancelled_ = true; }
-
-RequestTimes RequestHandle::times() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return times_;
-}
-
-void RequestHandle::push(TokenEvent event) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    double now = now_seconds();
-    if (event.has_token && times_.first_token == 0) times_.first_token = now;
-    if (event.finished) times_.finished = now;
-    events_.push_back(std::move(event));
-  }
-  cv_.notify_all();
-}
-
 struct Engine::Sequence {
   std::shared_ptr<RequestHandle> handle;
   std::vector<int32_t> prompt;
   SamplingParams params;
+  Phase phase = Phase::Queued;
   SequenceState state;
   int64_t fed = 0;                 // tokens of prompt+output already in `state`
   std::vector<int32_t> output;     // generated tokens
   PenaltyState penalties;
   std::vector<int32_t> stop_ids;      // stop_token_ids plus EOS unless ignore_eos
-  std::vector<float> pending_logits;  // from a full prefix-cache hit
+  std::vector<float> cached_logits;   // after the prompt, from a full prefix-cache hit
   int64_t reserved_tokens = 0;
+
+  int64_t known() const { return int64_t(prompt.size() + output.size()); }
+  std::vector<int32_t> tokens(int64_t start, int64_t n) const {
+    std::vector<int32_t> t;
+    t.reserve(size_t(n));
+    for (int64_t i = start; i < start + n; ++i)
+      t.push_back(i < int64_t(prompt.size()) ? prompt[size_t(i)] : output[size_t(i) - prompt.size()]);
+    return t;
+  }
+  RunningSummary summary() const {
+    RunningSummary r;
+    r.phase = phase;
+    r.fed = fed;
+    r.known = known();
+    r.cached_logits = !cached_logits.empty();
+    r.cancelled = handle->cancelled();
+    return r;
+  }
 };
 
 Engine::Engine(std::shared_ptr<const Model> model, EngineOptions options)
-    : model_(std::move(model)), options_(options), cache_(options.prefix_cache_bytes) {
+    : model_(std::move(model)), options_(options), executor_(*model_), cache_(options.prefix_cache_bytes) {
   const int64_t model_max = model_->config().max_position_embeddings;
   if (options_.context_length <= 0 || options_.context_length > model_max) options_.context_length = model_max;
   if (options_.chunked_prefill_size <= 0) options_.chunked_prefill_size = options_.context_length;
+  budgets_ = {options_.max_running_requests, options_.max_total_tokens, options_.chunked_prefill_size};
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -83,15 +62,8 @@ Engine::~Engine() {
 
 std::shared_ptr<RequestHandle> Engine::submit(const std::string& id, std::vector<int32_t> prompt,
                                               SamplingParams params) {
-  const ModelConfig& c = model_->config();
-  if (prompt.empty()) throw Error("the prompt is empty");
-  for (int32_t t : prompt)
-    if (t < 0 || t >= c.vocab_size) throw Error("token id " + std::to_string(t) + " is outside the vocabulary");
+  params = validate_request(limits(), prompt, std::move(params));
   const int64_t n = int64_t(prompt.size());
-  if (n >= options_.context_length)
-    throw Error("The input (" + std::to_string(n) + " tokens) is longer than the model's context length (" +
-                std::to_string(options_.context_length) + " tokens).");
-  params.max_new_tokens = std::min(params.max_new_tokens, options_.context_length - n);
   auto handle = std::make_shared<RequestHandle>();
   handle->id_ = id;
   handle->prompt_tokens_ = n;
@@ -102,7 +74,7 @@ std::shared_ptr<RequestHandle> Engine::submit(const std::string& id, std::vector
   seq->params = std::move(params);
   seq->reserved_tokens = n + seq->params.max_new_tokens;
   seq->stop_ids = seq->params.stop_token_ids;
-  if (!seq->params.ignore_eos) seq->stop_ids.push_back(int32_t(c.eos_token_id));
+  if (!seq->params.ignore_eos) seq->stop_ids.push_back(int32_t(model_->config().eos_token_id));
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (int64_t(waiting_.size()) >= options_.max_queued_requests) throw QueueFullError();
@@ -139,7 +111,7 @@ int64_t Engine::abort_all() {
 
 bool Engine::flush_cache() {
   // A request whose last token was just delivered may still await retirement
-  // by the scheduler: give it a moment before calling the engine busy.
+  // by the engine thread: give it a moment before calling the engine busy.
   for (int attempt = 0; attempt < 200; ++attempt) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -175,6 +147,7 @@ void Engine::finish(Sequence& s, FinishReason reason, const std::string& error) 
   e.reason = reason;
   e.error = error;
   s.handle->push(std::move(e));
+  s.phase = Phase::Finished;
 }
 
 void Engine::loop() {
@@ -185,69 +158,19 @@ void Engine::loop() {
       std::unique_lock<std::mutex> lock(mutex_);
       cv_.wait(lock, [&] { return stop_ || !waiting_.empty() || !running.empty(); });
       if (stop_) break;
-      // Cancelled requests leave the queue at once.
-      for (auto it = waiting_.begin(); it != waiting_.end();) {
-        if ((*it)->handle->cancelled()) {
-          finish(**it, FinishReason::Abort);
-          ++totals_.aborted_total;
-          live_.erase((*it)->handle->id());
-          it = waiting_.erase(it);
-        } else {
-          ++it;
-        }
-      }
-      // Admission (FCFS) within the running-request and token budgets.
-      while (!waiting_.empty() && int64_t(running.size()) < options_.max_running_requests) {
-        Sequence& next = *waiting_.front();
-        if (options_.max_total_tokens > 0 && !running.empty() &&
-            used_tokens_ + next.reserved_tokens > options_.max_total_tokens)
-          break;
-        used_tokens_ += next.reserved_tokens;
-        running.push_back(std::move(waiting_.front()));
-        waiting_.pop_front();
-      }
-      running_count_ = int64_t(running.size());
+      admit(running);
     }
-    // New sequences: start from the longest cached prefix.
-    for (auto& s : running) {
-      if (s->fed > 0 || !s->state.layers.empty()) continue;
-      PrefixCache::Hit hit;
-      if (cache_.lookup(s->prompt, &hit)) {
-        s->state = std::move(hit.state);
-        s->fed = hit.matched;
-        s->pending_logits = std::move(hit.last_logits);
-        s->handle->cached_tokens_ = hit.matched;
-        std::lock_guard<std::mutex> lock(mutex_);
-        totals_.cached_tokens_total += hit.matched;
-      } else {
-        s->state = model_->new_state();
-      }
-    }
+    for (auto& s : running)
+      if (s->phase == Phase::Queued) start(*s);
     try {
       step(running);
     } catch (const std::exception& e) {
       // A failure of the step fails the requests in it, never the server.
-      for (auto& s : running) finish(*s, FinishReason::Error, e.what());
-      running.clear();
+      for (auto& s : running)
+        if (s->phase != Phase::Finished) finish(*s, FinishReason::Error, e.what());
     }
-    // Retire finished or cancelled sequences.
     std::lock_guard<std::mutex> lock(mutex_);
-    for (auto it = running.begin(); it != running.end();) {
-      Sequence& s = **it;
-      bool done = s.handle->cancelled() || s.state.layers.empty();
-      if (!done) {
-        ++it;
-        continue;
-      }
-      if (s.handle->cancelled() && !s.state.layers.empty()) {
-        finish(s, FinishReason::Abort);
-        ++totals_.aborted_total;
-      }
-      used_tokens_ -= s.reserved_tokens;
-      live_.erase(s.handle->id());
-      it = running.erase(it);
-    }
-    running_count_ = int64_t(running.size());
+    retire(running);
     // Idle again: hand freed sequence memory back to the OS, so a server's
     // footprint returns to its baseline after a burst.
     if (running.empty() && waiting_.empty()) {
@@ -260,105 +183,144 @@ void Engine::loop() {
   for (auto& s : waiting_) finish(*s, FinishReason::Abort, "server shutting down");
 }
 
-// One forward pass over every running sequence: one token for each decoding
-// sequence, and prompt chunks within the prefill budget.
-void Engine::step(std::vector<std::unique_ptr<Sequence>>& running) {
-  const ModelConfig& c = model_->config();
-  const int64_t V = c.vocab_size;
-  struct Planned {
-    Sequence* seq;
-    std::vector<int32_t> tokens;
-    bool samples;  // the chunk ends the known tokens: sample the next one
-  };
-  std::vector<Planned> plan;
-  std::vector<Sequence*> from_cache;
-  int64_t prefill_budget = options_.chunked_prefill_size;
-  for (auto& sp : running) {
-    Sequence& s = *sp;
-    if (s.handle->cancelled()) continue;
-    if (!s.pending_logits.empty()) {
-      from_cache.push_back(&s);
-      continue;
-    }
-    const int64_t known = int64_t(s.prompt.size() + s.output.size());
-    const int64_t todo = known - s.fed;
-    if (todo <= 0) continue;
-    int64_t take = todo;
-    if (todo > 1) {  // a prefill: bounded by the step's prefill budget
-      take = std::min(todo, prefill_budget);
-      if (take <= 0) continue;
-      prefill_budget -= take;
-    }
-    Planned p{&s, {}, take == todo};
-    for (int64_t i = s.fed; i < s.fed + take; ++i)
-      p.tokens.push_back(i < int64_t(s.prompt.size()) ? s.prompt[size_t(i)] : s.output[size_t(i) - s.prompt.size()]);
-    plan.push_back(std::move(p));
+// Under mutex_: the scheduler's admission applied to the queue.
+void Engine::admit(std::vector<std::unique_ptr<Sequence>>& running) {
+  std::vector<WaitingSummary> waiting;
+  waiting.reserve(waiting_.size());
+  for (auto& w : waiting_) waiting.push_back({w->reserved_tokens, w->handle->cancelled()});
+  const Admission a = schedule_admission(waiting, int64_t(running.size()), used_tokens_, budgets_);
+  for (size_t i : a.dropped) {
+    Sequence& s = *waiting_[i];
+    finish(s, FinishReason::Abort);
+    ++totals_.aborted_total;
+    live_.erase(s.handle->id());
+    waiting_[i].reset();
   }
-  std::vector<float> logits(plan.size() * size_t(V));
-  std::vector<BatchItem> items;
-  for (size_t i = 0; i < plan.size(); ++i)
-    items.push_back({&plan[i].seq->state, plan[i].tokens.data(), int64_t(plan[i].tokens.size()),
-                     plan[i].samples ? logits.data() + int64_t(i) * V : nullptr, nullptr, true});
-  if (!items.empty()) model_->forward_batch(items);
+  for (size_t i : a.admitted) running.push_back(std::move(waiting_[i]));
+  std::erase_if(waiting_, [](const auto& s) { return !s; });
+  used_tokens_ = a.used_tokens;
+  running_count_ = int64_t(running.size());
+}
+
+// A newly admitted sequence starts from the longest cached prefix of its
+// prompt, or from an empty state.
+void Engine::start(Sequence& s) {
+  PrefixCache::Hit hit;
+  if (cache_.start(s.prompt, &hit)) {
+    s.state = std::move(hit.state);
+    s.fed = hit.matched;
+    s.cached_logits = std::move(hit.last_logits);
+    s.handle->cached_tokens_ = hit.matched;
+    std::lock_guard<std::mutex> lock(mutex_);
+    totals_.cached_tokens_total += hit.matched;
+  } else {
+    s.state = model_->new_state();
+  }
+  s.phase = Phase::Prefilling;
+}
+
+// One forward pass over the running sequences, as the scheduler plans it,
+// then sampling and events in running order (sequences sampling from cached
+// logits last).
+void Engine::step(std::vector<std::unique_ptr<Sequence>>& running) {
+  const int64_t V = model_->config().vocab_size;
+  std::vector<RunningSummary> summaries;
+  summaries.reserve(running.size());
+  for (auto& s : running) summaries.push_back(s->summary());
+  const StepPlan plan = schedule_batch(summaries, budgets_);
+
+  std::vector<ExecItem> exec;
+  exec.reserve(plan.items.size());
+  for (const PlanItem& item : plan.items) {
+    Sequence& s = *running[item.seq];
+    exec.push_back({&s.state, s.tokens(item.start, item.n), item.logits});
+  }
+  const StepLogits logits = executor_.run(exec);
 
   // Sampling is a pure function of (logits, params, history, step), so the
   // sequences sample in parallel; events are emitted in order afterwards.
-  auto draw = [&](Sequence& s, const float* row) {
-    const int64_t step_index = int64_t(s.output.size());
-    std::vector<int32_t> blocked;
-    if (step_index < s.params.min_new_tokens) blocked = s.stop_ids;
-    return sample_token(row, V, s.params, s.penalties, s.prompt, step_index, blocked);
-  };
-  auto sample_and_emit = [&](Sequence& s, const float* row, const SampledToken& t) {
-    if (s.output.empty() && int64_t(s.prompt.size()) == s.fed) {
-      // The prompt is complete: keep its state for later requests.
-      cache_.insert(s.prompt, s.state, std::vector<float>(row, row + V));
-    }
-    s.output.push_back(t.token);
-    s.penalties.add(t.token);
-    TokenEvent e;
-    e.sampled = t;
-    e.has_token = true;
-    e.is_stop_token = std::find(s.stop_ids.begin(), s.stop_ids.end(), t.token) != s.stop_ids.end();
-    const int64_t total = int64_t(s.prompt.size() + s.output.size());
-    if (e.is_stop_token) e.finished = true, e.reason = FinishReason::Stop;
-    else if (int64_t(s.output.size()) >= s.params.max_new_tokens || total >= options_.context_length)
-      e.finished = true, e.reason = FinishReason::Length;
-    s.handle->push(std::move(e));
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      ++totals_.generation_tokens_total;
-      double now = now_seconds();
-      recent_tokens_.push_back({now, 1});
-      while (!recent_tokens_.empty() && now - recent_tokens_.front().first > 10) recent_tokens_.pop_front();
-    }
-    if (int64_t(s.output.size()) >= s.params.max_new_tokens || e.is_stop_token || total >= options_.context_length) {
-      // Keep the conversation's state for a follow-up turn, then free it.
-      std::vector<int32_t> fed_tokens(s.prompt);
-      fed_tokens.insert(fed_tokens.end(), s.output.begin(), s.output.end() - 1);
-      if (int64_t(fed_tokens.size()) == s.fed && s.fed > int64_t(s.prompt.size())) cache_.insert(fed_tokens, s.state);
-      s.state = SequenceState();  // marks the sequence done
-    }
-  };
-  std::vector<SampledToken> drawn(plan.size());
-  const int64_t n_sampled = std::count_if(plan.begin(), plan.end(), [](const auto& p) { return p.samples; });
+  // Items wanting every row carry drafts to verify, which this engine does
+  // not propose yet: only last-row items sample.
+  auto samples = [&](size_t i) { return plan.items[i].logits == LogitRows::Last; };
+  std::vector<SampledToken> drawn(plan.items.size());
+  int64_t n_sampled = 0;
+  for (size_t i = 0; i < plan.items.size(); ++i) n_sampled += samples(i);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads_for(n_sampled * V * 4))
-  for (size_t i = 0; i < plan.size(); ++i)
-    if (plan[i].samples) drawn[i] = draw(*plan[i].seq, logits.data() + int64_t(i) * V);
-  for (size_t i = 0; i < plan.size(); ++i) {
-    Sequence& s = *plan[i].seq;
-    s.fed += int64_t(plan[i].tokens.size());
+  for (size_t i = 0; i < plan.items.size(); ++i)
+    if (samples(i)) drawn[i] = draw(*running[plan.items[i].seq], logits.last_row(i));
+  for (size_t i = 0; i < plan.items.size(); ++i) {
+    Sequence& s = *running[plan.items[i].seq];
+    s.fed += plan.items[i].n;
     if (s.fed <= int64_t(s.prompt.size())) {
       std::lock_guard<std::mutex> lock(mutex_);
-      totals_.prompt_tokens_total += int64_t(plan[i].tokens.size());
+      totals_.prompt_tokens_total += plan.items[i].n;
     }
-    if (plan[i].samples) sample_and_emit(s, logits.data() + int64_t(i) * V, drawn[i]);
+    if (samples(i)) emit(s, logits.last_row(i), drawn[i]);
   }
-  for (Sequence* s : from_cache) {
-    std::vector<float> row = std::move(s->pending_logits);
-    s->pending_logits.clear();
-    sample_and_emit(*s, row.data(), draw(*s, row.data()));
+  for (size_t k : plan.sample_cached) {
+    Sequence& s = *running[k];
+    const std::vector<float> row = std::move(s.cached_logits);
+    s.cached_logits.clear();
+    emit(s, row.data(), draw(s, row.data()));
   }
+}
+
+SampledToken Engine::draw(const Sequence& s, const float* logits) const {
+  const int64_t step_index = int64_t(s.output.size());
+  std::vector<int32_t> blocked;
+  if (step_index < s.params.min_new_tokens) blocked = s.stop_ids;
+  return sample_token(logits, model_->config().vocab_size, s.params, s.penalties, s.prompt, step_index, blocked);
+}
+
+// Appends a sampled token, offers the state to the cache policy and pushes the
+// token's event (which also ends the request when it is the last).
+void Engine::emit(Sequence& s, const float* logits, const SampledToken& t) {
+  cache_.on_sampled(s.prompt, s.output, s.fed, s.state, logits, model_->config().vocab_size);
+  s.output.push_back(t.token);
+  s.penalties.add(t.token);
+  s.phase = Phase::Decoding;
+  TokenEvent e;
+  e.sampled = t;
+  e.has_token = true;
+  e.is_stop_token = std::find(s.stop_ids.begin(), s.stop_ids.end(), t.token) != s.stop_ids.end();
+  // validate_request lowered max_new_tokens to what the context holds after
+  // the prompt, so the length limit also stops a sequence at the context's end.
+  if (e.is_stop_token) e.finished = true, e.reason = FinishReason::Stop;
+  else if (int64_t(s.output.size()) >= s.params.max_new_tokens) e.finished = true, e.reason = FinishReason::Length;
+  const bool finished = e.finished;
+  s.handle->push(std::move(e));
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++totals_.generation_tokens_total;
+    double now = now_seconds();
+    recent_tokens_.push_back({now, 1});
+    while (!recent_tokens_.empty() && now - recent_tokens_.front().first > 10) recent_tokens_.pop_front();
+  }
+  if (finished) {
+    cache_.on_finished(s.prompt, s.output, s.fed, s.state);
+    s.phase = Phase::Finished;
+    s.state = SequenceState();  // its memory goes back now rather than at retirement
+  }
+}
+
+// Under mutex_: cancelled sequences end as aborted; finished ones leave,
+// returning their slot and token reservation.
+void Engine::retire(std::vector<std::unique_ptr<Sequence>>& running) {
+  for (auto it = running.begin(); it != running.end();) {
+    Sequence& s = **it;
+    if (s.handle->cancelled() && s.phase != Phase::Finished) {
+      finish(s, FinishReason::Abort);
+      ++totals_.aborted_total;
+    }
+    if (s.phase != Phase::Finished) {
+      ++it;
+      continue;
+    }
+    used_tokens_ -= s.reserved_tokens;
+    live_.erase(s.handle->id());
+    it = running.erase(it);
+  }
+  running_count_ = int64_t(running.size());
 }
 
 }  // namespace dsv4

@@ -1,70 +1,30 @@
-// The generation engine: a scheduler thread that batches many sequences
-// through the model (continuous batching), interleaves chunked prefill with
-// decode, samples, and streams tokens to request handles. Callers pass the
-// full token prompt; the engine owns the decode states.
+// The generation engine: a thread that batches many sequences through the
+// model (continuous batching), interleaves chunked prefill with decode,
+// samples, and streams tokens to request handles. Callers pass the full token
+// prompt; the engine owns the decode states. Each step is planned by the
+// scheduler, run by the executor, sampled, offered to the cache policy and
+// turned into events (docs/engine.md).
 #pragma once
-#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "engine/prefix_cache.h"
+#include "engine/cache_policy.h"
+#include "engine/executor.h"
+#include "engine/request.h"
 #include "engine/sampler.h"
+#include "engine/scheduler.h"
+#include "engine/validate.h"
 #include "model/model.h"
 
 namespace dsv4 {
-
-enum class FinishReason { None, Stop, Length, Abort, Error };
-const char* finish_reason_name(FinishReason r);
-
-struct TokenEvent {
-  SampledToken sampled;
-  bool has_token = false;
-  bool is_stop_token = false;  // EOS / stop_token_ids: counted, not shown as text
-  bool finished = false;
-  FinishReason reason = FinishReason::None;
-  std::string error;
-};
-
-struct RequestTimes {
-  double submitted = 0, first_token = 0, finished = 0;
-};
-
-class Engine;
-
-// The caller's side of one request: a queue of token events.
-class RequestHandle {
- public:
-  const std::string& id() const { return id_; }
-  // Waits up to timeout_s for events; appends them to `out`. Returns false on
-  // timeout with nothing new.
-  bool wait(std::vector<TokenEvent>& out, double timeout_s);
-  // Stops generation (client disconnected, stop string matched, abort); the
-  // engine frees the sequence's state before its next step.
-  void cancel();
-  bool cancelled() const { return cancelled_.load(); }
-  int64_t prompt_tokens() const { return prompt_tokens_; }
-  int64_t cached_tokens() const { return cached_tokens_.load(); }
-  RequestTimes times() const;
-
- private:
-  friend class Engine;
-  void push(TokenEvent event);
-  std::string id_;
-  int64_t prompt_tokens_ = 0;
-  std::atomic<int64_t> cached_tokens_{0};
-  std::atomic<bool> cancelled_{false};
-  mutable std::mutex mutex_;
-  std::condition_variable cv_;
-  std::deque<TokenEvent> events_;
-  RequestTimes times_;
-};
 
 struct EngineOptions {
   int64_t max_running_requests = 64;
@@ -97,7 +57,8 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   // Queues a request. Throws QueueFullError when the waiting queue is full and
-  // dsv4::Error for a request that can never run (too long, bad ids).
+  // dsv4::Error for a request that can never run (too long, bad ids; see
+  // validate_request).
   std::shared_ptr<RequestHandle> submit(const std::string& id, std::vector<int32_t> prompt,
                                         SamplingParams params);
   bool abort(const std::string& id);
@@ -108,16 +69,26 @@ class Engine {
   const Model& model() const { return *model_; }
   const EngineOptions& options() const { return options_; }
   int64_t context_length() const { return options_.context_length; }
+  // What validate_request checks a request against, for callers that want to
+  // check before submitting.
+  RequestLimits limits() const { return {model_->config().vocab_size, options_.context_length}; }
 
  private:
   struct Sequence;
   void loop();
+  void admit(std::vector<std::unique_ptr<Sequence>>& running);
+  void start(Sequence& s);
   void step(std::vector<std::unique_ptr<Sequence>>& running);
+  SampledToken draw(const Sequence& s, const float* logits) const;
+  void emit(Sequence& s, const float* logits, const SampledToken& t);
+  void retire(std::vector<std::unique_ptr<Sequence>>& running);
   void finish(Sequence& s, FinishReason reason, const std::string& error = "");
 
   std::shared_ptr<const Model> model_;
   EngineOptions options_;
-  PrefixCache cache_;
+  SchedulerBudgets budgets_;
+  Executor executor_;
+  CachePolicy cache_;
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<std::unique_ptr<Sequence>> waiting_;

@@ -18,6 +18,12 @@ int32_t PenaltyState::count(int32_t token) const {
   return it != counts.end() && it->first == token ? it->second : 0;
 }
 
+float TokenDistribution::prob(int32_t token) const {
+  auto it = std::lower_bound(probs.begin(), probs.end(), std::make_pair(token, -1.0f),
+                             [](const auto& a, const auto& b) { return a.first < b.first; });
+  return it != probs.end() && it->first == token ? it->second : 0.0f;
+}
+
 double counter_uniform(uint64_t seed, uint64_t step) {
   // splitmix64 over the pair: good enough statistically, and stateless.
   uint64_t z = seed ^ (step + 0x9E3779B97F4A7C15ull) * 0xBF58476D1CE4E5B9ull;
@@ -30,7 +36,7 @@ double counter_uniform(uint64_t seed, uint64_t step) {
 
 SampledToken sample_token(const float* logits, int64_t vocab, const SamplingParams& p,
                           const PenaltyState& penalties, const std::vector<int32_t>& prompt,
-                          int64_t step, const std::vector<int32_t>& blocked) {
+                          int64_t step, const std::vector<int32_t>& blocked, TokenDistribution* dist) {
   SampledToken out;
   // Log-softmax of the raw logits, for logprobs.
   double mx = -std::numeric_limits<double>::infinity();
@@ -59,6 +65,7 @@ SampledToken sample_token(const float* logits, int64_t vocab, const SamplingPara
   int32_t chosen = 0;
   if (p.temperature <= 0.0f) {
     chosen = int32_t(std::max_element(s.begin(), s.end()) - s.begin());  // first maximum
+    if (dist) dist->probs = {{chosen, 1.0f}};
   } else {
     // Candidates in a fixed order: all tokens by id when no truncation is
     // asked for (no sort over the vocabulary), otherwise the smallest prefix
@@ -118,6 +125,15 @@ SampledToken sample_token(const float* logits, int64_t vocab, const SamplingPara
     }
     double mass = 0;
     for (size_t i = 0; i < n; ++i) mass += prob[size_t(order[i])];
+    if (dist) {
+      // The candidates renormalized by the mass the draw below spreads over;
+      // those that underflowed to zero (blocked tokens) are left out.
+      dist->probs.clear();
+      for (size_t i = 0; i < n; ++i)
+        if (prob[size_t(order[i])] > 0) dist->probs.push_back({order[i], float(prob[size_t(order[i])] / mass)});
+      std::sort(dist->probs.begin(), dist->probs.end(),
+                [](const auto& a, const auto& b) { return a.first < b.first; });
+    }
     double u = counter_uniform(p.seed, uint64_t(step)) * mass;
     chosen = order[n - 1];
     for (size_t i = 0; i < n; ++i) {

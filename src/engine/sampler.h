@@ -38,11 +38,26 @@ struct PenaltyState {
   int32_t count(int32_t token) const;
 };
 
+// The distribution a token was drawn from: the raw logits after penalties,
+// blocked tokens, temperature and top-k / top-p / min-p, renormalized. Every
+// token that could have been drawn, with its probability, sorted by token id
+// (tokens not listed had probability 0). Greedy decoding draws from a one-hot
+// distribution. Speculative decoding needs it to accept or reject a drafted
+// token by the ratio of the target's and the draft's probabilities.
+struct TokenDistribution {
+  std::vector<std::pair<int32_t, float>> probs;
+  float prob(int32_t token) const;
+};
+
 // logits: [vocab] raw model output (not modified). `step` is the index of the
-// token being generated (0 for the first). min_tokens_block suppresses EOS ids.
+// token being generated (0 for the first). blocked_tokens cannot be drawn
+// (EOS ids before min_new_tokens). When `distribution` is given it receives
+// the distribution the token was drawn from; asking for it changes nothing
+// about the draw.
 SampledToken sample_token(const float* logits, int64_t vocab, const SamplingParams& params,
                           const PenaltyState& penalties, const std::vector<int32_t>& prompt,
-                          int64_t step, const std::vector<int32_t>& blocked_tokens);
+                          int64_t step, const std::vector<int32_t>& blocked_tokens,
+                          TokenDistribution* distribution = nullptr);
 
 // Uniform double in [0, 1) from (seed, step); a pure function.
 double counter_uniform(uint64_t seed, uint64_t step);
