@@ -2,9 +2,12 @@
 
 #include <httplib.h>
 #include <malloc.h>
+#include <sys/socket.h>
 
 #include <cmath>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
 #include <random>
 #include <sstream>
@@ -137,6 +140,7 @@ struct Server::Impl {
   ServerMetrics metrics;
   std::atomic<uint64_t> request_counter{0};
   std::atomic<bool> ready{false};
+  int listen_fd = -1;  // the socket httplib bound, to widen its accept queue
 
   std::string model_name() const { return opt.served_model_name; }
 
@@ -210,10 +214,27 @@ struct Server::Impl {
     return j;
   }
 
+  // The API key is checked inside the handlers, not in httplib's pre-routing
+  // hook: that hook answers before httplib reads the request body, and the
+  // unread body stays in the socket, where the next request of the kept-alive
+  // connection is parsed from it (a 400 "request failed"). Node 18's fetch
+  // sends a body in its own segment after the headers, so a wrong-key request
+  // followed by a right-key one on the same connection failed that way.
+  bool authorized(const httplib::Request& req) const {
+    if (opt.api_key.empty() || req.path == "/health" || req.path == "/health_generate" || req.path == "/metrics")
+      return true;
+    return req.get_header_value("Authorization") == "Bearer " + opt.api_key;
+  }
+
+  static void send_unauthorized(httplib::Response& res) {
+    send_error(res, 401, "Unauthorized: a valid API key is required (Authorization: Bearer ...)");
+  }
+
   // Wraps a handler: errors become JSON error responses, never crashes.
   template <class F>
   httplib::Server::Handler guarded(F f) {
     return [this, f](const httplib::Request& req, httplib::Response& res) {
+      if (!authorized(req)) return send_unauthorized(res);
       try {
         f(req, res);
       } catch (const BadRequest& e) {
@@ -246,12 +267,21 @@ struct Server::Impl {
           "the request body is too large (limit " + std::to_string(opt.max_request_bytes) + " bytes)";
       const std::string declared = req.get_header_value("Content-Length");
       const uint64_t declared_bytes = declared.empty() ? 0 : std::strtoull(declared.c_str(), nullptr, 10);
-      if (declared_bytes > drain_limit_bytes(opt)) return refuse(413, too_large_message);
+      // Without the right key the body is drained unread (never buffered),
+      // so that the connection stays usable for the client's next request.
+      const bool allowed = authorized(req);
+      if (declared_bytes > drain_limit_bytes(opt)) {
+        if (allowed) return refuse(413, too_large_message);
+        send_unauthorized(res);
+        res.set_header("Connection", "close");
+        return;
+      }
       std::string body;
       bool too_large = declared_bytes > uint64_t(opt.max_request_bytes);
       uint64_t received = 0;
       const bool complete = reader([&](const char* data, size_t len) {
         received += len;
+        if (!allowed) return received <= drain_limit_bytes(opt);
         if (too_large || body.size() + len > size_t(opt.max_request_bytes)) {
           too_large = true;
           body.clear();
@@ -261,6 +291,11 @@ struct Server::Impl {
         body.append(data, len);
         return true;
       });
+      if (!allowed) {
+        send_unauthorized(res);
+        if (!complete) res.set_header("Connection", "close");
+        return;
+      }
       if (!complete && !too_large)
         return refuse(400, "the request body could not be read (connection closed or malformed chunked encoding)");
       if (too_large) return refuse(413, too_large_message);
@@ -976,21 +1011,28 @@ Server::Server(std::shared_ptr<Engine> engine, std::shared_ptr<const text::Token
   s.opt = std::move(options);
   s.http.new_task_queue = [n = s.opt.http_threads] { return new httplib::ThreadPool(size_t(n)); };
   s.http.set_payload_max_length(size_t(std::min<uint64_t>(drain_limit_bytes(s.opt), SIZE_MAX)));
+  // httplib (Debian's libcpp-httplib 0.11.4) listens with a backlog of 5,
+  // compiled into the library. A burst of connects (64 streaming clients at
+  // once) overflows that accept queue: the kernel falls back to SYN cookies,
+  // drops handshakes (ListenOverflows), and when a client's first data
+  // segment is dropped too, its next segment fails the cookie check and is
+  // answered with a RST: the client sees ECONNRESET. Remember the socket
+  // here; run() listens on it again with the system's maximum backlog.
+  s.http.set_socket_options([&s](socket_t sock) {
+    httplib::default_socket_options(sock);
+    s.listen_fd = int(sock);
+  });
   s.http.set_read_timeout(60, 0);
   s.http.set_write_timeout(60, 0);
-  s.http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    Impl& s = *impl_;
+  s.http.set_pre_routing_handler([](const httplib::Request&, httplib::Response& res) {
     res.set_header("Access-Control-Allow-Origin", "*");
-    if (!s.opt.api_key.empty() && req.path != "/health" && req.path != "/health_generate" && req.path != "/metrics") {
-      if (req.get_header_value("Authorization") != "Bearer " + s.opt.api_key) {
-        send_error(res, 401, "Unauthorized: a valid API key is required (Authorization: Bearer ...)");
-        return httplib::Server::HandlerResponse::Handled;
-      }
-    }
     return httplib::Server::HandlerResponse::Unhandled;
   });
-  s.http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+  s.http.set_error_handler([&s](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
+    // Unknown routes (httplib has read their body by now) answer 401, not
+    // 404, to a client without the key, as the routes do.
+    if (!s.authorized(req)) return Impl::send_unauthorized(res);
     if (res.status == 404) send_error(res, 404, "no route " + req.method + " " + req.path);
     else if (res.status == 413) send_error(res, 413, "the request body is too large");
     else if (res.status >= 400) send_error(res, res.status, "request failed");
@@ -1019,6 +1061,10 @@ bool Server::run() {
     if (!s.http.bind_to_port(s.opt.host, s.opt.port)) return false;
     bound_port_ = s.opt.port;
   }
+  // listen() on a listening socket only resizes its queue (Linux); the kernel
+  // caps SOMAXCONN at net.core.somaxconn.
+  if (s.listen_fd >= 0 && ::listen(s.listen_fd, SOMAXCONN) != 0)
+    s.log("warning", std::string("could not enlarge the listen backlog: ") + std::strerror(errno));
   s.ready = true;
   std::printf("dsv4 serving %s on http://%s:%d (OpenAI API at /v1)\n", s.model_name().c_str(), s.opt.host.c_str(), bound_port_);
   std::fflush(stdout);
