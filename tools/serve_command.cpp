@@ -3,18 +3,22 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <cstdlib>
 #include <thread>
 #include <cstdio>
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "core/error.h"
+#include "core/machine.h"
 #include "core/threads.h"
 #include "engine/engine.h"
+#include "kernels/cpu/linear.h"
 #include "model/synthetic.h"
 #include "server/server.h"
 #include "text/chat_encoder.h"
@@ -64,6 +68,75 @@ std::string ensure_default_model() {
   return dir;
 }
 
+std::string gib(int64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GiB", double(bytes) / double(int64_t(1) << 30));
+  return buf;
+}
+
+// The official checkpoints by shape; anything else (the synthetic test
+// models, a sliced checkpoint) is named by its architecture.
+std::string model_variant(const ModelConfig& c) {
+  if (c.dim == 4096 && c.n_routed_experts == 256) return "DeepSeek-V4-Flash-shaped";
+  if (c.dim == 7168 && c.n_routed_experts == 384) return "DeepSeek-V4-Pro-shaped";
+  return c.architecture + " (custom shape)";
+}
+
+// Main layers by attention kind: window-only (ratio 0), CSA (ratio 4), HCA
+// (ratio 128), as counts.
+std::string layer_kinds(const ModelConfig& c) {
+  std::map<int64_t, int64_t> by_ratio;
+  for (int64_t l = 0; l < c.n_layers; ++l) ++by_ratio[c.ratio(l)];
+  std::string out;
+  for (auto& [ratio, count] : by_ratio) {
+    if (!out.empty()) out += ", ";
+    out += std::to_string(count) + (ratio == 0 ? " window-only" : " ratio-" + std::to_string(ratio));
+  }
+  return out;
+}
+
+// The only place the server names the kernel path, so that a move of the
+// dispatch API touches one line. "why" tells a CPU-chosen path from one
+// forced (or asked for and refused) through DSV4_KERNELS.
+std::string kernel_path_line() {
+  const std::string active = kernel_isa_name(active_kernel_isa());
+  const std::string cpu = detect_cpu_features().describe();
+  const char* env = std::getenv("DSV4_KERNELS");
+  std::string why;
+  if (!env || !*env) why = "the best this CPU supports; DSV4_KERNELS unset";
+  else if (active == env) why = std::string("forced by DSV4_KERNELS=") + env;
+  else why = std::string("DSV4_KERNELS=") + env + " not applied (not scalar, avx2 or avx512, or beyond this CPU); the best this CPU supports";
+  return "kernels: " + active + " (" + why + "; CPU: " + cpu + ")";
+}
+
+// What the engine decided, one topic a line, before the "serving" line:
+// enough to tell from a log which model shape, memory and limits a server
+// ran with.
+void print_startup_summary(const Model& model, const Engine& engine, const ServeArgs& a) {
+  const ModelConfig& c = model.config();
+  std::fprintf(stderr, "model: %s, %lld layers (%s) + %lld MTP, dim %lld, %lld heads x %lld, "
+                       "%lld routed experts (%lld active) + %lld shared, vocab %lld, context up to %lld tokens\n",
+               model_variant(c).c_str(), (long long)c.n_layers, layer_kinds(c).c_str(), (long long)c.n_mtp_layers,
+               (long long)c.dim, (long long)c.n_heads, (long long)c.head_dim, (long long)c.n_routed_experts,
+               (long long)c.n_activated_experts, (long long)c.n_shared_experts, (long long)c.vocab_size,
+               (long long)c.max_position_embeddings);
+  const std::string formats = c.fp8_weights ? std::string("fp8 linears, ") + (c.expert_dtype.empty() ? "fp8" : c.expert_dtype) +
+                                                  " experts"
+                                            : std::string("bf16");
+  std::fprintf(stderr, "weights: %s (%s), %s\n", gib(model.weights().total_bytes).c_str(), formats.c_str(),
+               a.no_mmap ? "copied into huge-page memory (--no-mmap)"
+                         : "mapped from the checkpoint files (page cache; --no-mmap copies them)");
+  std::fprintf(stderr, "%s\n", kernel_path_line().c_str());
+  const EngineOptions& eo = engine.options();
+  const std::string budget = eo.max_total_tokens > 0 ? std::to_string(eo.max_total_tokens) + " tokens" : "unlimited";
+  std::fprintf(stderr, "memory: prefix cache %s, running-request token budget (max_total_tokens) %s\n",
+               eo.prefix_cache_bytes > 0 ? gib(eo.prefix_cache_bytes).c_str() : "off", budget.c_str());
+  const std::string chunk = eo.chunked_prefill_size > 0 ? std::to_string(eo.chunked_prefill_size) + " tokens" : "off";
+  std::fprintf(stderr, "limits: context %lld tokens, %lld running requests, %lld queued, chunked prefill %s per step\n",
+               (long long)engine.context_length(), (long long)eo.max_running_requests,
+               (long long)eo.max_queued_requests, chunk.c_str());
+}
+
 int run_serve(ServeArgs& a) {
   if (!a.speculative_algorithm.empty())
     throw Error("--speculative-algorithm " + a.speculative_algorithm +
@@ -110,6 +183,7 @@ int run_serve(ServeArgs& a) {
   eo.prefix_cache_bytes = a.disable_radix_cache ? 0 : int64_t(cache_gb * double(int64_t(1) << 30));
   eo.pin_threads = true;
   auto engine = std::make_shared<Engine>(model, eo);
+  print_startup_summary(*model, *engine, a);
 
   ServerOptions so;
   so.host = a.host;

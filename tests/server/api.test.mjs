@@ -7,7 +7,7 @@ import net from 'node:net';
 import { after, before, describe, test } from 'node:test';
 import OpenAI from 'openai';
 
-import { getPath, postJSON, rawRequest, sse, startServer, wordsPrompt, rng } from './lib.mjs';
+import { getPath, postJSON, rawRequest, sleep, sse, startServer, waitFor, wordsPrompt, rng } from './lib.mjs';
 
 const CONTEXT = 1024;
 let server;
@@ -561,5 +561,29 @@ describe('--api-key', () => {
     const r = await right.chat.completions.create({ model: 'x', messages: user('hi'), max_tokens: 2 });
     assert.equal(r.usage.completion_tokens <= 2, true);
     assert.equal((await getPath(secured.origin, '/health')).status, 200);
+  });
+
+  test('a 401 leaves a kept-alive connection usable (its body is read, not left in the socket)', async () => {
+    // One socket, two requests; the first one's body goes out in its own
+    // segment after its headers (as Node 18's fetch sends it).
+    const sock = net.connect(secured.port, '127.0.0.1');
+    await new Promise((r, j) => { sock.once('connect', r); sock.once('error', j); });
+    let got = '';
+    sock.setEncoding('latin1');
+    sock.on('data', (d) => { got += d; });
+    const responses = () => got.split(/(?=HTTP\/1\.1 )/).filter((x) => x.includes('\r\n\r\n'));
+    const body = JSON.stringify({ prompt: 'hello' });
+    const head = (key) => `POST /tokenize HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${key}\r\n` +
+      `Content-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n`;
+    sock.write(head('sk-wrong'));
+    await sleep(100);
+    sock.write(body);
+    await waitFor(() => /\r\n\r\n\{.*\}$/s.test(got), { what: 'the 401 response' });
+    assert.match(got, /^HTTP\/1\.1 401 /);
+    assert.doesNotMatch(got, /Connection: close/i, 'the 401 keeps the connection open');
+    sock.write(head('sk-test-123') + body);
+    await waitFor(() => responses().length >= 2 && /"tokens"|"error"/.test(responses()[1]), { what: 'the second response' });
+    sock.destroy();
+    assert.match(responses()[1], /^HTTP\/1\.1 200 /, responses()[1]);
   });
 });

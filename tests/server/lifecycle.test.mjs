@@ -18,6 +18,17 @@ after(async () => {
   await server?.stop();
 });
 
+test('the startup log says which kernel path and which limits the server runs with', async () => {
+  // stderr and stdout are separate pipes: the log may be read just after the
+  // "serving" line that startServer waited for.
+  await waitFor(() => /^limits: /m.test(server.stderr()), { timeoutMs: 5000, what: 'the startup log' });
+  const log = server.stderr();
+  assert.match(log, /^kernels: (scalar|avx2|avx512) \((the best this CPU supports|forced by DSV4_KERNELS=|DSV4_KERNELS=)/m);
+  // --context-length 4096 from before(); the other limits are the defaults.
+  assert.match(log, /^limits: context 4096 tokens, 64 running requests, 1024 queued, chunked prefill 2048 tokens per step$/m);
+  assert.match(log, /^model: .*, 2 layers \(1 ratio-4, 1 ratio-128\) \+ 1 MTP, /m);
+});
+
 const longChat = (extra = {}) => ({
   model: 'm', messages: [{ role: 'user', content: 'Write a very long story.' }],
   max_tokens: 3000, ignore_eos: true, seed: 5, stream: true, ...extra,

@@ -1,0 +1,460 @@
+// The generating routes: OpenAI's /v1/chat/completions and /v1/completions,
+// SGLang's /generate. Each reads its fields (request_fields.h), submits one
+// engine request per choice and answers either at the end
+// (respond_when_done) or as a stream through its SseFormatter.
+#include "core/machine.h"
+#include "server/server_impl.h"
+#include "server/streaming.h"
+#include "text/request_parsing.h"
+#include "text/utf8.h"
+
+namespace dsv4 {
+
+namespace {
+
+// Choice i of n gets its own sampling stream from the request's seed.
+uint64_t choice_seed(uint64_t seed, uint64_t i) { return seed + i * 0x9E3779B97F4A7C15ull; }
+
+std::string finish_reason_for(const ChoiceStream& c, const std::string& parser_reason) {
+  if (c.reason() == FinishReason::Length) return "length";
+  if (c.reason() == FinishReason::Abort || c.reason() == FinishReason::Error) return "abort";
+  if (parser_reason == "tool_calls") return "tool_calls";
+  return "stop";
+}
+
+std::string completion_finish_reason(const ChoiceStream& c) {
+  if (c.reason() == FinishReason::Length) return "length";
+  if (c.reason() == FinishReason::Abort || c.reason() == FinishReason::Error) return "abort";
+  return "stop";
+}
+
+text::StopReason parser_stop(const ChoiceStream& c) {
+  switch (c.reason()) {
+    case FinishReason::Length: return text::StopReason::Length;
+    case FinishReason::Abort: case FinishReason::Error: return text::StopReason::Abort;
+    default: return text::StopReason::Stop;
+  }
+}
+
+ojson matched_stop(const ChoiceStream& c) {
+  if (c.matched_stop_string) return *c.matched_stop_string;
+  if (c.matched_stop_token) return *c.matched_stop_token;
+  return nullptr;
+}
+
+ojson usage_json(int64_t prompt, int64_t completion, int64_t cached) {
+  return {{"prompt_tokens", prompt}, {"completion_tokens", completion},
+          {"total_tokens", prompt + completion},
+          {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+}
+
+// Chat logprobs: per token its text, logprob, bytes and alternatives.
+ojson chat_logprobs(const text::Tokenizer& tokenizer, const std::vector<SampledToken>& tokens) {
+  ojson content = ojson::array();
+  auto entry = [&](int32_t id, float lp) {
+    std::string bytes(tokenizer.token_bytes(id));
+    ojson b = ojson::array();
+    for (unsigned char ch : bytes) b.push_back(int(ch));
+    return ojson{{"token", text::utf8::to_valid_lossy(bytes)}, {"logprob", lp}, {"bytes", b}};
+  };
+  for (auto& t : tokens) {
+    ojson e = entry(t.token, t.logprob);
+    ojson top = ojson::array();
+    for (auto& [id, lp] : t.top) top.push_back(entry(id, lp));
+    e["top_logprobs"] = top;
+    content.push_back(e);
+  }
+  return {{"content", content}};
+}
+
+// Legacy completions logprobs: parallel lists of tokens, logprobs and
+// {token: logprob} alternatives.
+ojson completion_logprobs(const text::Tokenizer& tokenizer, const std::vector<SampledToken>& toks) {
+  ojson tokens = ojson::array(), lps = ojson::array(), tops = ojson::array();
+  for (auto& t : toks) {
+    tokens.push_back(text::utf8::to_valid_lossy(tokenizer.token_bytes(t.token)));
+    lps.push_back(t.logprob);
+    ojson top = ojson::object();
+    for (auto& [tid, lp] : t.top) top[text::utf8::to_valid_lossy(tokenizer.token_bytes(tid))] = lp;
+    tops.push_back(top);
+  }
+  return ojson{{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}};
+}
+
+// The tokens a choice sampled since it had `before` of them.
+std::vector<SampledToken> sampled_since(const ChoiceStream& c, size_t before) {
+  return std::vector<SampledToken>(c.sampled().begin() + int64_t(before), c.sampled().end());
+}
+
+// Chat stream: the role first, then reasoning/content/tool-call deltas, then
+// the finish chunk per choice, optional usage.
+class ChatFormat : public SseFormatter {
+ public:
+  std::shared_ptr<const text::Tokenizer> tokenizer;
+  std::shared_ptr<Choices> choices;
+  std::vector<text::OutputParser> parsers;
+  std::string id, model;
+  int64_t created = 0, n = 1, prompt_tokens = 0;
+  bool include_usage = false, want_logprobs = false;
+
+  ojson chunk(int64_t index, ojson delta, ojson finish, ojson logprobs = ojson()) const {
+    ojson choice = {{"index", index}, {"delta", std::move(delta)}, {"logprobs", std::move(logprobs)},
+                    {"finish_reason", std::move(finish)}};
+    return ojson{{"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", model},
+                 {"choices", ojson::array({choice})}};
+  }
+
+  bool open(const Send& send) override {
+    for (int64_t i = 0; i < n; ++i)
+      if (!send(chunk(i, {{"role", "assistant"}, {"content", ""}}, nullptr))) return false;
+    return true;
+  }
+
+  static ojson delta_json(const text::ParserDelta& d) {
+    ojson delta = ojson::object();
+    if (!d.reasoning_content.empty()) delta["reasoning_content"] = d.reasoning_content;
+    if (!d.content.empty()) delta["content"] = d.content;
+    if (!d.tool_calls.empty()) {
+      ojson calls = ojson::array();
+      for (auto& t : d.tool_calls) {
+        ojson call = {{"index", t.index}};
+        if (t.id) call["id"] = *t.id, call["type"] = "function";
+        ojson fn = ojson::object();
+        if (t.name) fn["name"] = *t.name;
+        fn["arguments"] = t.arguments;
+        call["function"] = fn;
+        calls.push_back(call);
+      }
+      delta["tool_calls"] = calls;
+    }
+    return delta;
+  }
+
+  bool events(size_t i, ChoiceStream& c, const std::vector<TokenEvent>& evs, const Send& send) override {
+    text::OutputParser& parser = parsers[i];
+    for (auto& e : evs) {
+      size_t before = c.sampled().size();
+      text::ParserDelta d = parser.feed(c.apply(e));
+      if (c.finished()) d.append(parser.finish(parser_stop(c)));
+      ojson logprobs;
+      if (want_logprobs && c.sampled().size() > before) logprobs = chat_logprobs(*tokenizer, sampled_since(c, before));
+      if ((!d.empty() || !logprobs.is_null()) && !send(chunk(int64_t(i), delta_json(d), nullptr, logprobs))) return false;
+      if (!c.finished()) continue;
+      if (c.reason() == FinishReason::Error || parser.message().stream_error) {
+        std::string msg = c.reason() == FinishReason::Error
+                              ? c.error()
+                              : "malformed tool call after its header was streamed: " +
+                                    parser.message().tool_call_error.value_or("");
+        send(error_body(500, msg));
+      }
+      ojson fin = chunk(int64_t(i), ojson::object(), finish_reason_for(c, parser.message().finish_reason));
+      fin["choices"][0]["matched_stop"] = matched_stop(c);
+      return send(fin);
+    }
+    return true;
+  }
+
+  void close(const Send& send) override {
+    if (!include_usage) return;
+    int64_t completion = 0, cached = 0;
+    for (auto& c : *choices) completion += c->completion_tokens(), cached = std::max(cached, c->handle().cached_tokens());
+    send({{"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", model},
+          {"choices", ojson::array()}, {"usage", usage_json(prompt_tokens, completion, cached)}});
+  }
+};
+
+// Completions stream: text pieces (the echoed prompt before the first),
+// logprobs, the finish reason on the last chunk of each choice.
+class CompletionFormat : public SseFormatter {
+ public:
+  std::shared_ptr<const text::Tokenizer> tokenizer;
+  std::shared_ptr<Choices> choices;
+  std::vector<std::string> echoes;
+  std::vector<bool> echoed;
+  std::string id, model;
+  int64_t created = 0, prompt_tokens = 0, logprobs_k = -1;
+  bool include_usage = false;
+
+  ojson chunk(ojson choices_json) const {
+    return {{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model},
+            {"choices", std::move(choices_json)}};
+  }
+
+  bool events(size_t i, ChoiceStream& c, const std::vector<TokenEvent>& evs, const Send& send) override {
+    for (auto& e : evs) {
+      size_t before = c.sampled().size();
+      std::string piece = c.apply(e);
+      if (!echoed[i]) piece = echoes[i] + piece, echoed[i] = true;
+      ojson lp;
+      if (logprobs_k >= 0 && c.sampled().size() > before) lp = completion_logprobs(*tokenizer, sampled_since(c, before));
+      ojson choice = {{"index", i}, {"text", piece}, {"logprobs", lp},
+                      {"finish_reason", c.finished() ? ojson(completion_finish_reason(c)) : ojson()}};
+      if (c.finished()) choice["matched_stop"] = matched_stop(c);
+      if ((!piece.empty() || c.finished() || !lp.is_null()) && !send(chunk(ojson::array({choice})))) return false;
+      if (c.finished()) break;
+    }
+    return true;
+  }
+
+  void close(const Send& send) override {
+    if (!include_usage) return;
+    int64_t completion = 0, cached = 0;
+    for (auto& c : *choices) completion += c->completion_tokens(), cached += c->handle().cached_tokens();
+    ojson usage_chunk = chunk(ojson::array());
+    usage_chunk["usage"] = usage_json(prompt_tokens, completion, cached);
+    send(usage_chunk);
+  }
+};
+
+// /generate stream: the whole result so far (cumulative text, like SGLang)
+// after each batch of events of a choice; "index" when the request was a batch.
+class GenerateFormat : public SseFormatter {
+ public:
+  std::function<ojson(ChoiceStream&)> result;
+  bool batched = false;
+
+  bool events(size_t i, ChoiceStream& c, const std::vector<TokenEvent>& evs, const Send& send) override {
+    for (auto& e : evs) c.apply(e);
+    ojson r = result(c);
+    if (batched) r["index"] = i;
+    return send(r);
+  }
+};
+
+}  // namespace
+
+// ---- /v1/chat/completions ----
+
+void Server::Impl::chat_completions(const std::string& raw, httplib::Response& res) {
+  ojson body = parse_body(raw);
+  check_chat_request(body);
+  const std::string model = body.value("model", model_name());
+  const int64_t n = int_field(body, "n", 1, 1, 16);
+  const bool stream = bool_field(body, "stream", false);
+  bool include_usage = false;
+  if (body.contains("stream_options") && body["stream_options"].is_object())
+    include_usage = bool_field(body["stream_options"], "include_usage", false);
+  const bool want_logprobs = bool_field(body, "logprobs", false);
+  const int64_t top_logprobs = int_field(body, "top_logprobs", 0, 0, 20);
+  if (top_logprobs > 0 && !want_logprobs) throw BadRequest("'top_logprobs' requires 'logprobs': true");
+  check_tool_choice(body);
+
+  text::RenderedPrompt rendered = text::render_chat_request(body, profile, render_options);
+  for (auto& w : rendered.warnings) log("warning", w);
+  std::vector<int32_t> prompt = tokenizer->encode(rendered.prompt);
+  const int64_t ctx = engine->context_length();
+  check_prompt_fits(prompt.size(), ctx);
+  const char* max_key = body.contains("max_completion_tokens") && !body["max_completion_tokens"].is_null()
+                            ? "max_completion_tokens" : "max_tokens";
+  SamplingParams params =
+      sampling_field(body, max_tokens_field(body, max_key, int64_t(prompt.size()), ctx, ctx), vocab_size(), seeds);
+  params.top_logprobs = want_logprobs ? top_logprobs : 0;
+  const std::vector<std::string> stops = stop_field(body);
+  text::ParserConfig parser_cfg = text::parser_config_for_request(
+      body, profile, rendered.starts_in_reasoning, opt.reasoning_parser, opt.tool_call_parser);
+
+  const std::string id = string_or(body, "rid", "chatcmpl-" + random_hex(24));
+  auto choices = std::make_shared<Choices>();
+  std::vector<text::OutputParser> parsers;
+  for (int64_t i = 0; i < n; ++i) {
+    SamplingParams pi = params;
+    pi.seed = choice_seed(params.seed, uint64_t(i));
+    auto handle = submit(n == 1 ? id : id + "-" + std::to_string(i), prompt, pi);
+    choices->push_back(std::make_unique<ChoiceStream>(handle, tokenizer, stops, false));
+    parsers.emplace_back(parser_cfg);
+  }
+  const int64_t created = unix_time();
+  const int64_t prompt_tokens = int64_t(prompt.size());
+
+  if (stream) {
+    auto format = std::make_shared<ChatFormat>();
+    format->tokenizer = tokenizer;
+    format->choices = choices;
+    format->parsers = std::move(parsers);
+    format->id = id;
+    format->model = model;
+    format->created = created;
+    format->n = n;
+    format->prompt_tokens = prompt_tokens;
+    format->include_usage = include_usage;
+    format->want_logprobs = want_logprobs;
+    res.set_header("Cache-Control", "no-cache");
+    res.set_header("X-Accel-Buffering", "no");
+    stream_events(res, choices, format, metrics, opt.keepalive_seconds);
+    return;
+  }
+  auto build = [tok = tokenizer, parser_cfg, want_logprobs, id, created, model, prompt_tokens](Choices& choices) {
+    ojson out_choices = ojson::array();
+    int64_t completion = 0, cached = 0;
+    for (size_t i = 0; i < choices.size(); ++i) {
+      ChoiceStream& c = *choices[i];
+      text::ParsedMessage msg = text::parse_output(parser_cfg, c.text(), parser_stop(c));
+      completion += c.completion_tokens();
+      cached = std::max(cached, c.handle().cached_tokens());
+      if (c.reason() == FinishReason::Error) throw std::runtime_error(c.error());
+      ojson message = {{"role", "assistant"},
+                       {"content", msg.content ? ojson(*msg.content) : ojson()},
+                       {"reasoning_content", msg.reasoning_content ? ojson(*msg.reasoning_content) : ojson()}};
+      if (!msg.tool_calls.empty()) {
+        ojson calls = ojson::array();
+        for (size_t k = 0; k < msg.tool_calls.size(); ++k)
+          calls.push_back({{"id", msg.tool_calls[k].id}, {"index", int(k)}, {"type", "function"},
+                           {"function", {{"name", msg.tool_calls[k].name}, {"arguments", msg.tool_calls[k].arguments}}}});
+        message["tool_calls"] = calls;
+      } else {
+        message["tool_calls"] = nullptr;
+      }
+      out_choices.push_back({{"index", int64_t(i)}, {"message", message},
+                             {"logprobs", want_logprobs ? chat_logprobs(*tok, c.sampled()) : ojson()},
+                             {"finish_reason", finish_reason_for(c, msg.finish_reason)},
+                             {"matched_stop", matched_stop(c)}});
+    }
+    return ojson{{"id", id}, {"object", "chat.completion"}, {"created", created}, {"model", model},
+                 {"choices", out_choices}, {"usage", usage_json(prompt_tokens, completion, cached)}};
+  };
+  respond_when_done(res, choices, build, metrics);
+}
+
+// ---- /v1/completions (raw prompts, no parsers) ----
+
+void Server::Impl::completions(const std::string& raw, httplib::Response& res) {
+  ojson body = parse_body(raw);
+  if (!body.contains("prompt")) throw BadRequest("'prompt' is required");
+  const std::string model = string_or(body, "model", model_name());
+  std::vector<std::vector<int32_t>> prompts = prompts_field(body["prompt"], "prompt", *tokenizer, vocab_size());
+  const int64_t n = int_field(body, "n", 1, 1, 16);
+  const bool stream = bool_field(body, "stream", false);
+  const bool echo = bool_field(body, "echo", false);
+  const int64_t logprobs_k = body.contains("logprobs") && !body["logprobs"].is_null() ? int_field(body, "logprobs", 0, 0, 20) : -1;
+  bool include_usage = body.contains("stream_options") && body["stream_options"].is_object() &&
+                       bool_field(body["stream_options"], "include_usage", false);
+  const std::vector<std::string> stops = stop_field(body);
+  const std::string id = "cmpl-" + random_hex(24);
+  auto choices = std::make_shared<Choices>();
+  std::vector<std::string> echoes;
+  int64_t prompt_tokens = 0;
+  for (auto& prompt : prompts) {
+    const int64_t ctx = engine->context_length();
+    check_prompt_fits(prompt.size(), ctx);
+    SamplingParams p = sampling_field(body, max_tokens_field(body, "max_tokens", int64_t(prompt.size()), 16, ctx),
+                                      vocab_size(), seeds);
+    p.top_logprobs = std::max<int64_t>(logprobs_k, 0);
+    prompt_tokens += int64_t(prompt.size());
+    for (int64_t i = 0; i < n; ++i) {
+      SamplingParams pi = p;
+      pi.seed = choice_seed(p.seed, uint64_t(i));
+      auto h = submit(id + "-" + std::to_string(choices->size()), prompt, pi);
+      choices->push_back(std::make_unique<ChoiceStream>(h, tokenizer, stops, true));
+      echoes.push_back(echo ? tokenizer->decode(prompt) : "");
+    }
+  }
+  const int64_t created = unix_time();
+  if (stream) {
+    auto format = std::make_shared<CompletionFormat>();
+    format->tokenizer = tokenizer;
+    format->choices = choices;
+    format->echoed.assign(choices->size(), false);
+    format->echoes = std::move(echoes);
+    format->id = id;
+    format->model = model;
+    format->created = created;
+    format->prompt_tokens = prompt_tokens;
+    format->logprobs_k = logprobs_k;
+    format->include_usage = include_usage;
+    res.set_header("Cache-Control", "no-cache");
+    stream_events(res, choices, format, metrics, opt.keepalive_seconds);
+    return;
+  }
+  auto build = [tok = tokenizer, echoes, logprobs_k, id, created, model, prompt_tokens](Choices& choices) {
+    ojson out = ojson::array();
+    int64_t completion = 0, cached = 0;
+    for (size_t i = 0; i < choices.size(); ++i) {
+      ChoiceStream& c = *choices[i];
+      if (c.reason() == FinishReason::Error) throw std::runtime_error(c.error());
+      completion += c.completion_tokens();
+      cached += c.handle().cached_tokens();
+      out.push_back({{"index", i}, {"text", echoes[i] + c.text()},
+                     {"logprobs", logprobs_k >= 0 ? completion_logprobs(*tok, c.sampled()) : ojson()},
+                     {"finish_reason", completion_finish_reason(c)}, {"matched_stop", matched_stop(c)}});
+    }
+    return ojson{{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model},
+                 {"choices", out}, {"usage", usage_json(prompt_tokens, completion, cached)}};
+  };
+  respond_when_done(res, choices, build, metrics);
+}
+
+// ---- SGLang native /generate ----
+
+void Server::Impl::generate(const std::string& raw, httplib::Response& res) {
+  ojson body = parse_body(raw);
+  std::vector<std::vector<int32_t>> prompts;
+  bool batched = false;
+  if (body.contains("input_ids") && !body["input_ids"].is_null()) {
+    batched = body["input_ids"].is_array() && !body["input_ids"].empty() && body["input_ids"][0].is_array();
+    prompts = prompts_field(body["input_ids"], "input_ids", *tokenizer, vocab_size());
+  } else if (body.contains("text") && !body["text"].is_null()) {
+    batched = body["text"].is_array();
+    prompts = prompts_field(body["text"], "text", *tokenizer, vocab_size());
+  } else {
+    throw BadRequest("either 'text' or 'input_ids' is required");
+  }
+  ojson sp = body.contains("sampling_params") && body["sampling_params"].is_object() ? body["sampling_params"] : ojson::object();
+  if (sp.contains("sampling_seed") && !sp.contains("seed")) sp["seed"] = sp["sampling_seed"];
+  const bool stream = bool_field(body, "stream", false);
+  const bool return_logprob = bool_field(body, "return_logprob", false);
+  const int64_t top_n = int_field(body, "top_logprobs_num", 0, 0, 20);
+  const bool skip_special = bool_field(sp, "skip_special_tokens", true);
+  const std::vector<std::string> stops = stop_field(sp);
+  const std::string base_id = string_or(body, "rid", random_hex(32));
+  auto choices = std::make_shared<Choices>();
+  for (size_t k = 0; k < prompts.size(); ++k) {
+    const int64_t ctx = engine->context_length();
+    check_prompt_fits(prompts[k].size(), ctx);
+    SamplingParams p = sampling_field(sp, max_tokens_field(sp, "max_new_tokens", int64_t(prompts[k].size()), 128, ctx),
+                                      vocab_size(), seeds);
+    p.min_new_tokens = int_field(sp, "min_new_tokens", 0, 0, int64_t(1) << 40);
+    p.top_logprobs = return_logprob ? top_n : 0;
+    std::string rid = prompts.size() == 1 ? base_id : base_id + "-" + std::to_string(k);
+    choices->push_back(std::make_unique<ChoiceStream>(submit(rid, prompts[k], p), tokenizer, stops, skip_special));
+  }
+  auto result = [return_logprob, top_n](ChoiceStream& c) {
+    RequestTimes t = c.handle().times();
+    ojson finish = nullptr;
+    if (c.finished()) {
+      finish = {{"type", finish_reason_name(c.reason() == FinishReason::Error ? FinishReason::Abort : c.reason())},
+                {"matched", matched_stop(c)}};
+      if (!c.error().empty()) finish["message"] = c.error();
+    }
+    ojson meta = {{"id", c.handle().id()}, {"finish_reason", finish},
+                  {"prompt_tokens", c.handle().prompt_tokens()}, {"completion_tokens", c.completion_tokens()},
+                  {"cached_tokens", c.handle().cached_tokens()},
+                  {"e2e_latency", (t.finished > 0 ? t.finished : now_seconds()) - t.submitted}};
+    if (return_logprob) {
+      ojson lp = ojson::array(), top = ojson::array();
+      for (auto& s : c.sampled()) {
+        lp.push_back(ojson::array({s.logprob, s.token, nullptr}));
+        ojson alts = ojson::array();
+        for (auto& [tid, v] : s.top) alts.push_back(ojson::array({v, tid, nullptr}));
+        top.push_back(alts);
+      }
+      meta["output_token_logprobs"] = lp;
+      if (top_n > 0) meta["output_top_logprobs"] = top;
+    }
+    return ojson{{"text", c.text()}, {"output_ids", c.output_ids()}, {"meta_info", meta}};
+  };
+  if (stream) {
+    auto format = std::make_shared<GenerateFormat>();
+    format->result = result;
+    format->batched = batched;
+    stream_events(res, choices, format, metrics, opt.keepalive_seconds);
+    return;
+  }
+  respond_when_done(res, choices, [result, batched](Choices& choices) {
+    if (!batched) return result(*choices[0]);
+    ojson all = ojson::array();
+    for (auto& c : choices) all.push_back(result(*c));
+    return all;
+  }, metrics);
+}
+
+}  // namespace dsv4
