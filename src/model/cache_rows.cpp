@@ -27,8 +27,8 @@ uint8_t e4m3_code(float v) {
   const float a = std::fabs(v);
   if (a == 0.0f) return sign;
   int e;
-  const float m = std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
-  const int exponent = e - 1;         // a = (2m) * 2^exponent
+  const float m = std::frexp(a, &e);                                // a = m * 2^e, m in [0.5, 1)
+  const int exponent = e - 1;                                       // a = (2m) * 2^exponent
   if (exponent < -6) return uint8_t(sign | int(std::ldexp(a, 9)));  // subnormal: a = k * 2^-9
   const int mantissa = int(std::ldexp(2 * m - 1, 3));
   return uint8_t(sign | (exponent + 7) << 3 | mantissa);
@@ -145,8 +145,8 @@ void Fp4Rows::set_bytes(const std::vector<uint8_t>& bytes, int64_t rows) {
   if (int64_t(bytes.size()) != rows * (width_ / 2 + blocks_))
     throw Error("decode-state snapshot: index keys of the wrong size");
   resize(rows);
-  std::memcpy(nibbles_.data(), bytes.data(), nibbles_.size());
-  std::memcpy(scales_.data(), bytes.data() + nibbles_.size(), scales_.size());
+  std::copy(bytes.begin(), bytes.begin() + int64_t(nibbles_.size()), nibbles_.begin());
+  std::copy(bytes.begin() + int64_t(nibbles_.size()), bytes.end(), scales_.begin());
 }
 
 }  // namespace dsv4

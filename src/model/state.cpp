@@ -86,8 +86,7 @@ void SequenceState::reset(const ModelConfig& c) {
   layers.resize(size_t(c.n_layers));
   for (int64_t l = 0; l < c.n_layers; ++l) reset_layer(layers[size_t(l)], c, layer_layout(c, l));
   mtp_layers.resize(size_t(c.n_mtp_layers));
-  for (int64_t k = 0; k < c.n_mtp_layers; ++k)
-    reset_layer(mtp_layers[size_t(k)], c, layer_layout(c, c.n_layers + k));
+  for (int64_t k = 0; k < c.n_mtp_layers; ++k) reset_layer(mtp_layers[size_t(k)], c, layer_layout(c, c.n_layers + k));
 }
 
 void SequenceState::checkpoint() {
@@ -141,7 +140,7 @@ struct Reader {
   size_t pos = 0;
   void bytes(void* p, size_t n) {
     if (n > in.size() - pos) throw Error("decode-state snapshot is truncated");
-    std::memcpy(p, in.data() + pos, n);
+    if (n > 0) std::memcpy(p, in.data() + pos, n);  // (an empty vector's data() may be null)
     pos += n;
   }
   uint64_t u64() {
