@@ -2,21 +2,21 @@
 // checked against it before timing. Bytes/s counts weight bytes streamed.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
-#include <algorithm>
-#include <cmath>
 #include <random>
 #include <vector>
 
 #include "core/aligned.h"
 #include "core/numeric.h"
-#include "kernels/cpu/linear.h"
-#include "kernels/cpu/random_linear.h"
 #include "io/config.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/linear.h"
+#include "kernels/cpu/random_linear.h"
 #include "kernels/cpu/vector_ops.h"
 
 namespace dsv4 {
@@ -55,7 +55,8 @@ void BM_ExpertsDecode(benchmark::State& state) {
         linear_forward(w1[size_t(e)].linear, x.data() + e * dim, 1, a.data() + e * inter);
         linear_forward(w3[size_t(e)].linear, x.data() + e * dim, 1, b.data() + e * inter);
       }
-      for (int e = 0; e < experts; ++e) linear_forward(w2[size_t(e)].linear, a.data() + e * inter, 1, y.data() + e * dim);
+      for (int e = 0; e < experts; ++e)
+        linear_forward(w2[size_t(e)].linear, a.data() + e * inter, 1, y.data() + e * dim);
       return;
     }
     std::vector<LinearProduct> p;
@@ -81,7 +82,8 @@ void BM_ExpertsDecode(benchmark::State& state) {
   }
   int64_t bytes = 0;
   for (int e = 0; e < experts; ++e)
-    bytes += w1[size_t(e)].linear.weight_bytes() + w3[size_t(e)].linear.weight_bytes() + w2[size_t(e)].linear.weight_bytes();
+    bytes +=
+        w1[size_t(e)].linear.weight_bytes() + w3[size_t(e)].linear.weight_bytes() + w2[size_t(e)].linear.weight_bytes();
   state.SetBytesProcessed(int64_t(state.iterations()) * bytes);
   state.SetLabel(many ? "linear_forward_many" : "one linear_forward each");
 }
@@ -94,7 +96,9 @@ void BM_Linear(benchmark::State& state) {
   const auto format = WeightFormat(state.range(0));
   const auto isa = KernelIsa(state.range(1));
   const int64_t n = state.range(2), cols = 4096;
-  const int64_t bytes_per_row = format == WeightFormat::BF16 ? 2 * cols : format == WeightFormat::FP4_BLOCK32 ? cols / 2 : cols;
+  const int64_t bytes_per_row = format == WeightFormat::BF16          ? 2 * cols
+                                : format == WeightFormat::FP4_BLOCK32 ? cols / 2
+                                                                      : cols;
   const int64_t rows = state.range(3) ? (state.range(3) << 20) / bytes_per_row : 2048;
   if (!kernel_isa_supported(isa)) {
     state.SkipWithError("ISA not supported by this CPU");
@@ -128,7 +132,8 @@ void BM_Linear(benchmark::State& state) {
     benchmark::DoNotOptimize(y.data());
   }
   state.SetBytesProcessed(int64_t(state.iterations()) * w.linear.weight_bytes());
-  state.counters["MAC/s"] = benchmark::Counter(double(rows * cols * n) * double(state.iterations()), benchmark::Counter::kIsRate);
+  state.counters["MAC/s"] =
+      benchmark::Counter(double(rows * cols * n) * double(state.iterations()), benchmark::Counter::kIsRate);
   state.SetLabel(std::string(weight_format_name(format)) + " / " + kernel_isa_name(isa));
 }
 
@@ -168,8 +173,10 @@ void BM_Fp8RoundTrip(benchmark::State& state) {
   }
   for (auto _ : state) {
     y = x;
-    if (reference) fp8_round_trip_reference(y.data(), 4096, 128);
-    else fp8_round_trip(y.data(), 4096, 128);
+    if (reference)
+      fp8_round_trip_reference(y.data(), 4096, 128);
+    else
+      fp8_round_trip(y.data(), 4096, 128);
     benchmark::DoNotOptimize(y.data());
   }
   state.SetItemsProcessed(int64_t(state.iterations()) * 4096);
@@ -207,7 +214,8 @@ void BM_DotFixed(benchmark::State& state) {
   for (auto& v : a) v = nd(rng);
   for (auto& v : b) v = nd(rng);
   long double ref = 0, mag = 0;
-  for (int64_t i = 0; i < n; ++i) ref += (long double)a[size_t(i)] * b[size_t(i)], mag += std::fabs(a[size_t(i)] * b[size_t(i)]);
+  for (int64_t i = 0; i < n; ++i)
+    ref += (long double)a[size_t(i)] * b[size_t(i)], mag += std::fabs(a[size_t(i)] * b[size_t(i)]);
   if (std::fabs(double(ref) - dot_fixed(a.data(), b.data(), n)) > 1e-5 * double(mag)) {
     state.SkipWithError("dot_fixed differs from the long double reference");
     return;
@@ -236,9 +244,11 @@ void BM_AttentionHeads(benchmark::State& state) {
     std::fill(out.begin(), out.end(), 0.0f);
     if (pairs) {
       for (int64_t h = 0; h < heads; ++h)
-        for (int64_t j = 0; j < n_keys; ++j) scores[size_t(h * n_keys + j)] = dot_fixed(q.data() + h * dim, keys[size_t(j)], dim);
+        for (int64_t j = 0; j < n_keys; ++j)
+          scores[size_t(h * n_keys + j)] = dot_fixed(q.data() + h * dim, keys[size_t(j)], dim);
       for (int64_t h = 0; h < heads; ++h)
-        for (int64_t j = 0; j < n_keys; ++j) add_scaled(out.data() + h * dim, p[size_t(h * n_keys + j)], keys[size_t(j)], dim);
+        for (int64_t j = 0; j < n_keys; ++j)
+          add_scaled(out.data() + h * dim, p[size_t(h * n_keys + j)], keys[size_t(j)], dim);
     } else {
       dot_fixed_rows(q.data(), heads, keys.data(), n_keys, dim, scores.data());
       add_scaled_rows(out.data(), heads, p.data(), keys.data(), n_keys, dim);
@@ -255,8 +265,8 @@ void BM_AttentionHeads(benchmark::State& state) {
     run(per_pair);
     benchmark::DoNotOptimize(out.data());
   }
-  state.counters["MAC/s"] = benchmark::Counter(2.0 * double(heads * n_keys * dim) * double(state.iterations()),
-                                               benchmark::Counter::kIsRate);
+  state.counters["MAC/s"] =
+      benchmark::Counter(2.0 * double(heads * n_keys * dim) * double(state.iterations()), benchmark::Counter::kIsRate);
   state.SetLabel(per_pair ? "per-pair dot_fixed + add_scaled" : "blocked rows");
 }
 BENCHMARK(BM_AttentionHeads)->Arg(0)->Arg(1);
@@ -312,9 +322,11 @@ void BM_HyperConnections(benchmark::State& state) {
   }
   for (int64_t j = 0; j < h; ++j) {
     double m = -INFINITY, sum = 0;
-    for (int64_t k = 0; k < h; ++k) m = std::max(m, mix[size_t(2 * h + j * h + k)] * w.scale[2] + w.base[size_t(2 * h + j * h + k)]);
     for (int64_t k = 0; k < h; ++k)
-      sum += comb[size_t(j * h + k)] = std::exp(mix[size_t(2 * h + j * h + k)] * w.scale[2] + w.base[size_t(2 * h + j * h + k)] - m);
+      m = std::max(m, mix[size_t(2 * h + j * h + k)] * w.scale[2] + w.base[size_t(2 * h + j * h + k)]);
+    for (int64_t k = 0; k < h; ++k)
+      sum += comb[size_t(j * h + k)] =
+          std::exp(mix[size_t(2 * h + j * h + k)] * w.scale[2] + w.base[size_t(2 * h + j * h + k)] - m);
     for (int64_t k = 0; k < h; ++k) comb[size_t(j * h + k)] = comb[size_t(j * h + k)] / sum + c.hc_eps;
   }
   for (int64_t it = 0; it < c.hc_sinkhorn_iters; ++it) {
@@ -335,7 +347,9 @@ void BM_HyperConnections(benchmark::State& state) {
   kb.hc_pre(shape, site, x_out.data(), n, y.data(), &got);
   kb.hc_post(shape, got, sub.data(), x_out.data(), n);
   double worst = 0;
-  auto compare = [&](double want, double have) { worst = std::max(worst, std::fabs(want - have) / (std::fabs(want) + 1e-3)); };
+  auto compare = [&](double want, double have) {
+    worst = std::max(worst, std::fabs(want - have) / (std::fabs(want) + 1e-3));
+  };
   for (int64_t d = 0; d < c.dim; ++d) {
     double collapsed = 0;
     for (int64_t j = 0; j < h; ++j) collapsed += pre[size_t(j)] * x[size_t(j * c.dim + d)];

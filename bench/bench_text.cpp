@@ -49,13 +49,16 @@ std::shared_ptr<const Tokenizer> tokenizer() {
 
 std::string generated_text() {
   std::string s = "<think>";
-  for (int i = 0; i < 200; ++i) s += "Let me reason about step " + std::to_string(i) + " carefully; 考虑一下这个问题。 ";
+  for (int i = 0; i < 200; ++i)
+    s += "Let me reason about step " + std::to_string(i) + " carefully; 考虑一下这个问题。 ";
   s += "</think>Here is the plan.\n\n<｜DSML｜tool_calls>\n";
   for (int i = 0; i < 8; ++i) {
-    s += "<｜DSML｜invoke name=\"write_file\">\n<｜DSML｜parameter name=\"path\" string=\"true\">src/f" + std::to_string(i) +
-         ".cpp</｜DSML｜parameter>\n<｜DSML｜parameter name=\"content\" string=\"true\">";
-    for (int k = 0; k < 40; ++k) s += "int f" + std::to_string(k) + "(int x) { return x * " + std::to_string(k) + "; }\n";
-    s += "</｜DSML｜parameter>\n<｜DSML｜parameter name=\"mode\" string=\"false\">{\"append\": false, \"perm\": 420}</｜DSML｜parameter>\n</｜DSML｜invoke>\n";
+    s += "<｜DSML｜invoke name=\"write_file\">\n<｜DSML｜parameter name=\"path\" string=\"true\">src/f" +
+         std::to_string(i) + ".cpp</｜DSML｜parameter>\n<｜DSML｜parameter name=\"content\" string=\"true\">";
+    for (int k = 0; k < 40; ++k)
+      s += "int f" + std::to_string(k) + "(int x) { return x * " + std::to_string(k) + "; }\n";
+    s += "</｜DSML｜parameter>\n<｜DSML｜parameter name=\"mode\" string=\"false\">{\"append\": false, \"perm\": "
+         "420}</｜DSML｜parameter>\n</｜DSML｜invoke>\n";
   }
   s += "</｜DSML｜tool_calls>";
   return s;
@@ -159,7 +162,8 @@ static void BM_ParseOutputStreaming(benchmark::State& state) {
   for (auto _ : state) {
     OutputParser p(cfg);
     size_t out = 0;
-    for (size_t i = 0; i < text.size(); i += chunk) out += p.feed(std::string_view(text).substr(i, chunk)).content.size();
+    for (size_t i = 0; i < text.size(); i += chunk)
+      out += p.feed(std::string_view(text).substr(i, chunk)).content.size();
     p.finish(StopReason::Stop);
     benchmark::DoNotOptimize(out);
   }
@@ -172,7 +176,8 @@ static void BM_RenderChatRequest(benchmark::State& state) {
   req["messages"].push_back({{"role", "system"}, {"content", "You are a helpful assistant."}});
   for (int i = 0; i < 20; ++i) {
     req["messages"].push_back({{"role", "user"}, {"content", "Question number " + std::to_string(i) + "?"}});
-    req["messages"].push_back({{"role", "assistant"}, {"content", "Answer " + std::to_string(i)}, {"reasoning_content", "thinking..."}});
+    req["messages"].push_back(
+        {{"role", "assistant"}, {"content", "Answer " + std::to_string(i)}, {"reasoning_content", "thinking..."}});
   }
   req["messages"].push_back({{"role", "user"}, {"content", "Last question"}});
   req["tools"] = ojson::parse(R"([{"type": "function", "function": {"name": "get_weather", "description": "Weather",

@@ -11,7 +11,8 @@ using namespace dsv4::text;
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const auto request = ojson::parse(data, data + size, nullptr, false);
   if (request.is_discarded()) return 0;
-  for (auto profile : {EncoderProfile::V4Preview, EncoderProfile::V4_0731, EncoderProfile::V41, EncoderProfile::V41TierTable}) {
+  for (auto profile :
+       {EncoderProfile::V4Preview, EncoderProfile::V4_0731, EncoderProfile::V41, EncoderProfile::V41TierTable}) {
     for (const auto& opts : {RenderOptions{}, RenderOptions::reference(), RenderOptions::vllm()}) {
       try {
         (void)render_chat_request(request, profile, opts);

@@ -20,9 +20,7 @@ inline std::string case_name(const ::testing::TestParamInfo<std::string>& info) 
   return s;
 }
 
-inline std::string model_dir(const std::string& name) {
-  return std::string(DSV4_TEST_DATA) + "/models/" + name;
-}
+inline std::string model_dir(const std::string& name) { return std::string(DSV4_TEST_DATA) + "/models/" + name; }
 
 inline std::vector<float> read_f32(const TensorStore& s, const std::string& name) {
   const TensorInfo& t = s.get(name);
@@ -45,8 +43,8 @@ struct RunResult {
 
 // Prefills the first `prefill` tokens in chunks of `chunk`, then decodes one
 // token at a time; the MTP block follows the same schedule.
-inline RunResult run_schedule(const Model& model, const std::vector<int32_t>& tokens,
-                              int64_t prefill, int64_t chunk, bool mtp) {
+inline RunResult run_schedule(const Model& model, const std::vector<int32_t>& tokens, int64_t prefill, int64_t chunk,
+                              bool mtp) {
   const int64_t n = int64_t(tokens.size()), V = model.config().vocab_size;
   const int64_t W = model.config().hc_mult * model.config().dim;
   RunResult r;
@@ -56,15 +54,12 @@ inline RunResult run_schedule(const Model& model, const std::vector<int32_t>& to
   std::vector<std::pair<int64_t, int64_t>> pieces;
   for (int64_t b = 0; b < prefill; b += chunk) pieces.push_back({b, std::min(chunk, prefill - b)});
   for (int64_t b = prefill; b < n; ++b) pieces.push_back({b, 1});
-  for (auto [b, len] : pieces)
-    model.forward(state, tokens.data() + b, len, r.logits.data() + b * V, hc.data() + b * W);
+  for (auto [b, len] : pieces) model.forward(state, tokens.data() + b, len, r.logits.data() + b * V, hc.data() + b * W);
   if (mtp) {
     r.mtp_logits.assign(size_t(n * V), 0.0f);
     for (auto [b, len] : pieces) {
       len = std::min(len, n - 1 - b);
-      if (len > 0)
-        model.forward_mtp(state, hc.data() + b * W, tokens.data() + b + 1, len,
-                          r.mtp_logits.data() + b * V);
+      if (len > 0) model.forward_mtp(state, hc.data() + b * W, tokens.data() + b + 1, len, r.mtp_logits.data() + b * V);
     }
   }
   return r;

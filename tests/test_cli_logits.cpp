@@ -43,8 +43,8 @@ TEST(CliLogits, PrefillChunksDecodeAndMtpMatchLibrary) {
     std::ofstream f(ids);
     for (size_t i = 0; i < tokens.size(); ++i) f << tokens[i] << (i % 10 == 9 ? "\n" : ",");
   }
-  CommandResult r = run("logits --model " + model + " --tokens @" + ids.string() + " --out " +
-                        out.string() + " --prefill 130 --chunk-size 7 --threads 2 --mtp");
+  CommandResult r = run("logits --model " + model + " --tokens @" + ids.string() + " --out " + out.string() +
+                        " --prefill 130 --chunk-size 7 --threads 2 --mtp");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   TensorStore s = TensorStore::open(out.string());
   const TensorInfo& logits = s.get("logits");
@@ -62,8 +62,7 @@ TEST(CliLogits, PrefillChunksDecodeAndMtpMatchLibrary) {
 
 TEST(CliLogits, InlineTokensWithoutMtpHaveOnlyLogits) {
   fs::path out = temp_path("inline.safetensors");
-  CommandResult r = run("logits --model " + model_dir("tiny-flash-bf16") +
-                        " --tokens 0,5,6,7 --out " + out.string());
+  CommandResult r = run("logits --model " + model_dir("tiny-flash-bf16") + " --tokens 0,5,6,7 --out " + out.string());
   ASSERT_EQ(r.exit_code, 0) << r.output;
   TensorStore s = TensorStore::open(out.string());
   EXPECT_EQ(s.get("logits").shape, (std::vector<int64_t>{4, 512}));
@@ -78,13 +77,12 @@ TEST(CliLogits, FailuresAreOneClearLineAndNonZeroExit) {
   EXPECT_NE(missing.output.find("error"), std::string::npos);
   EXPECT_EQ(std::count(missing.output.begin(), missing.output.end(), '\n'), 1) << missing.output;
 
-  CommandResult bad_token = run("logits --model " + model_dir("tiny-flash-bf16") +
-                                " --tokens 1,x --out " + out.string());
+  CommandResult bad_token =
+      run("logits --model " + model_dir("tiny-flash-bf16") + " --tokens 1,x --out " + out.string());
   EXPECT_NE(bad_token.exit_code, 0);
   EXPECT_NE(bad_token.output.find("invalid token id \"x\""), std::string::npos) << bad_token.output;
 
-  CommandResult oov = run("logits --model " + model_dir("tiny-flash-bf16") +
-                          " --tokens 1,9999 --out " + out.string());
+  CommandResult oov = run("logits --model " + model_dir("tiny-flash-bf16") + " --tokens 1,9999 --out " + out.string());
   EXPECT_NE(oov.exit_code, 0);
   EXPECT_NE(oov.output.find("outside the vocabulary"), std::string::npos) << oov.output;
 

@@ -71,9 +71,11 @@ TEST(Engine, SeededRequestIsIdenticalAloneAndUnderLoad) {
   ASSERT_EQ(alone.tokens.size(), 24u);
   Engine e(shared_model(), opt);
   std::vector<std::shared_ptr<RequestHandle>> others;
-  for (int i = 0; i < 12; ++i) others.push_back(e.submit("other" + std::to_string(i), prompt_of(20 + 37 * i, i + 2), sampled(100 + i, 16 + i)));
+  for (int i = 0; i < 12; ++i)
+    others.push_back(e.submit("other" + std::to_string(i), prompt_of(20 + 37 * i, i + 2), sampled(100 + i, 16 + i)));
   auto target = e.submit("target", prompt_of(300, 1), sampled(7, 24));
-  for (int i = 0; i < 6; ++i) others.push_back(e.submit("late" + std::to_string(i), prompt_of(150, 50 + i), sampled(9, 10)));
+  for (int i = 0; i < 6; ++i)
+    others.push_back(e.submit("late" + std::to_string(i), prompt_of(150, 50 + i), sampled(9, 10)));
   Outcome crowded = drain(target);
   for (auto& h : others) drain(h);
   EXPECT_EQ(crowded.tokens, alone.tokens);
@@ -130,7 +132,9 @@ TEST(Engine, LimitsAreEnforced) {
     e.submit("too-long", prompt_of(64, 1), sampled(1, 4));
     FAIL();
   } catch (const Error& err) {
-    EXPECT_NE(std::string(err.what()).find("The input (64 tokens) is longer than the model's context length (64 tokens)"), std::string::npos);
+    EXPECT_NE(
+        std::string(err.what()).find("The input (64 tokens) is longer than the model's context length (64 tokens)"),
+        std::string::npos);
   }
   EXPECT_THROW(e.submit("bad-id", {0, 9999}, sampled(1, 4)), Error);
   // Output is capped by the context: 60 prompt tokens leave room for 4.
@@ -165,7 +169,8 @@ TEST(Engine, GreedyStopsAtStopTokenAndCountsIt) {
   ASSERT_EQ(free_run.tokens.size(), 20u);
   p.stop_token_ids = {free_run.tokens[5]};
   Outcome stopped = drain(e.submit("stop", prompt_of(30, 9), p));
-  size_t first = std::find(free_run.tokens.begin(), free_run.tokens.end(), free_run.tokens[5]) - free_run.tokens.begin();
+  size_t first =
+      std::find(free_run.tokens.begin(), free_run.tokens.end(), free_run.tokens[5]) - free_run.tokens.begin();
   EXPECT_EQ(stopped.tokens.size(), first + 1);
   EXPECT_EQ(stopped.reason, FinishReason::Stop);
 }
@@ -224,8 +229,9 @@ TEST(EngineValidate, OneCheckOfIdsAndLength) {
     validate_request(limits, prompt_of(64, 1), p);
     FAIL();
   } catch (const Error& err) {
-    EXPECT_NE(std::string(err.what()).find("The input (64 tokens) is longer than the model's context length (64 tokens)"),
-              std::string::npos);
+    EXPECT_NE(
+        std::string(err.what()).find("The input (64 tokens) is longer than the model's context length (64 tokens)"),
+        std::string::npos);
   }
 }
 

@@ -11,9 +11,9 @@
 #include "core/error.h"
 #include "core/numeric.h"
 #include "core/threads.h"
+#include "kernels/backend.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/random_linear.h"
-#include "kernels/backend.h"
 #include "kernels/cpu/vector_ops.h"
 #include "kernels/rope.h"
 
@@ -44,7 +44,9 @@ TEST(Numeric, Pow2CeilIsExact) {
 TEST(Numeric, E2m1RoundsTiesToEven) {
   const float in[] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, -5.0f, 0.2f, 5.9f};
   const float out[] = {0.0f, 1.0f, 1.0f, 2.0f, 2.0f, 4.0f, 4.0f, -4.0f, 0.0f, 6.0f};
-  for (size_t i = 0; i < std::size(in); ++i) EXPECT_EQ(round_to_e2m1(in[i]), out[i]) << in[i];
+  for (size_t i = 0; i < std::size(in); ++i) {
+    EXPECT_EQ(round_to_e2m1(in[i]), out[i]) << in[i];
+  }
 }
 
 // round_to_e4m3 is bit arithmetic; the plain formula (step from frexp,
@@ -60,7 +62,9 @@ TEST(Numeric, E4m3RoundingMatchesFormula) {
     return std::nearbyint(v / step) * step;
   };
   auto check = [&](float v) {
-    for (float s : {v, -v}) ASSERT_EQ(float_to_bits(round_to_e4m3(s)), float_to_bits(formula(s))) << s;
+    for (float s : {v, -v}) {
+      ASSERT_EQ(float_to_bits(round_to_e4m3(s)), float_to_bits(formula(s))) << s;
+    }
   };
   for (int code = 0; code < 0x7e; ++code) {
     const float mid = (e4m3_to_float(uint8_t(code)) + e4m3_to_float(uint8_t(code + 1))) / 2;
@@ -84,7 +88,9 @@ TEST(Numeric, Fp8RoundTripMatchesExhaustiveReference) {
     std::vector<float> a = x, b = x;
     fp8_round_trip(a.data(), 256, 128);
     fp8_round_trip_reference(b.data(), 256, 128);
-    for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(a[i], b[i]) << "value " << x[i];
+    for (size_t i = 0; i < x.size(); ++i) {
+      ASSERT_EQ(a[i], b[i]) << "value " << x[i];
+    }
   }
 }
 
@@ -110,11 +116,11 @@ TEST(Numeric, Fp8ScaleFollowsFp32Product) {
 
 TEST(Numeric, Fp4RoundTripUsesPowerOfTwoScales) {
   std::vector<float> x(32, 0.0f);
-  x[0] = 6.0f;    // fp32(6 * fl32(1/6)) == 1: scale 1
+  x[0] = 6.0f;  // fp32(6 * fl32(1/6)) == 1: scale 1
   x[1] = 1.0f;
-  x[2] = 2.9f;    // -> 3
-  x[3] = -0.4f;   // -> -0.5
-  x[4] = 0.25f;   // tie -> 0
+  x[2] = 2.9f;   // -> 3
+  x[3] = -0.4f;  // -> -0.5
+  x[4] = 0.25f;  // tie -> 0
   fp4_round_trip(x.data(), 32, 32);
   EXPECT_EQ(x[0], 6.0f);
   EXPECT_EQ(x[1], 1.0f);
@@ -122,8 +128,8 @@ TEST(Numeric, Fp4RoundTripUsesPowerOfTwoScales) {
   EXPECT_EQ(x[3], -0.5f);
   EXPECT_EQ(x[4], 0.0f);
   std::vector<float> y(32, 0.0f);
-  y[0] = 6.5f;    // scale 2: 3.25 -> 3 -> 6
-  y[1] = 0.4f;    // 0.2 -> 0
+  y[0] = 6.5f;  // scale 2: 3.25 -> 3 -> 6
+  y[1] = 0.4f;  // 0.2 -> 0
   fp4_round_trip(y.data(), 32, 32);
   EXPECT_EQ(y[0], 6.0f);
   EXPECT_EQ(y[1], 0.0f);
@@ -265,7 +271,9 @@ TEST_P(LinearFormats, RowSliceWithStrideGivesScalarBits) {
         size_t(n * stride), [&](float* y) { linear_forward(w.linear, x.data(), n, y, row_begin, row_end, stride); });
     // Outside the slice nothing is written.
     for (int64_t t = 0; t < n; ++t)
-      for (int64_t o = row_end - row_begin; o < stride; ++o) ASSERT_EQ(scalar[size_t(t * stride + o)], -1.0f);
+      for (int64_t o = row_end - row_begin; o < stride; ++o) {
+        ASSERT_EQ(scalar[size_t(t * stride + o)], -1.0f);
+      }
   }
 }
 
@@ -310,7 +318,9 @@ TEST(Linear, ManyProductsGiveEachProductsBits) {
   weights.push_back(random_linear(WeightFormat::BF16, 97, 256, 33));
   weights.push_back(random_linear(WeightFormat::F32, 40, 128, 34));
   weights.push_back(random_linear(WeightFormat::FP4_BLOCK32, 64, 256, 35));
-  for (auto& w : weights) w.linear.quantize_input = w.linear.format == WeightFormat::FP8_BLOCK128 || w.linear.format == WeightFormat::FP4_BLOCK32;
+  for (auto& w : weights)
+    w.linear.quantize_input =
+        w.linear.format == WeightFormat::FP8_BLOCK128 || w.linear.format == WeightFormat::FP4_BLOCK32;
   const int64_t tokens[] = {1, 3, 16, 5, 20, 0};
   const size_t count = 6;
   std::vector<std::vector<float>> x(count);
@@ -346,8 +356,8 @@ TEST(Linear, Fp4WidthMustBeWholeScaleBlocks) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, LinearFormats,
-                         ::testing::Values(WeightFormat::F32, WeightFormat::BF16,
-                                           WeightFormat::FP8_BLOCK128, WeightFormat::FP4_BLOCK32));
+                         ::testing::Values(WeightFormat::F32, WeightFormat::BF16, WeightFormat::FP8_BLOCK128,
+                                           WeightFormat::FP4_BLOCK32));
 
 // The many-head attention helpers give the bits of the per-pair functions
 // (head and key counts that leave remainders after blocks of 4 and 8).
@@ -357,7 +367,8 @@ TEST(Ops, AttentionRowsMatchPerPairFunctions) {
   for (int64_t dim : {48, 512, 40})
     for (int64_t heads : {1, 4, 7, 9})
       for (int64_t n_keys : {1, 5, 13}) {
-        SCOPED_TRACE(std::to_string(dim) + " dims, " + std::to_string(heads) + " heads, " + std::to_string(n_keys) + " keys");
+        SCOPED_TRACE(std::to_string(dim) + " dims, " + std::to_string(heads) + " heads, " + std::to_string(n_keys) +
+                     " keys");
         std::vector<float> q(size_t(heads * dim)), k(size_t(n_keys * dim)), p(size_t(heads * n_keys));
         for (auto* v : {&q, &k, &p})
           for (auto& x : *v) x = nd(rng);
@@ -373,8 +384,10 @@ TEST(Ops, AttentionRowsMatchPerPairFunctions) {
             float lanes[16] = {};
             int64_t i = 0;
             for (; i + 16 <= dim; i += 16)
-              for (int l = 0; l < 16; ++l) lanes[l] = std::fma(q[size_t(h * dim + i + l)], keys[size_t(j)][i + l], lanes[l]);
-            for (int l = 0; i < dim; ++i, ++l) lanes[l] = std::fma(q[size_t(h * dim + i)], keys[size_t(j)][i], lanes[l]);
+              for (int l = 0; l < 16; ++l)
+                lanes[l] = std::fma(q[size_t(h * dim + i + l)], keys[size_t(j)][i + l], lanes[l]);
+            for (int l = 0; i < dim; ++i, ++l)
+              lanes[l] = std::fma(q[size_t(h * dim + i)], keys[size_t(j)][i], lanes[l]);
             for (int width = 8; width >= 1; width /= 2)
               for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
             ASSERT_EQ(float_to_bits(lanes[0]), float_to_bits(expected[size_t(h * n_keys + j)]));
@@ -383,7 +396,8 @@ TEST(Ops, AttentionRowsMatchPerPairFunctions) {
         std::vector<float> out(size_t(heads * dim), 0.5f), want = out;
         add_scaled_rows(out.data(), heads, p.data(), keys.data(), n_keys, dim);
         for (int64_t h = 0; h < heads; ++h)
-          for (int64_t j = 0; j < n_keys; ++j) add_scaled(want.data() + h * dim, p[size_t(h * n_keys + j)], keys[size_t(j)], dim);
+          for (int64_t j = 0; j < n_keys; ++j)
+            add_scaled(want.data() + h * dim, p[size_t(h * n_keys + j)], keys[size_t(j)], dim);
         EXPECT_EQ(0, std::memcmp(out.data(), want.data(), out.size() * 4));
       }
 }
@@ -441,9 +455,8 @@ TEST(Ops, HcPreCollapseGivesDefinitionBitsOnEveryPath) {
   const HcSite w{&fn_linear, base.data(), scale.data()};
   const std::vector<float> x = normal_floats(size_t(n * h * d), 63);
   HcMix mix;
-  const std::vector<float> y = expect_simd_gives_scalar_bits(size_t(n * d), [&](float* out) {
-    default_backend().hc_pre(c, w, x.data(), n, out, &mix);
-  });
+  const std::vector<float> y = expect_simd_gives_scalar_bits(
+      size_t(n * d), [&](float* out) { default_backend().hc_pre(c, w, x.data(), n, out, &mix); });
   for (int64_t t = 0; t < n; ++t)
     for (int64_t i = 0; i < d; ++i) {
       volatile float s = 0.0f;
@@ -498,7 +511,9 @@ TEST(Ops, RopeInverseUndoesRotation) {
   // Pair 0 rotates by pos * 1 radian.
   EXPECT_NEAR(y[0], x[0] * std::cos(1234.0f) - x[1] * std::sin(1234.0f), 1e-4);
   plain.apply(y.data(), 1234, true);
-  for (int i = 0; i < 64; ++i) EXPECT_NEAR(y[size_t(i)], x[size_t(i)], 1e-5);
+  for (int i = 0; i < 64; ++i) {
+    EXPECT_NEAR(y[size_t(i)], x[size_t(i)], 1e-5);
+  }
 }
 
 TEST(Ops, TopKBreaksTiesByLowerIndexAndSortsIds) {
@@ -513,7 +528,9 @@ TEST(Ops, RmsNormMatchesDefinition) {
   std::vector<float> y = x;
   rms_norm(y.data(), w.data(), 4, 1e-6f);
   double inv = 1.0 / std::sqrt((1 + 4 + 9 + 16) / 4.0 + 1e-6);
-  for (int i = 0; i < 4; ++i) EXPECT_NEAR(y[size_t(i)], w[size_t(i)] * x[size_t(i)] * inv, 1e-6);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_NEAR(y[size_t(i)], w[size_t(i)] * x[size_t(i)] * inv, 1e-6);
+  }
 }
 
 }  // namespace

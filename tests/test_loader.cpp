@@ -44,9 +44,8 @@ void expect_same_bits_as_golden_checkpoint(const Model& model) {
 class BrokenCheckpoint : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("dsv4_loader_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = fs::temp_directory_path() / ("dsv4_loader_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::create_directories(dir_);
     fs::path src = model_dir("tiny-flash-fp8");
     fs::copy_file(src / "config.json", dir_ / "config.json", fs::copy_options::overwrite_existing);
@@ -205,8 +204,7 @@ TEST_F(BrokenCheckpoint, ConfigThatDisagreesWithTensorsIsCaught) {
   write_checkpoint();
   edit_config([](json& c) { c["q_lora_rank"] = 256; });
   std::string e = load_error();
-  EXPECT_NE(e.find("layers.0.attn.wq_a.weight has shape [128, 256], expected [256, 256]"),
-            std::string::npos) << e;
+  EXPECT_NE(e.find("layers.0.attn.wq_a.weight has shape [128, 256], expected [256, 256]"), std::string::npos) << e;
 }
 
 TEST_F(BrokenCheckpoint, Fp8TensorInUnquantizedConfigIsRefused) {
@@ -222,8 +220,8 @@ TEST_F(BrokenCheckpoint, ShardedIndexWithMissingShardIsNamed) {
   json index = {{"metadata", json::object()}, {"weight_map", json::object()}};
   for (auto& [name, _] : header_.items())
     if (name != "__metadata__")
-      index["weight_map"][name] = name.rfind("mtp.", 0) == 0 ? "model-00002-of-00002.safetensors"
-                                                             : "model-00001-of-00002.safetensors";
+      index["weight_map"][name] =
+          name.rfind("mtp.", 0) == 0 ? "model-00002-of-00002.safetensors" : "model-00001-of-00002.safetensors";
   write_file(dir_ / "model.safetensors.index.json", index.dump());
   std::string e = load_error();
   EXPECT_NE(e.find("missing shard"), std::string::npos) << e;

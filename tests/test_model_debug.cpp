@@ -82,8 +82,7 @@ TEST_P(DebugTensors, StatesAndCachesMatchReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Golden, DebugTensors,
-                         ::testing::Values("tiny-flash-bf16", "tiny-flash-fp8", "tiny-pro-fp8"),
+INSTANTIATE_TEST_SUITE_P(Golden, DebugTensors, ::testing::Values("tiny-flash-bf16", "tiny-flash-fp8", "tiny-pro-fp8"),
                          case_name);
 
 }  // namespace

@@ -7,9 +7,9 @@
 
 #include "core/error.h"
 #include "core/threads.h"
+#include "golden_util.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/isa.h"
-#include "golden_util.h"
 
 namespace dsv4::test {
 namespace {
@@ -28,7 +28,7 @@ struct Case {
   TensorStore golden;
   std::vector<int32_t> all_tokens;  // prompt then decode tokens
   int64_t prompt_len = 0;
-  RunResult one_shot;               // prefill of the prompt in one call, then decode
+  RunResult one_shot;  // prefill of the prompt in one call, then decode
 };
 
 Case& load_case(const std::string& name) {
@@ -41,8 +41,7 @@ Case& load_case(const std::string& name) {
     slot->all_tokens = read_i32(slot->golden, "tokens");
     slot->prompt_len = int64_t(slot->all_tokens.size());
     for (int32_t t : read_i32(slot->golden, "decode_tokens")) slot->all_tokens.push_back(t);
-    slot->one_shot = run_schedule(*slot->model, slot->all_tokens, slot->prompt_len,
-                                  slot->prompt_len, true);
+    slot->one_shot = run_schedule(*slot->model, slot->all_tokens, slot->prompt_len, slot->prompt_len, true);
   }
   return *slot;
 }
@@ -61,8 +60,8 @@ TEST_P(GoldenModel, LogitsMatchReference) {
   ErrorStats s = compare_rows(c.one_shot.logits.data(), expected.data(), N, V, skip);
   Tolerance tol = tolerance_for(GetParam());
   RecordProperty("median", std::to_string(s.median));
-  std::printf("%s logits: median %.3g p99 %.3g max %.3g (pos %lld) argmax %.4f\n", GetParam().c_str(),
-              s.median, s.p99, s.max, (long long)s.worst_position, s.argmax_agreement);
+  std::printf("%s logits: median %.3g p99 %.3g max %.3g (pos %lld) argmax %.4f\n", GetParam().c_str(), s.median, s.p99,
+              s.max, (long long)s.worst_position, s.argmax_agreement);
   EXPECT_LE(s.median, tol.median);
   EXPECT_LE(s.p99, tol.p99);
   EXPECT_LE(s.max, tol.max);
@@ -82,14 +81,16 @@ TEST_P(GoldenModel, MtpLogitsMatchReference) {
   for (int64_t p = 0; p < rows; ++p) skip[size_t(p)] = dev[size_t(p)] > 1e-3f;
   ErrorStats s = compare_rows(c.one_shot.mtp_logits.data(), expected.data(), rows, V, skip);
   Tolerance tol = tolerance_for(GetParam());
-  std::printf("%s mtp: median %.3g p99 %.3g max %.3g (pos %lld) argmax %.4f\n", GetParam().c_str(),
-              s.median, s.p99, s.max, (long long)s.worst_position, s.argmax_agreement);
+  std::printf("%s mtp: median %.3g p99 %.3g max %.3g (pos %lld) argmax %.4f\n", GetParam().c_str(), s.median, s.p99,
+              s.max, (long long)s.worst_position, s.argmax_agreement);
   EXPECT_LE(s.median, tol.mtp_median);
   EXPECT_LE(s.p99, tol.mtp_p99);
   EXPECT_LE(s.max, tol.mtp_max);
   EXPECT_GE(s.argmax_agreement, 0.99);
   // The last row has no next token.
-  for (int64_t v = 0; v < V; ++v) EXPECT_EQ(c.one_shot.mtp_logits[size_t(rows * V + v)], 0.0f);
+  for (int64_t v = 0; v < V; ++v) {
+    EXPECT_EQ(c.one_shot.mtp_logits[size_t(rows * V + v)], 0.0f);
+  }
 }
 
 // Chunked prefill must give the very same bits as one-shot prefill, for the
@@ -203,8 +204,7 @@ TEST_P(GoldenModel, SnapshotRestoresByteExactly) {
   EXPECT_THROW(b.restore(snap), Error);
 }
 
-INSTANTIATE_TEST_SUITE_P(Golden, GoldenModel,
-                         ::testing::Values("tiny-flash-bf16", "tiny-flash-fp8", "tiny-pro-fp8"),
+INSTANTIATE_TEST_SUITE_P(Golden, GoldenModel, ::testing::Values("tiny-flash-bf16", "tiny-flash-fp8", "tiny-pro-fp8"),
                          case_name);
 
 }  // namespace

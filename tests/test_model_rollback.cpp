@@ -63,8 +63,10 @@ TEST_P(Rollback, RollbackGivesTheBitsOfARunThatStopped) {
     SequenceState a = model->new_state();
     f.feed_chunked(a, 0, P, chunk);
     a.checkpoint();
-    if (draft_one_by_one) f.feed_chunked(a, P, P + k, 1);
-    else f.feed(a, P, k, nullptr, nullptr);
+    if (draft_one_by_one)
+      f.feed_chunked(a, P, P + k, 1);
+    else
+      f.feed(a, P, k, nullptr, nullptr);
     a.rollback(P + j);
     a.end_checkpoint();
 

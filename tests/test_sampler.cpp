@@ -32,7 +32,9 @@ TEST(Sampler, SameSeedAndStepGiveTheSameToken) {
   for (size_t i = 0; i < l.size(); ++i) l[i] = float(std::sin(double(i)));
   SamplingParams p;
   p.seed = 99;
-  for (int64_t step = 0; step < 20; ++step) EXPECT_EQ(draw(l, p, step).token, draw(l, p, step).token);
+  for (int64_t step = 0; step < 20; ++step) {
+    EXPECT_EQ(draw(l, p, step).token, draw(l, p, step).token);
+  }
 }
 
 TEST(Sampler, FrequenciesFollowTheSoftmax) {
@@ -46,7 +48,8 @@ TEST(Sampler, FrequenciesFollowTheSoftmax) {
     p.seed = uint64_t(i) * 7919;
     ++counts[size_t(draw(l, p, i).token)];
   }
-  for (int v = 0; v < 4; ++v) EXPECT_NEAR(counts[size_t(v)] / double(trials), std::exp(double(l[size_t(v)])) / z, 0.015);
+  for (int v = 0; v < 4; ++v)
+    EXPECT_NEAR(counts[size_t(v)] / double(trials), std::exp(double(l[size_t(v)])) / z, 0.015);
 }
 
 TEST(Sampler, TopPAndMinPRemoveTheTail) {
@@ -130,14 +133,18 @@ TEST(Sampler, ReturnsTheDistributionItDrewFrom) {
       double sum = 0;
       for (size_t i = 0; i < d.probs.size(); ++i) {
         EXPECT_GT(d.probs[i].second, 0.0f);
-        if (i > 0) EXPECT_LT(d.probs[i - 1].first, d.probs[i].first);  // sorted by id, no repeats
+        if (i > 0) {
+          EXPECT_LT(d.probs[i - 1].first, d.probs[i].first);  // sorted by id, no repeats
+        }
         sum += d.probs[i].second;
       }
       EXPECT_NEAR(sum, 1.0, 1e-5) << c;
       EXPECT_GT(d.prob(t.token), 0.0f) << c;
       EXPECT_EQ(d.prob(42), 0.0f);  // blocked
       EXPECT_EQ(d.prob(2999), 0.0f);
-      if (p.top_k > 0) EXPECT_LE(int64_t(d.probs.size()), p.top_k);
+      if (p.top_k > 0) {
+        EXPECT_LE(int64_t(d.probs.size()), p.top_k);
+      }
     }
   }
   // Untruncated sampling at temperature 1 without penalties: the softmax.
@@ -148,7 +155,9 @@ TEST(Sampler, ReturnsTheDistributionItDrewFrom) {
   double z = 0;
   for (float v : small) z += std::exp(double(v));
   ASSERT_EQ(d.probs.size(), 4u);
-  for (int v = 0; v < 4; ++v) EXPECT_NEAR(d.prob(v), std::exp(double(small[size_t(v)])) / z, 1e-6);
+  for (int v = 0; v < 4; ++v) {
+    EXPECT_NEAR(d.prob(v), std::exp(double(small[size_t(v)])) / z, 1e-6);
+  }
   // top_p = 0.9 over probs ~ .51 .46 .025 .0002 keeps two tokens, renormalized.
   std::vector<float> tail = {3.0f, 2.9f, 0.0f, -5.0f};
   p.top_p = 0.9f;

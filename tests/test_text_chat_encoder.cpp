@@ -147,7 +147,9 @@ TEST(TextChatEncoder, RequestRendererMatchesReference) {
     try {
       const auto r = render_chat_request(c["request"], profile, opts);
       EXPECT_EQ(r.prompt, e["prompt"].get<std::string>()) << c["id"];
-      EXPECT_EQ(r.starts_in_reasoning, ends_with(r.prompt, "<think>") || !r.encoder_input.thinking ? ends_with(r.prompt, "<think>") : r.starts_in_reasoning);
+      EXPECT_EQ(r.starts_in_reasoning, ends_with(r.prompt, "<think>") || !r.encoder_input.thinking
+                                           ? ends_with(r.prompt, "<think>")
+                                           : r.starts_in_reasoning);
     } catch (const std::exception& ex) {
       ADD_FAILURE() << c["id"] << ": " << ex.what();
     }
@@ -193,16 +195,23 @@ void check_assertions(const ojson& c, const ojson& request, EncoderProfile profi
     EXPECT_EQ(prompt, e["prompt"].get<std::string>()) << id;
     check_ids(c, prompt);
   }
-  if (e.contains("prompt_startswith")) EXPECT_TRUE(starts_with(prompt, e["prompt_startswith"])) << id << "\n" << prompt;
-  if (e.contains("prompt_endswith")) EXPECT_TRUE(ends_with(prompt, e["prompt_endswith"])) << id << "\n" << prompt;
-  if (e.contains("prompt_not_endswith")) EXPECT_FALSE(ends_with(prompt, e["prompt_not_endswith"])) << id;
+  if (e.contains("prompt_startswith")) {
+    EXPECT_TRUE(starts_with(prompt, e["prompt_startswith"])) << id << "\n" << prompt;
+  }
+  if (e.contains("prompt_endswith")) {
+    EXPECT_TRUE(ends_with(prompt, e["prompt_endswith"])) << id << "\n" << prompt;
+  }
+  if (e.contains("prompt_not_endswith")) {
+    EXPECT_FALSE(ends_with(prompt, e["prompt_not_endswith"])) << id;
+  }
   if (e.contains("prompt_contains")) {
     for (const auto& s : e["prompt_contains"]) {
       EXPECT_NE(prompt.find(s.get<std::string>()), std::string::npos) << id << " missing " << s << "\n" << prompt;
     }
   }
   if (e.contains("prompt_not_contains")) {
-    for (const auto& s : e["prompt_not_contains"]) EXPECT_EQ(prompt.find(s.get<std::string>()), std::string::npos) << id << " has " << s;
+    for (const auto& s : e["prompt_not_contains"])
+      EXPECT_EQ(prompt.find(s.get<std::string>()), std::string::npos) << id << " has " << s;
   }
   if (e.contains("count")) {
     for (auto it = e["count"].begin(); it != e["count"].end(); ++it) {
@@ -258,9 +267,12 @@ TEST(TextChatEncoder, EngineSemanticsCases) {
           closed["add_generation_prompt"] = false;
           const auto opened = render_chat_request(req, profile, opts).prompt;
           const auto closed_prompt = render_chat_request(closed, profile, opts).prompt;
-          EXPECT_EQ(opened, closed_prompt + c["expected"]["opened_equals_closed_plus"][thinking ? "thinking" : "chat"].get<std::string>())
+          EXPECT_EQ(opened,
+                    closed_prompt +
+                        c["expected"]["opened_equals_closed_plus"][thinking ? "thinking" : "chat"].get<std::string>())
               << id << " role " << role;
-          for (const auto& s : c["expected"]["prompt_contains"]) EXPECT_NE(opened.find(s.get<std::string>()), std::string::npos) << id;
+          for (const auto& s : c["expected"]["prompt_contains"])
+            EXPECT_NE(opened.find(s.get<std::string>()), std::string::npos) << id;
         }
       }
       continue;
@@ -276,7 +288,8 @@ TEST(TextChatEncoder, ProfileSelection) {
             EncoderProfile::V41);
   EXPECT_EQ(select_profile(ojson{{"architectures", {"DeepseekV4ForCausalLM"}}}, "deepseekv41"), EncoderProfile::V41);
   EXPECT_EQ(select_profile(ojson{{"model_type", "deepseek_v41"}}, "deepseekv4"), EncoderProfile::V4Preview);
-  EXPECT_EQ(select_profile(ojson{{"architectures", {"DeepseekV4ForCausalLM"}}, {"_name_or_path", "deepseek-ai/DeepSeek-V4-Flash-0731"}}),
+  EXPECT_EQ(select_profile(ojson{{"architectures", {"DeepseekV4ForCausalLM"}},
+                                 {"_name_or_path", "deepseek-ai/DeepSeek-V4-Flash-0731"}}),
             EncoderProfile::V4_0731);
   EXPECT_THROW(select_profile(ojson{{"architectures", {"LlamaForCausalLM"}}}), std::runtime_error);
 }

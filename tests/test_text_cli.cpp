@@ -52,7 +52,9 @@ std::string quote(const std::string& s) {
 fs::path model_dir(const std::string& model_type) {
   const fs::path dir = fs::temp_directory_path() / ("dsv4_text_cli_" + model_type + "_" + std::to_string(::getpid()));
   fs::create_directories(dir);
-  std::ofstream(dir / "config.json") << json{{"architectures", {"DeepseekV4ForCausalLM"}}, {"model_type", model_type}}.dump();
+  std::ofstream(dir / "config.json") << json{
+      {"architectures", {"DeepseekV4ForCausalLM"}},
+      {"model_type", model_type}}.dump();
   fs::copy_file(kTokenizer, dir / "tokenizer.json", fs::copy_options::overwrite_existing);
   return dir;
 }
@@ -141,10 +143,13 @@ TEST(TextCli, ParseGoldenParsingCases) {
   // A chat request plus a text file, as the server would parse it.
   const fs::path req = dir / "req.json";
   const fs::path gen = dir / "gen.txt";
-  std::ofstream(req) << R"({"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"ls"}}],"chat_template_kwargs":{"thinking":true}})";
-  std::ofstream(gen) << "hmm</think>ok\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"ls\">\n<｜DSML｜parameter name=\"d\" "
-                        "string=\"false\">[1]</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls><｜end▁of▁sentence｜>";
-  const auto r = run("parse --model " + quote(dir.string()) + " --request " + quote(req.string()) + " --text " + quote(gen.string()));
+  std::ofstream(req)
+      << R"({"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"ls"}}],"chat_template_kwargs":{"thinking":true}})";
+  std::ofstream(gen)
+      << "hmm</think>ok\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"ls\">\n<｜DSML｜parameter name=\"d\" "
+         "string=\"false\">[1]</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls><｜end▁of▁sentence｜>";
+  const auto r = run("parse --model " + quote(dir.string()) + " --request " + quote(req.string()) + " --text " +
+                     quote(gen.string()));
   ASSERT_EQ(r.rc, 0);
   const json got = json::parse(r.out);
   EXPECT_EQ(got["reasoning_content"], "hmm");

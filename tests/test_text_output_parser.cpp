@@ -54,7 +54,8 @@ ParserConfig config_for(const json& c, const std::string& alternative = {}) {
     cfg.options.decode_dsml_entities = s.value("decode_dsml_entities", cfg.options.decode_dsml_entities);
     cfg.options.forward_unknown_tools = s.value("forward_unknown_tools", cfg.options.forward_unknown_tools);
   }
-  if (alternative.find("short dialect not accepted") != std::string::npos) cfg.options.accept_short_dsml_dialect = false;
+  if (alternative.find("short dialect not accepted") != std::string::npos)
+    cfg.options.accept_short_dsml_dialect = false;
   if (alternative.find("dsml_ends_reasoning=false") != std::string::npos) cfg.options.dsml_ends_reasoning = false;
   if (alternative.find("append trailing text") != std::string::npos) cfg.options.keep_text_after_tool_calls = true;
   if (alternative.find("forward-unknown-tools") != std::string::npos) cfg.options.forward_unknown_tools = true;
@@ -145,8 +146,11 @@ void check_stream_equals(const ParserConfig& cfg, const std::string& raw, StopRe
     }
   }
   EXPECT_TRUE(r.headers_ok) << what;
-  const bool expected_markup = has_markup(whole.content.value_or("")) || has_markup(whole.reasoning_content.value_or(""));
-  if (!expected_markup) EXPECT_TRUE(r.fragments_clean) << what;
+  const bool expected_markup =
+      has_markup(whole.content.value_or("")) || has_markup(whole.reasoning_content.value_or(""));
+  if (!expected_markup) {
+    EXPECT_TRUE(r.fragments_clean) << what;
+  }
 }
 
 }  // namespace
@@ -158,13 +162,16 @@ TEST(TextOutputParser, GoldenCases) {
     const auto m = parse_output(config_for(c), c["raw"].get<std::string>(), stop_of(c));
     const int failures_before = ::testing::UnitTest::GetInstance()->current_test_info()->result()->total_part_count();
     expect_message(m, c["expected"], id);
-    if (::testing::UnitTest::GetInstance()->current_test_info()->result()->total_part_count() == failures_before) ++passed;
+    if (::testing::UnitTest::GetInstance()->current_test_info()->result()->total_part_count() == failures_before)
+      ++passed;
     // The exact text of the official parser where it produced valid JSON.
     if (c.contains("official_parser") && c["official_parser"].contains("result") && !m.tool_calls.empty()) {
       const auto& off = c["official_parser"]["result"]["tool_calls"];
       for (size_t i = 0; i < off.size() && i < m.tool_calls.size(); ++i) {
         const std::string text = off[i].value("arguments_text", "");
-        if (json::accept(text)) EXPECT_EQ(m.tool_calls[i].arguments, text) << id;
+        if (json::accept(text)) {
+          EXPECT_EQ(m.tool_calls[i].arguments, text) << id;
+        }
       }
     }
   }
@@ -229,8 +236,10 @@ TEST(TextOutputParser, NonStringValueWithNulByteStaysAString) {
   ParserConfig cfg;
   cfg.tools_enabled = true;
   const std::string value = std::string("null") + '\0' + "junk";
-  const std::string raw = "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n<｜DSML｜parameter name=\"note\" "
-                          "string=\"false\">" + value + "</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+  const std::string raw =
+      "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n<｜DSML｜parameter name=\"note\" "
+      "string=\"false\">" +
+      value + "</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
   const auto m = parse_output(cfg, raw, StopReason::Stop);
   ASSERT_EQ(m.tool_calls.size(), 1u);
   const auto args = json::parse(m.tool_calls[0].arguments, nullptr, false);
@@ -243,11 +252,15 @@ TEST(TextOutputParser, JsonBodyAndImplicitWrapper) {
   cfg.reasoning = ReasoningParserKind::DeepSeekV41;
   cfg.tools = ToolParserKind::DeepSeekV41;
   cfg.tools_enabled = true;
-  auto m = parse_output(cfg, "\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"f\">{\"a\": [1, 2], \"b\": \"x\"}</｜DSML｜ invoke>\n</｜DSML｜ calls>",
+  auto m = parse_output(cfg,
+                        "\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"f\">{\"a\": [1, 2], \"b\": \"x\"}</｜DSML｜ "
+                        "invoke>\n</｜DSML｜ calls>",
                         StopReason::Stop);
   ASSERT_EQ(m.tool_calls.size(), 1u);
   EXPECT_EQ(m.tool_calls[0].arguments, "{\"a\": [1, 2], \"b\": \"x\"}");
-  m = parse_output(cfg, "ok\n\n<｜DSML｜ invoke name=\"g\">\n<｜DSML｜ parameter name=\"k\" string=\"false\">3</｜DSML｜ parameter>\n</｜DSML｜ invoke>",
+  m = parse_output(cfg,
+                   "ok\n\n<｜DSML｜ invoke name=\"g\">\n<｜DSML｜ parameter name=\"k\" string=\"false\">3</｜DSML｜ "
+                   "parameter>\n</｜DSML｜ invoke>",
                    StopReason::Stop);
   ASSERT_EQ(m.tool_calls.size(), 1u);
   EXPECT_EQ(m.content.value_or(""), "ok");
@@ -259,7 +272,8 @@ TEST(TextOutputParser, FailureAfterHeaderIsAStreamError) {
   cfg.tools_enabled = true;
   cfg.tool_names = {"ok"};
   const std::string raw =
-      "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"ok\">\n</｜DSML｜invoke>\n<｜DSML｜invoke name=\"bad\">\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+      "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"ok\">\n</｜DSML｜invoke>\n<｜DSML｜invoke "
+      "name=\"bad\">\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
   const auto m = parse_output(cfg, raw, StopReason::Stop);
   EXPECT_TRUE(m.stream_error);
   EXPECT_TRUE(m.tool_calls.empty());
@@ -281,8 +295,9 @@ TEST(TextOutputParser, ToJsonShape) {
   ParserConfig cfg;
   cfg.tools_enabled = true;
   cfg.id_seed = 1;
-  const auto m = parse_output(cfg, "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"ls\">\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>",
-                              StopReason::Stop);
+  const auto m = parse_output(
+      cfg, "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"ls\">\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>",
+      StopReason::Stop);
   const auto j = m.to_json();
   EXPECT_TRUE(j["reasoning_content"].is_null());
   EXPECT_TRUE(j["content"].is_null());
@@ -296,7 +311,8 @@ TEST(TextOutputParser, ToJsonShape) {
 // opener of an unwrapped block, and kept text after an unwrapped block.
 TEST(TextOutputParser, ImplicitWrapperEveryChunkingRegression) {
   const std::string raw =
-      "ok\n\n<｜DSML｜invoke name=\"ls\">\n</｜DSML｜invoke>\n<｜DSML｜invoke name=\"bad\">\n<x</｜DSML｜invoke>\ntail <think>t</think> end";
+      "ok\n\n<｜DSML｜invoke name=\"ls\">\n</｜DSML｜invoke>\n<｜DSML｜invoke name=\"bad\">\n<x</｜DSML｜invoke>\ntail "
+      "<think>t</think> end";
   for (bool keep : {false, true}) {
     ParserConfig cfg;
     cfg.tools_enabled = true;

@@ -87,9 +87,23 @@ std::string sha256_hex(const std::string& data) {
       const uint32_t S0 = rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22);
       const uint32_t mj = (a & b) ^ (a & c) ^ (b & c);
       const uint32_t t2 = S0 + mj;
-      hh = g; g = f; f = e; e = d + t1; d = c; c = b; b = a; a = t1 + t2;
+      hh = g;
+      g = f;
+      f = e;
+      e = d + t1;
+      d = c;
+      c = b;
+      b = a;
+      a = t1 + t2;
     }
-    h[0] += a; h[1] += b; h[2] += c; h[3] += d; h[4] += e; h[5] += f; h[6] += g; h[7] += hh;
+    h[0] += a;
+    h[1] += b;
+    h[2] += c;
+    h[3] += d;
+    h[4] += e;
+    h[5] += f;
+    h[6] += g;
+    h[7] += hh;
   }
   char buf[65];
   for (int i = 0; i < 8; ++i) std::snprintf(buf + i * 8, 9, "%08x", h[i]);
@@ -177,7 +191,8 @@ TEST(TextTokenizer, LongTexts) {
 }
 
 TEST(TextTokenizer, StreamDecoderNeverEmitsBrokenUtf8) {
-  std::vector<std::string> texts = {"Hello 😀 世界 👩‍👩‍👧 naïve", "\xF0\x9F\x98", "日本語テキスト and emoji 🇯🇵"};
+  std::vector<std::string> texts = {"Hello 😀 世界 👩‍👩‍👧 naïve", "\xF0\x9F\x98",
+                                    "日本語テキスト and emoji 🇯🇵"};
   for (const auto& c : read_jsonl(kData + "cases.jsonl")) {
     if (c.at("kind") == "decode") {
       StreamDecoder sd(tok(), c.value("skip_special_tokens", false));

@@ -5,10 +5,10 @@
 #include <omp.h>
 #include <sched.h>
 
+#include <unistd.h>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <unistd.h>
 #include <string>
 #include <thread>
 #include <vector>
@@ -143,6 +143,8 @@ TEST(Threads, PinningPutsEachTeamThreadOnItsOwnCpu) {
   bool pinned_anyway = true;
   std::thread([&] { pinned_anyway = pin_compute_threads(); }).join();
   EXPECT_FALSE(pinned_anyway);
-  if (saved) ::setenv("OMP_PROC_BIND", saved_value.c_str(), 1);
-  else ::unsetenv("OMP_PROC_BIND");
+  if (saved)
+    ::setenv("OMP_PROC_BIND", saved_value.c_str(), 1);
+  else
+    ::unsetenv("OMP_PROC_BIND");
 }

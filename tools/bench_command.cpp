@@ -16,13 +16,13 @@
 #include <sstream>
 
 #include "commands.h"
-#include "decode_rate.h"
-#include "gemm_peak.h"
-#include "svg_plot.h"
 #include "core/error.h"
 #include "core/machine.h"
 #include "core/threads.h"
+#include "decode_rate.h"
+#include "gemm_peak.h"
 #include "model/model.h"
+#include "svg_plot.h"
 
 namespace dsv4::tools {
 
@@ -83,8 +83,8 @@ double decode_step_bytes(const ModelConfig& c, const Model::TokenCost& cost, int
 // other multiply-add (the other tokens', attention) runs at the fp32 FMA
 // ceiling. A kernel that decodes in registers cannot beat it; on a machine
 // with few cores per GB/s it, not the bytes, bounds a batched step.
-double decode_step_floor_seconds(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch,
-                                 int64_t position, const std::array<double, 4>& rates, double fma_macs_per_s) {
+double decode_step_floor_seconds(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch, int64_t position,
+                                 const std::array<double, 4>& rates, double fma_macs_per_s) {
   const double distinct = expected_distinct_experts(c, batch);
   double seconds = 0, decoded = 0;
   auto decode = [&](WeightFormat format, double weights) {
@@ -152,18 +152,20 @@ int run_bench(const BenchArgs& a) {
     std::printf("weights paged in: %.1f s\n", now_seconds() - t0);
   }
   const ModelConfig& c = model->config();
-  std::printf("model: %s  (%lld layers, hidden %lld, %lld experts top-%lld, vocab %lld)\n",
-              a.model.c_str(), (long long)c.n_layers, (long long)c.dim,
-              (long long)c.n_routed_experts, (long long)c.n_activated_experts, (long long)c.vocab_size);
+  std::printf("model: %s  (%lld layers, hidden %lld, %lld experts top-%lld, vocab %lld)\n", a.model.c_str(),
+              (long long)c.n_layers, (long long)c.dim, (long long)c.n_routed_experts, (long long)c.n_activated_experts,
+              (long long)c.vocab_size);
   std::printf("threads: %d (%s)   cpu: %s\n", compute_threads(),
-              pinned ? "pinned, one CPU each" : pinning_refusal().empty() ? "not pinned" : pinning_refusal().c_str(),
+              pinned                      ? "pinned, one CPU each"
+              : pinning_refusal().empty() ? "not pinned"
+                                          : pinning_refusal().c_str(),
               detect_cpu_features().describe().c_str());
   // The machine's limits, measured before and again after the prefill; the
   // best of the two counts. On a shared machine a short measurement can land
   // in a slow moment that a 40-second prefill averages out, which would
   // flatter the percentages.
   double bandwidth = 0;
-  GemmPeak peak, fma_ceiling;  // the best GEMM of the machine; the fp32 FMA ceiling
+  GemmPeak peak, fma_ceiling;               // the best GEMM of the machine; the fp32 FMA ceiling
   std::array<double, 4> one_token_rates{};  // weights/s by format, from L2 (see decode_rate.h)
   auto measure_limits = [&](const char* when) {
     const double bw = measure_read_bandwidth();
@@ -186,7 +188,8 @@ int run_bench(const BenchArgs& a) {
     for (size_t f = 0; f < rates.size(); ++f) one_token_rates[f] = std::max(one_token_rates[f], rates[f]);
   };
   measure_limits("");
-  if (peak.name == fma_ceiling.name) std::printf("(built without oneDNN: the fp32 FMA ceiling stands in for the peak GEMM)\n");
+  if (peak.name == fma_ceiling.name)
+    std::printf("(built without oneDNN: the fp32 FMA ceiling stands in for the peak GEMM)\n");
   const Model::TokenCost cost = model->token_cost();
   auto percent_of_peak = [&](double flops) { return 100 * flops / peak.flops; };
 
@@ -247,18 +250,23 @@ int run_bench(const BenchArgs& a) {
     const double flops = 2.0 * double(prefill_macs(c, cost, a.prompt));
     prefill_flops_rate = flops / dt;
     measure_limits(" (again)");
-    std::printf("limits used: %.2f GB/s, peak GEMM %.1f GFLOP/s, fp32 FMA ceiling %.1f GFLOP/s (best of the two measurements)\n",
-                bandwidth / 1e9, peak.flops / 1e9, fma_ceiling.flops / 1e9);
-    std::printf("prefill  %6lld tokens: %8.3f s  %10.2f tokens/s  %.1f GFLOP/s = %.1f%% of the peak GEMM, %.1f%% of the fp32 FMA ceiling\n",
-                (long long)a.prompt, dt, double(a.prompt) / dt, flops / dt / 1e9, percent_of_peak(flops / dt),
-                100 * flops / dt / fma_ceiling.flops);
+    std::printf(
+        "limits used: %.2f GB/s, peak GEMM %.1f GFLOP/s, fp32 FMA ceiling %.1f GFLOP/s (best of the two "
+        "measurements)\n",
+        bandwidth / 1e9, peak.flops / 1e9, fma_ceiling.flops / 1e9);
+    std::printf(
+        "prefill  %6lld tokens: %8.3f s  %10.2f tokens/s  %.1f GFLOP/s = %.1f%% of the peak GEMM, %.1f%% of the fp32 "
+        "FMA ceiling\n",
+        (long long)a.prompt, dt, double(a.prompt) / dt, flops / dt / 1e9, percent_of_peak(flops / dt),
+        100 * flops / dt / fma_ceiling.flops);
     prefill_bars.bars.push_back({num("%.0f tokens vs ", double(a.prompt)) + "peak GEMM",
                                  num("%.1f GFLOP/s", flops / dt / 1e9) + num(" = %.1f%%", percent_of_peak(flops / dt)),
                                  flops / dt, peak.flops});
     prefill_bars.bars.push_back({num("%.0f tokens vs ", double(a.prompt)) + "fp32 FMA ceiling",
                                  num("%.1f%%", 100 * flops / dt / fma_ceiling.flops), flops / dt, fma_ceiling.flops});
-    if (csv) csv << "prefill,1," << a.prompt << "," << dt << "," << a.prompt / dt << ",,," << bandwidth / 1e9 << ","
-                 << flops / dt / 1e9 << "," << peak.flops / 1e9 << "\n";
+    if (csv)
+      csv << "prefill,1," << a.prompt << "," << dt << "," << a.prompt / dt << ",,," << bandwidth / 1e9 << ","
+          << flops / dt / 1e9 << "," << peak.flops / 1e9 << "\n";
   }
 
   // Decode at each batch size: sequences with a short prompt, then steps.
@@ -279,8 +287,8 @@ int run_bench(const BenchArgs& a) {
       for (int64_t step = 0; step < a.decode; ++step) {
         std::vector<BatchItem> items;
         for (int64_t b = 0; b < batch; ++b)
-          items.push_back({&states[size_t(b)], seqs[size_t(b)].data() + 16 + step, 1,
-                           logits.data() + b * c.vocab_size});
+          items.push_back(
+              {&states[size_t(b)], seqs[size_t(b)].data() + 16 + step, 1, logits.data() + b * c.vocab_size});
         model->forward_batch(items);
       }
       return now_seconds() - t0;
@@ -303,27 +311,31 @@ int run_bench(const BenchArgs& a) {
     const double floor_seconds =
         decode_step_floor_seconds(c, cost, batch, position, one_token_rates, fma_ceiling.flops / 2);
     const double roof = double(batch) / std::max({memory_seconds, compute_seconds, floor_seconds});
-    decode_bars.bars.push_back({num("batch %.0f", double(batch)),
-                                num("%.2f tokens/s", rate) + num(" (roofline %.1f)", roof), rate, roof});
-    std::printf("decode batch %3lld: %8.3f ms/step  %10.2f tokens/s", (long long)batch,
-                1e3 * dt / double(a.decode), rate);
+    decode_bars.bars.push_back(
+        {num("batch %.0f", double(batch)), num("%.2f tokens/s", rate) + num(" (roofline %.1f)", roof), rate, roof});
+    std::printf("decode batch %3lld: %8.3f ms/step  %10.2f tokens/s", (long long)batch, 1e3 * dt / double(a.decode),
+                rate);
     if (batch == 1)
-      std::printf("  %.2f GB/s of weights = %.1f%% of measured bandwidth", achieved / 1e9,
-                  100 * achieved / bandwidth);
+      std::printf("  %.2f GB/s of weights = %.1f%% of measured bandwidth", achieved / 1e9, 100 * achieved / bandwidth);
     else {
-      if (single_rate > 0) std::printf("  %.2fx batch 1,", rate / single_rate);
-      else std::printf(" ");
-      std::printf(" %.0f%% of the roofline %.1f tokens/s (%.2f GB per step: %.0f ms at the bandwidth; "
-                  "%.1f GFLOP: %.0f ms at the peak GEMM; decoding the weights once + the FMAs: %.0f ms)",
-                  100 * rate / roof, roof, step_bytes / 1e9, 1e3 * memory_seconds, step_flops / 1e9,
-                  1e3 * compute_seconds, 1e3 * floor_seconds);
+      if (single_rate > 0)
+        std::printf("  %.2fx batch 1,", rate / single_rate);
+      else
+        std::printf(" ");
+      std::printf(
+          " %.0f%% of the roofline %.1f tokens/s (%.2f GB per step: %.0f ms at the bandwidth; "
+          "%.1f GFLOP: %.0f ms at the peak GEMM; decoding the weights once + the FMAs: %.0f ms)",
+          100 * rate / roof, roof, step_bytes / 1e9, 1e3 * memory_seconds, step_flops / 1e9, 1e3 * compute_seconds,
+          1e3 * floor_seconds);
       if (single_rate > 0) std::printf("; the roofline allows %.2fx batch 1", roof / single_rate);
     }
     std::printf("\n");
     if (csv) {
       csv << "decode," << batch << "," << batch * a.decode << "," << dt << "," << rate << ",";
-      if (batch == 1) csv << bytes_per_token << "," << achieved / 1e9;
-      else csv << ",";
+      if (batch == 1)
+        csv << bytes_per_token << "," << achieved / 1e9;
+      else
+        csv << ",";
       csv << "," << bandwidth / 1e9 << ",,\n";
     }
   }
@@ -331,20 +343,24 @@ int run_bench(const BenchArgs& a) {
   // The 43-layer V4-Flash model has the same layer kinds as a real-shaped
   // slice: scale the per-layer costs, keep the measured rates.
   if (const auto flash = flash_schedule_cost(c, cost, a.prompt)) {
-    std::printf("extrapolated to the 43-layer V4-Flash schedule with these layer shapes (%.2f GB of weights read per decoded token):\n",
-                double(flash->decode_bytes) / 1e9);
+    std::printf(
+        "extrapolated to the 43-layer V4-Flash schedule with these layer shapes (%.2f GB of weights read per decoded "
+        "token):\n",
+        double(flash->decode_bytes) / 1e9);
     if (decode_bytes_rate > 0) {
       const double rate = decode_bytes_rate / double(flash->decode_bytes);
       // A slice's bytes are mostly its BF16 head, the full model's mostly
       // FP8 and FP4 matrices, whose decoding can bound a token on a machine
       // with few cores: the line also gives that bound.
-      const double floor_seconds = decode_step_floor_seconds(c, flash->cost, 1, 16 + a.decode / 2, one_token_rates,
-                                                             fma_ceiling.flops / 2);
-      std::printf("  decode batch 1: %.2f tokens/s at the measured %.2f GB/s; decoding its weights at the one-token "
-                  "rates takes %.0f ms per token here (at most %.2f tokens/s)\n",
-                  rate, decode_bytes_rate / 1e9, 1e3 * floor_seconds, 1.0 / floor_seconds);
-      if (csv) csv << "decode_43_layers_estimate,1,,," << rate << "," << flash->decode_bytes << ","
-                   << decode_bytes_rate / 1e9 << "," << bandwidth / 1e9 << ",,\n";
+      const double floor_seconds =
+          decode_step_floor_seconds(c, flash->cost, 1, 16 + a.decode / 2, one_token_rates, fma_ceiling.flops / 2);
+      std::printf(
+          "  decode batch 1: %.2f tokens/s at the measured %.2f GB/s; decoding its weights at the one-token "
+          "rates takes %.0f ms per token here (at most %.2f tokens/s)\n",
+          rate, decode_bytes_rate / 1e9, 1e3 * floor_seconds, 1.0 / floor_seconds);
+      if (csv)
+        csv << "decode_43_layers_estimate,1,,," << rate << "," << flash->decode_bytes << "," << decode_bytes_rate / 1e9
+            << "," << bandwidth / 1e9 << ",,\n";
     }
     // A batch reads every routed expert that one of its tokens picked. In
     // the full model the experts are most of the bytes (in a slice, its
@@ -354,17 +370,20 @@ int run_bench(const BenchArgs& a) {
     for (int64_t batch : a.batches) {
       if (batch == 1) continue;
       const double bytes = decode_step_bytes(c, flash->cost, batch);
-      std::printf("  decode batch %lld: %.2f GB per step (uniform routing): at most %.2f tokens/s at the measured "
-                  "bandwidth, %.2fx batch 1 by bytes alone\n",
-                  (long long)batch, bytes / 1e9, double(batch) * bandwidth / bytes, double(batch) * single_bytes / bytes);
-      if (csv) csv << "decode_43_layers_memory_bound," << batch << ",,," << double(batch) * bandwidth / bytes << ","
-                   << bytes / double(batch) << ",," << bandwidth / 1e9 << ",,\n";
+      std::printf(
+          "  decode batch %lld: %.2f GB per step (uniform routing): at most %.2f tokens/s at the measured "
+          "bandwidth, %.2fx batch 1 by bytes alone\n",
+          (long long)batch, bytes / 1e9, double(batch) * bandwidth / bytes, double(batch) * single_bytes / bytes);
+      if (csv)
+        csv << "decode_43_layers_memory_bound," << batch << ",,," << double(batch) * bandwidth / bytes << ","
+            << bytes / double(batch) << ",," << bandwidth / 1e9 << ",,\n";
     }
     const double rate = prefill_flops_rate / (2.0 * double(flash->prefill_macs) / double(a.prompt));
     std::printf("  prefill %lld tokens: %.2f tokens/s at the measured %.1f GFLOP/s\n", (long long)a.prompt, rate,
                 prefill_flops_rate / 1e9);
-    if (csv) csv << "prefill_43_layers_estimate,1," << a.prompt << ",," << rate << ",,," << bandwidth / 1e9 << ","
-                 << prefill_flops_rate / 1e9 << "," << peak.flops / 1e9 << "\n";
+    if (csv)
+      csv << "prefill_43_layers_estimate,1," << a.prompt << ",," << rate << ",,," << bandwidth / 1e9 << ","
+          << prefill_flops_rate / 1e9 << "," << peak.flops / 1e9 << "\n";
   } else {
     std::printf("(no extrapolation to V4-Flash: the model lacks a ratio-4 or a ratio-128 layer)\n");
   }
@@ -410,7 +429,9 @@ void register_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--chunk", a->chunk, "Prefill chunk in tokens (like --chunked-prefill-size)")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
   cmd->add_option("--batch", *batches, "Comma-separated decode batch sizes (e.g. 1,4,16)");
-  cmd->add_option("--threads", a->threads, "Compute threads (default: the CPUs this process may use, cgroup quota included)")->check(CLI::PositiveNumber);
+  cmd->add_option("--threads", a->threads,
+                  "Compute threads (default: the CPUs this process may use, cgroup quota included)")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--csv", a->csv, "Also write the results as CSV");
   cmd->add_flag("--no-mmap", a->no_mmap, "Copy the weights into huge-page memory instead of mapping the files");
   cmd->add_option("--plot", a->plot, "Also write an SVG chart of the results against the rooflines");

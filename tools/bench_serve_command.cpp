@@ -115,11 +115,15 @@ std::vector<Prompt> make_prompts(const BenchServeArgs& a, std::mt19937_64& rng) 
       p.ids = j["prompt"].get<std::vector<int32_t>>();
       p.input_len = int64_t(p.ids.size());
     } else {
-      throw std::runtime_error(a.dataset_path + ":" + std::to_string(lineno) + ": \"prompt\" must be a string or token ids");
+      throw std::runtime_error(a.dataset_path + ":" + std::to_string(lineno) +
+                               ": \"prompt\" must be a string or token ids");
     }
-    if (j.contains("output_len") && j["output_len"].is_number_integer()) p.output_len = j["output_len"].get<int64_t>();
-    else if (j.contains("max_tokens") && j["max_tokens"].is_number_integer()) p.output_len = j["max_tokens"].get<int64_t>();
-    else p.output_len = draw_len(a.random_output_len);
+    if (j.contains("output_len") && j["output_len"].is_number_integer())
+      p.output_len = j["output_len"].get<int64_t>();
+    else if (j.contains("max_tokens") && j["max_tokens"].is_number_integer())
+      p.output_len = j["max_tokens"].get<int64_t>();
+    else
+      p.output_len = draw_len(a.random_output_len);
     all.push_back(std::move(p));
   }
   if (all.empty()) throw std::runtime_error("--dataset-path '" + a.dataset_path + "' holds no prompts");
@@ -139,13 +143,18 @@ std::string request_body(const BenchServeArgs& a, const Target& t, const Prompt&
   json body;
   const bool ignore_eos = !a.disable_ignore_eos;
   if (t.backend == "generate") {
-    if (!p.ids.empty()) body["input_ids"] = p.ids;
-    else body["text"] = p.text;
-    body["sampling_params"] = {{"max_new_tokens", p.output_len}, {"temperature", a.temperature}, {"ignore_eos", ignore_eos}};
+    if (!p.ids.empty())
+      body["input_ids"] = p.ids;
+    else
+      body["text"] = p.text;
+    body["sampling_params"] = {
+        {"max_new_tokens", p.output_len}, {"temperature", a.temperature}, {"ignore_eos", ignore_eos}};
     body["stream"] = !a.disable_stream;
   } else {
-    if (!p.ids.empty()) body["prompt"] = p.ids;
-    else body["prompt"] = p.text;
+    if (!p.ids.empty())
+      body["prompt"] = p.ids;
+    else
+      body["prompt"] = p.text;
     body["model"] = t.model;
     body["max_tokens"] = p.output_len;
     body["temperature"] = a.temperature;
@@ -190,8 +199,10 @@ Outcome send_one(const BenchServeArgs& a, const Target& t, const Prompt& p, Cloc
   auto on_tokens = [&](int64_t now_tokens) {
     if (now_tokens <= tokens) return;
     const auto now = Clock::now();
-    if (tokens == 0) o.ttft = since(now);
-    else o.itl.push_back(std::chrono::duration<double>(now - last).count());
+    if (tokens == 0)
+      o.ttft = since(now);
+    else
+      o.itl.push_back(std::chrono::duration<double>(now - last).count());
     last = now;
     tokens = now_tokens;
   };
@@ -286,9 +297,12 @@ Outcome send_one(const BenchServeArgs& a, const Target& t, const Prompt& p, Cloc
       o.error = "unparsable response";
       return o;
     }
-    if (t.backend == "generate") tokens = j["meta_info"].value("completion_tokens", int64_t(0)),
-                                 o.prompt_len = j["meta_info"].value("prompt_tokens", o.prompt_len);
-    else tokens = j["usage"].value("completion_tokens", int64_t(0)), o.prompt_len = j["usage"].value("prompt_tokens", o.prompt_len);
+    if (t.backend == "generate")
+      tokens = j["meta_info"].value("completion_tokens", int64_t(0)),
+      o.prompt_len = j["meta_info"].value("prompt_tokens", o.prompt_len);
+    else
+      tokens = j["usage"].value("completion_tokens", int64_t(0)),
+      o.prompt_len = j["usage"].value("prompt_tokens", o.prompt_len);
     o.ttft = o.latency;
   }
   if (finish == "abort") {
@@ -356,7 +370,8 @@ void axes(std::ostringstream& s, const Panel& p, double xmax, double xstep, doub
     << svg_escape(title) << "</text>\n";
   for (double v = 0; v <= xmax + 1e-9; v += xstep) {
     const double px = p.x + v / xmax * p.w;
-    s << "<line x1='" << px << "' y1='" << p.y + p.h << "' x2='" << px << "' y2='" << p.y + p.h + 4 << "' stroke='#888'/>"
+    s << "<line x1='" << px << "' y1='" << p.y + p.h << "' x2='" << px << "' y2='" << p.y + p.h + 4
+      << "' stroke='#888'/>"
       << "<text x='" << px << "' y='" << p.y + p.h + 16 << "' text-anchor='middle' font-size='10'>"
       << fmt(v, xstep < 1 ? 2 : 0) << "</text>\n";
   }
@@ -368,8 +383,8 @@ void axes(std::ostringstream& s, const Panel& p, double xmax, double xstep, doub
   }
   s << "<text x='" << p.x + p.w / 2 << "' y='" << p.y + p.h + 32 << "' text-anchor='middle' font-size='11'>"
     << svg_escape(xlabel) << "</text>\n";
-  s << "<text transform='translate(" << p.x - 42 << "," << p.y + p.h / 2 << ") rotate(-90)' text-anchor='middle' font-size='11'>"
-    << svg_escape(ylabel) << "</text>\n";
+  s << "<text transform='translate(" << p.x - 42 << "," << p.y + p.h / 2
+    << ") rotate(-90)' text-anchor='middle' font-size='11'>" << svg_escape(ylabel) << "</text>\n";
 }
 
 void histogram(std::ostringstream& s, const Panel& p, const std::vector<double>& values_ms, const std::string& title,
@@ -394,8 +409,8 @@ void histogram(std::ostringstream& s, const Panel& p, const std::vector<double>&
     if (count[size_t(b)] == 0) continue;
     const double x0 = p.x + (hi * b / bins) / xmax * p.w, x1 = p.x + (hi * (b + 1) / bins) / xmax * p.w;
     const double bh = double(count[size_t(b)]) / ymax * p.h;
-    s << "<rect x='" << fmt(x0, 2) << "' y='" << fmt(p.y + p.h - bh, 2) << "' width='" << fmt(std::max(0.5, x1 - x0 - 0.5), 2)
-      << "' height='" << fmt(bh, 2) << "' fill='" << color << "'/>\n";
+    s << "<rect x='" << fmt(x0, 2) << "' y='" << fmt(p.y + p.h - bh, 2) << "' width='"
+      << fmt(std::max(0.5, x1 - x0 - 0.5), 2) << "' height='" << fmt(bh, 2) << "' fill='" << color << "'/>\n";
   }
   const double med = percentile(values_ms, 50), p99 = percentile(values_ms, 99);
   for (auto [v, label] : {std::pair<double, const char*>{med, "median"}, {p99, "p99"}}) {
@@ -412,10 +427,11 @@ void histogram(std::ostringstream& s, const Panel& p, const std::vector<double>&
 std::string make_svg(const std::vector<Outcome>& rs, const std::string& subtitle) {
   std::ostringstream s;
   const double W = 960, H = 720;
-  s << "<?xml version='1.0' encoding='UTF-8'?>\n<svg xmlns='http://www.w3.org/2000/svg' width='" << W << "' height='" << H
-    << "' viewBox='0 0 " << W << " " << H << "' font-family='sans-serif' font-size='12'>\n";
+  s << "<?xml version='1.0' encoding='UTF-8'?>\n<svg xmlns='http://www.w3.org/2000/svg' width='" << W << "' height='"
+    << H << "' viewBox='0 0 " << W << " " << H << "' font-family='sans-serif' font-size='12'>\n";
   s << "<rect width='100%' height='100%' fill='#fafafa'/>\n";
-  s << "<text x='" << W / 2 << "' y='22' text-anchor='middle' font-size='15' font-weight='bold'>dsv4 bench-serve</text>\n";
+  s << "<text x='" << W / 2
+    << "' y='22' text-anchor='middle' font-size='15' font-weight='bold'>dsv4 bench-serve</text>\n";
   s << "<text x='" << W / 2 << "' y='40' text-anchor='middle' font-size='11'>" << svg_escape(subtitle) << "</text>\n";
 
   // Top: each request as a bar from its start to its end, the TTFT part darker.
@@ -434,10 +450,10 @@ std::string make_svg(const std::vector<Outcome>& rs, const std::string& subtitle
     const double y = top.y + top.h - double(i + 1) / ymax * top.h;
     const double x0 = top.x + r.start / xmax * top.w, xt = top.x + (r.start + r.ttft) / xmax * top.w,
                  x1 = top.x + (r.start + r.latency) / xmax * top.w;
-    s << "<rect x='" << fmt(x0, 2) << "' y='" << fmt(y, 2) << "' width='" << fmt(std::max(0.3, xt - x0), 2) << "' height='"
-      << fmt(bar, 2) << "' fill='#c0392b'/>";
-    s << "<rect x='" << fmt(xt, 2) << "' y='" << fmt(y, 2) << "' width='" << fmt(std::max(0.3, x1 - xt), 2) << "' height='"
-      << fmt(bar, 2) << "' fill='#5dade2'/>\n";
+    s << "<rect x='" << fmt(x0, 2) << "' y='" << fmt(y, 2) << "' width='" << fmt(std::max(0.3, xt - x0), 2)
+      << "' height='" << fmt(bar, 2) << "' fill='#c0392b'/>";
+    s << "<rect x='" << fmt(xt, 2) << "' y='" << fmt(y, 2) << "' width='" << fmt(std::max(0.3, x1 - xt), 2)
+      << "' height='" << fmt(bar, 2) << "' fill='#5dade2'/>\n";
   }
 
   // Bottom: TTFT and ITL distributions.
@@ -544,7 +560,8 @@ int run_bench_serve(const BenchServeArgs& a) {
       --in_flight;
       ++completed;
       const int64_t n = int64_t(prompts.size());
-      if (n >= 50 && completed % (n / 10) == 0) std::fprintf(stderr, "  %lld/%lld requests done\n", (long long)completed, (long long)n);
+      if (n >= 50 && completed % (n / 10) == 0)
+        std::fprintf(stderr, "  %lld/%lld requests done\n", (long long)completed, (long long)n);
       cv.notify_all();
     });
   }
@@ -615,7 +632,8 @@ int run_bench_serve(const BenchServeArgs& a) {
   if (!a.output_csv.empty()) {
     std::ofstream csv(a.output_csv);
     if (!csv) throw std::runtime_error("cannot write " + a.output_csv);
-    csv << "request,start_s,prompt_tokens,output_tokens,success,ttft_ms,e2e_latency_ms,tpot_ms,itl_mean_ms,itl_p99_ms,itl_max_ms,error\n";
+    csv << "request,start_s,prompt_tokens,output_tokens,success,ttft_ms,e2e_latency_ms,tpot_ms,itl_mean_ms,itl_p99_ms,"
+           "itl_max_ms,error\n";
     for (size_t i = 0; i < results.size(); ++i) {
       const Outcome& r = results[i];
       std::vector<double> itl_ms;
@@ -623,8 +641,8 @@ int run_bench_serve(const BenchServeArgs& a) {
       std::string err = r.error;
       for (char& c : err)
         if (c == '"' || c == '\n' || c == '\r') c = '\'';
-      csv << i << ',' << fmt(r.start, 6) << ',' << r.prompt_len << ',' << r.output_len << ',' << (r.success ? 1 : 0) << ','
-          << fmt(r.ttft * 1000, 3) << ',' << fmt(r.latency * 1000, 3) << ','
+      csv << i << ',' << fmt(r.start, 6) << ',' << r.prompt_len << ',' << r.output_len << ',' << (r.success ? 1 : 0)
+          << ',' << fmt(r.ttft * 1000, 3) << ',' << fmt(r.latency * 1000, 3) << ','
           << fmt(r.output_len > 1 ? (r.latency - r.ttft) / double(r.output_len - 1) * 1000 : 0, 3) << ','
           << fmt(mean(itl_ms), 3) << ',' << fmt(percentile(itl_ms, 99), 3) << ','
           << fmt(itl_ms.empty() ? 0 : *std::max_element(itl_ms.begin(), itl_ms.end()), 3) << ",\"" << err << "\"\n";
@@ -642,16 +660,30 @@ int run_bench_serve(const BenchServeArgs& a) {
     std::printf("wrote %s\n", a.output_svg.c_str());
   }
   if (!a.output_json.empty()) {
-    json j = {{"backend", t.backend}, {"request_rate", a.request_rate}, {"max_concurrency", a.max_concurrency},
-              {"completed", ok}, {"failed", int64_t(results.size()) - ok}, {"duration", duration},
-              {"total_input_tokens", in_tokens}, {"total_output_tokens", out_tokens},
-              {"request_throughput", double(ok) / duration}, {"input_throughput", double(in_tokens) / duration},
-              {"output_throughput", double(out_tokens) / duration}, {"concurrency", concurrency},
-              {"mean_e2e_latency_ms", mean(e2e)}, {"median_e2e_latency_ms", percentile(e2e, 50)},
-              {"p99_e2e_latency_ms", percentile(e2e, 99)}, {"mean_ttft_ms", mean(ttft)},
-              {"median_ttft_ms", percentile(ttft, 50)}, {"p99_ttft_ms", percentile(ttft, 99)},
-              {"mean_tpot_ms", mean(tpot)}, {"median_tpot_ms", percentile(tpot, 50)}, {"p99_tpot_ms", percentile(tpot, 99)},
-              {"mean_itl_ms", mean(itl)}, {"median_itl_ms", percentile(itl, 50)}, {"p99_itl_ms", percentile(itl, 99)}};
+    json j = {{"backend", t.backend},
+              {"request_rate", a.request_rate},
+              {"max_concurrency", a.max_concurrency},
+              {"completed", ok},
+              {"failed", int64_t(results.size()) - ok},
+              {"duration", duration},
+              {"total_input_tokens", in_tokens},
+              {"total_output_tokens", out_tokens},
+              {"request_throughput", double(ok) / duration},
+              {"input_throughput", double(in_tokens) / duration},
+              {"output_throughput", double(out_tokens) / duration},
+              {"concurrency", concurrency},
+              {"mean_e2e_latency_ms", mean(e2e)},
+              {"median_e2e_latency_ms", percentile(e2e, 50)},
+              {"p99_e2e_latency_ms", percentile(e2e, 99)},
+              {"mean_ttft_ms", mean(ttft)},
+              {"median_ttft_ms", percentile(ttft, 50)},
+              {"p99_ttft_ms", percentile(ttft, 99)},
+              {"mean_tpot_ms", mean(tpot)},
+              {"median_tpot_ms", percentile(tpot, 50)},
+              {"p99_tpot_ms", percentile(tpot, 99)},
+              {"mean_itl_ms", mean(itl)},
+              {"median_itl_ms", percentile(itl, 50)},
+              {"p99_itl_ms", percentile(itl, 99)}};
     std::ofstream out(a.output_json, std::ios::app);  // one JSON line per run, like sglang's --output-file
     if (!out) throw std::runtime_error("cannot write " + a.output_json);
     out << j.dump() << "\n";
@@ -664,29 +696,35 @@ int run_bench_serve(const BenchServeArgs& a) {
 
 void register_bench_serve_command(CLI::App& app, int& exit_code) {
   auto a = std::make_shared<BenchServeArgs>();
-  CLI::App* cmd = app.add_subcommand("bench-serve", "Online serving benchmark against a running server (like sglang.bench_serving)");
+  CLI::App* cmd = app.add_subcommand("bench-serve",
+                                     "Online serving benchmark against a running server (like sglang.bench_serving)");
   cmd->add_option("--host", a->host, "Server host");
   cmd->add_option("--port", a->port, "Server port")->check(CLI::Range(1, 65535));
   cmd->add_option("--base-url", a->base_url, "Server root, e.g. http://127.0.0.1:30000 (overrides --host/--port)");
   cmd->add_option("--backend", a->backend, "generate (/generate, input_ids) | completions (/v1/completions)")
       ->check(CLI::IsMember({"generate", "completions", "sglang", "sglang-oai"}))
-      ->transform([](std::string v) { return v == "sglang" ? std::string("generate") : v == "sglang-oai" ? std::string("completions") : v; });
+      ->transform([](std::string v) {
+        return v == "sglang" ? std::string("generate") : v == "sglang-oai" ? std::string("completions") : v;
+      });
   cmd->add_option("--model", a->model, "Model name for /v1/completions (default: the server's first model)");
   cmd->add_option("--dataset,--dataset-name", a->dataset, "random | file")->check(CLI::IsMember({"random", "file"}));
   cmd->add_option("--dataset-path", a->dataset_path, "JSONL file: one {\"prompt\": ..., \"output_len\"?: N} per line");
   cmd->add_option("--num-prompts", a->num_prompts, "Number of requests")->check(CLI::PositiveNumber);
-  cmd->add_option("--random-input-len", a->random_input_len, "Prompt tokens (random dataset)")->check(CLI::PositiveNumber);
+  cmd->add_option("--random-input-len", a->random_input_len, "Prompt tokens (random dataset)")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--random-output-len", a->random_output_len, "Output tokens per request")->check(CLI::PositiveNumber);
-  cmd->add_option("--random-range-ratio", a->random_range_ratio,
-                  "Lengths are uniform in [len*ratio, len]; 1.0 = exact")->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--random-range-ratio", a->random_range_ratio, "Lengths are uniform in [len*ratio, len]; 1.0 = exact")
+      ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--request-rate", a->request_rate, "Requests per second (Poisson arrivals) or inf (all at once)");
-  cmd->add_option("--max-concurrency", a->max_concurrency, "Most requests in flight (0 = unlimited)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--max-concurrency", a->max_concurrency, "Most requests in flight (0 = unlimited)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--seed", a->seed, "Seed of the prompts and arrival times");
   cmd->add_option("--temperature", a->temperature, "Sampling temperature (default 0: greedy, as sglang.bench_serving)")
       ->check(CLI::Range(0.0, 100.0));
   cmd->add_flag("--disable-ignore-eos", a->disable_ignore_eos, "Let EOS end requests early (output lengths vary)");
   cmd->add_flag("--disable-stream", a->disable_stream, "Non-streaming requests (no TTFT/ITL)");
-  cmd->add_option("--warmup-requests", a->warmup_requests, "Requests sent before measuring")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--warmup-requests", a->warmup_requests, "Requests sent before measuring")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--random-token-lo", a->token_id_lo, "Smallest token id of random prompts");
   cmd->add_option("--random-token-hi", a->token_id_hi, "Token ids of random prompts are below this");
   cmd->add_option("--output-csv", a->output_csv, "Per-request CSV");

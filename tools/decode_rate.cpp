@@ -18,8 +18,8 @@ namespace {
 // FP8 and FP4 products do.
 RandomLinear resident_matrix(WeightFormat format, uint32_t seed) {
   const int64_t cols = 4096;
-  const int64_t row_bytes = format == WeightFormat::F32    ? 4 * cols
-                            : format == WeightFormat::BF16 ? 2 * cols
+  const int64_t row_bytes = format == WeightFormat::F32            ? 4 * cols
+                            : format == WeightFormat::BF16         ? 2 * cols
                             : format == WeightFormat::FP8_BLOCK128 ? cols
                                                                    : cols / 2;
   RandomLinear m(format, (int64_t(1) << 20) / row_bytes, cols, seed);

@@ -37,8 +37,8 @@ std::vector<GemmPeak> measure_onednn_gemm_peaks() {
         stream.wait();
         if (r > 0) best = std::max(best, 2.0 * double(m * n * k) / (now_seconds() - t0));
       }
-      peaks.push_back({std::string("oneDNN ") + (type == memory::data_type::f32 ? "f32" : "bf16") +
-                           " matmul 2048^3 (" + pd.impl_info_str() + ")",
+      peaks.push_back({std::string("oneDNN ") + (type == memory::data_type::f32 ? "f32" : "bf16") + " matmul 2048^3 (" +
+                           pd.impl_info_str() + ")",
                        best});
     } catch (const dnnl::error&) {
       // This CPU has no kernel for the type: nothing to report for it.
@@ -102,7 +102,8 @@ GemmPeak measure_fp32_fma_peak() {
     const double dt = now_seconds() - t0;
     best = std::max(best, 2.0 * double(iters) * kChains * lanes * threads / dt);
   }
-  return {std::string("fp32 FMA chains (") + (f.avx512f ? "AVX-512" : "AVX2") + ", the ceiling of dsv4's kernels)", best};
+  return {std::string("fp32 FMA chains (") + (f.avx512f ? "AVX-512" : "AVX2") + ", the ceiling of dsv4's kernels)",
+          best};
 }
 
 }  // namespace dsv4::tools

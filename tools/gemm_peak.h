@@ -9,8 +9,8 @@
 namespace dsv4::tools {
 
 struct GemmPeak {
-  std::string name;   // e.g. "oneDNN f32 matmul 2048^3 (brg:avx512_core)"
-  double flops = 0;   // best measured FLOP/s
+  std::string name;  // e.g. "oneDNN f32 matmul 2048^3 (brg:avx512_core)"
+  double flops = 0;  // best measured FLOP/s
 };
 
 // oneDNN f32 and bf16 matmuls (empty when dsv4 was built without oneDNN).

@@ -17,8 +17,8 @@ void register_make_model_command(CLI::App& app, int& exit_code) {
     std::string out, dtype = "fp8", tokenizer;
   };
   auto a = std::make_shared<Args>();
-  CLI::App* cmd = app.add_subcommand(
-      "make-model", "Write a random DeepSeek-V4-shaped checkpoint in the official format");
+  CLI::App* cmd =
+      app.add_subcommand("make-model", "Write a random DeepSeek-V4-shaped checkpoint in the official format");
   cmd->add_option("--out", a->out, "Output directory")->required();
   cmd->add_option("--preset", a->spec.preset, "smoke (tiny, real tokenizer), flash or pro (real shapes)")
       ->check(CLI::IsMember({"smoke", "flash", "pro"}));
@@ -26,7 +26,8 @@ void register_make_model_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--dtype", a->dtype, "fp8 (FP8 weights, FP4 experts, like the official files) or bf16")
       ->check(CLI::IsMember({"fp8", "bf16"}));
   cmd->add_option("--seed", a->spec.seed, "Random seed");
-  cmd->add_option("--tokenizer-dir", a->tokenizer, "Directory with tokenizer.json (default: the bundled DeepSeek-V4 tokenizer)");
+  cmd->add_option("--tokenizer-dir", a->tokenizer,
+                  "Directory with tokenizer.json (default: the bundled DeepSeek-V4 tokenizer)");
   cmd->callback([a, &exit_code] {
     try {
       a->spec.fp8 = a->dtype == "fp8";

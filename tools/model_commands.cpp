@@ -49,8 +49,10 @@ std::vector<int32_t> parse_token_list(const std::string& spec) {
     item.clear();
   };
   for (char ch : text) {
-    if (ch == ',' || ch == '\n') flush();
-    else item.push_back(ch);
+    if (ch == ',' || ch == '\n')
+      flush();
+    else
+      item.push_back(ch);
   }
   flush();
   if (ids.empty()) throw Error("no token ids given");
@@ -63,8 +65,8 @@ std::vector<int32_t> parse_token_list(const std::string& spec) {
 void prefill_progress(int64_t done, int64_t total) {
   if (!isatty(fileno(stderr)) || total < 256) return;
   int width = 30, filled = int(width * done / std::max<int64_t>(total, 1));
-  std::fprintf(stderr, "\rprefill [%.*s%*s] %lld/%lld tokens", filled, "##############################",
-               width - filled, "", (long long)done, (long long)total);
+  std::fprintf(stderr, "\rprefill [%.*s%*s] %lld/%lld tokens", filled, "##############################", width - filled,
+               "", (long long)done, (long long)total);
   if (done == total) std::fprintf(stderr, "\n");
 }
 
@@ -72,16 +74,15 @@ void prefill_progress(int64_t done, int64_t total) {
 void load_progress(int64_t done, int64_t total) {
   if (!isatty(fileno(stderr))) return;
   int width = 30, filled = int(width * done / std::max<int64_t>(total, 1));
-  std::fprintf(stderr, "\rloading model [%.*s%*s] %lld/%lld layers", filled,
-               "##############################", width - filled, "", (long long)done,
-               (long long)total);
+  std::fprintf(stderr, "\rloading model [%.*s%*s] %lld/%lld layers", filled, "##############################",
+               width - filled, "", (long long)done, (long long)total);
   if (done == total) std::fprintf(stderr, "\n");
 }
 
 namespace {
 
-int run_logits(const std::string& model_dir, const std::string& tokens_spec, const std::string& out,
-               int64_t prefill, int64_t chunk, int threads, bool mtp) {
+int run_logits(const std::string& model_dir, const std::string& tokens_spec, const std::string& out, int64_t prefill,
+               int64_t chunk, int threads, bool mtp) {
   set_compute_threads(threads);
   std::vector<int32_t> tokens = parse_token_list(tokens_spec);
   const int64_t n = int64_t(tokens.size());
@@ -94,8 +95,7 @@ int run_logits(const std::string& model_dir, const std::string& tokens_spec, con
   std::vector<float> logits(static_cast<size_t>(n * V)), hc(mtp ? size_t(n * W) : 0), mtp_logits;
   SequenceState state = model->new_state();
   auto run = [&](int64_t begin, int64_t len) {
-    model->forward(state, tokens.data() + begin, len, logits.data() + begin * V,
-                   mtp ? hc.data() + begin * W : nullptr);
+    model->forward(state, tokens.data() + begin, len, logits.data() + begin * V, mtp ? hc.data() + begin * W : nullptr);
   };
   for (int64_t b = 0; b < prefill; b += chunk) {
     run(b, std::min(chunk, prefill - b));
@@ -110,8 +110,7 @@ int run_logits(const std::string& model_dir, const std::string& tokens_spec, con
     auto run_mtp = [&](int64_t begin, int64_t len) {
       len = std::min(len, n - 1 - begin);
       if (len > 0)
-        model->forward_mtp(state, hc.data() + begin * W, tokens.data() + begin + 1, len,
-                           mtp_logits.data() + begin * V);
+        model->forward_mtp(state, hc.data() + begin * W, tokens.data() + begin + 1, len, mtp_logits.data() + begin * V);
     };
     for (int64_t b = 0; b < prefill; b += chunk) run_mtp(b, std::min(chunk, prefill - b));
     for (int64_t b = prefill; b < n; ++b) run_mtp(b, 1);
@@ -131,18 +130,24 @@ void register_model_commands(CLI::App& app, int& exit_code) {
     bool mtp = false;
   };
   auto args = std::make_shared<LogitsArgs>();
-  CLI::App* logits = app.add_subcommand("logits", "Compute logits for a token sequence and write them to a safetensors file");
+  CLI::App* logits =
+      app.add_subcommand("logits", "Compute logits for a token sequence and write them to a safetensors file");
   logits->add_option("--model", args->model, "Checkpoint directory")->required();
   logits->add_option("--tokens", args->tokens, "Comma-separated token ids, or @FILE")->required();
   logits->add_option("--out", args->out, "Output safetensors file")->required();
-  logits->add_option("--prefill", args->prefill, "Tokens prefilled before one-token decode (default: all)")->check(CLI::NonNegativeNumber);
-  logits->add_option("--chunk-size", args->chunk, "Prefill chunk size (default: all at once)")->check(CLI::PositiveNumber);
-  logits->add_option("--threads", args->threads, "Compute threads (default: the CPUs this process may use, cgroup quota included)")->check(CLI::PositiveNumber);
+  logits->add_option("--prefill", args->prefill, "Tokens prefilled before one-token decode (default: all)")
+      ->check(CLI::NonNegativeNumber);
+  logits->add_option("--chunk-size", args->chunk, "Prefill chunk size (default: all at once)")
+      ->check(CLI::PositiveNumber);
+  logits
+      ->add_option("--threads", args->threads,
+                   "Compute threads (default: the CPUs this process may use, cgroup quota included)")
+      ->check(CLI::PositiveNumber);
   logits->add_flag("--mtp", args->mtp, "Also write mtp_logits from the MTP block");
   logits->callback([args, &exit_code] {
     try {
-      exit_code = run_logits(args->model, args->tokens, args->out, args->prefill, args->chunk,
-                             args->threads, args->mtp);
+      exit_code =
+          run_logits(args->model, args->tokens, args->out, args->prefill, args->chunk, args->threads, args->mtp);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "dsv4 logits: error: %s\n", e.what());
       exit_code = 1;

@@ -16,9 +16,9 @@ std::string default_tokenizer_dir() {
   if (const char* env = std::getenv("DSV4_TOKENIZER_DIR")) return env;
   std::error_code ec;
   fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  for (fs::path candidate : {exe.parent_path() / "../assets/dsv4-tokenizer",
-                             exe.parent_path() / "../share/dsv4/dsv4-tokenizer",
-                             fs::path(DSV4_SOURCE_DIR) / "assets/dsv4-tokenizer"})
+  for (fs::path candidate :
+       {exe.parent_path() / "../assets/dsv4-tokenizer", exe.parent_path() / "../share/dsv4/dsv4-tokenizer",
+        fs::path(DSV4_SOURCE_DIR) / "assets/dsv4-tokenizer"})
     if (!exe.empty() && fs::exists(candidate / "tokenizer.json")) return fs::weakly_canonical(candidate).string();
   fs::path src = fs::path(DSV4_SOURCE_DIR) / "assets/dsv4-tokenizer";
   if (fs::exists(src / "tokenizer.json")) return src.string();

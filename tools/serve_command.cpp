@@ -3,15 +3,15 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
-#include <cstdlib>
-#include <thread>
 #include <cstdio>
+#include <cstdlib>
 #include <deque>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "commands.h"
 #include "core/error.h"
@@ -103,9 +103,13 @@ std::string kernel_path_line() {
   const std::string cpu = detect_cpu_features().describe();
   const char* env = std::getenv("DSV4_KERNELS");
   std::string why;
-  if (!env || !*env) why = "the best this CPU supports; DSV4_KERNELS unset";
-  else if (active == env) why = std::string("forced by DSV4_KERNELS=") + env;
-  else why = std::string("DSV4_KERNELS=") + env + " not applied (not scalar, avx2 or avx512, or beyond this CPU); the best this CPU supports";
+  if (!env || !*env)
+    why = "the best this CPU supports; DSV4_KERNELS unset";
+  else if (active == env)
+    why = std::string("forced by DSV4_KERNELS=") + env;
+  else
+    why = std::string("DSV4_KERNELS=") + env +
+          " not applied (not scalar, avx2 or avx512, or beyond this CPU); the best this CPU supports";
   return "kernels: " + active + " (" + why + "; CPU: " + cpu + ")";
 }
 
@@ -114,15 +118,16 @@ std::string kernel_path_line() {
 // ran with.
 void print_startup_summary(const Model& model, const Engine& engine, const ServeArgs& a) {
   const ModelConfig& c = model.config();
-  std::fprintf(stderr, "model: %s, %lld layers (%s) + %lld MTP, dim %lld, %lld heads x %lld, "
-                       "%lld routed experts (%lld active) + %lld shared, vocab %lld, context up to %lld tokens\n",
+  std::fprintf(stderr,
+               "model: %s, %lld layers (%s) + %lld MTP, dim %lld, %lld heads x %lld, "
+               "%lld routed experts (%lld active) + %lld shared, vocab %lld, context up to %lld tokens\n",
                model_variant(c).c_str(), (long long)c.n_layers, layer_kinds(c).c_str(), (long long)c.n_mtp_layers,
                (long long)c.dim, (long long)c.n_heads, (long long)c.head_dim, (long long)c.n_routed_experts,
                (long long)c.n_activated_experts, (long long)c.n_shared_experts, (long long)c.vocab_size,
                (long long)c.max_position_embeddings);
-  const std::string formats = c.fp8_weights ? std::string("fp8 linears, ") + (c.expert_dtype.empty() ? "fp8" : c.expert_dtype) +
-                                                  " experts"
-                                            : std::string("bf16");
+  const std::string formats =
+      c.fp8_weights ? std::string("fp8 linears, ") + (c.expert_dtype.empty() ? "fp8" : c.expert_dtype) + " experts"
+                    : std::string("bf16");
   std::fprintf(stderr, "weights: %s (%s), %s\n", gib(model.weights().total_bytes).c_str(), formats.c_str(),
                a.no_mmap ? "copied into huge-page memory (--no-mmap)"
                          : "mapped from the checkpoint files (page cache; --no-mmap copies them)");
@@ -152,15 +157,17 @@ int run_serve(ServeArgs& a) {
   const bool embedded = a.model_path.empty();
   std::string model_dir = embedded ? ensure_default_model() : a.model_path;
   if (embedded)
-    std::fprintf(stderr, "serving the embedded SMOKE-TEST model: random weights, output is gibberish; "
-                         "pass --model-path for a real checkpoint\n");
+    std::fprintf(stderr,
+                 "serving the embedded SMOKE-TEST model: random weights, output is gibberish; "
+                 "pass --model-path for a real checkpoint\n");
   LoadOptions load_options;
   load_options.progress = load_progress;
   load_options.no_mmap = a.no_mmap;
   auto model = std::shared_ptr<Model>(Model::load(model_dir, load_options));
   std::string tok_path = a.tokenizer_path.empty() ? (fs::path(model_dir) / "tokenizer.json").string()
-                                                  : (fs::is_directory(a.tokenizer_path) ? (fs::path(a.tokenizer_path) / "tokenizer.json").string()
-                                                                                        : a.tokenizer_path);
+                                                  : (fs::is_directory(a.tokenizer_path)
+                                                         ? (fs::path(a.tokenizer_path) / "tokenizer.json").string()
+                                                         : a.tokenizer_path);
   if (!fs::exists(tok_path)) throw Error("no tokenizer.json in " + model_dir + " (use --tokenizer-path)");
   auto tokenizer = text::Tokenizer::from_file(tok_path);
   nlohmann::ordered_json config;
@@ -189,8 +196,9 @@ int run_serve(ServeArgs& a) {
   so.host = a.host;
   so.port = a.port;
   so.api_key = a.api_key;
-  so.served_model_name = a.served_model_name.empty() ? (embedded ? "dsv4-smoke" : fs::path(model_dir).filename().string())
-                                                     : a.served_model_name;
+  so.served_model_name = a.served_model_name.empty()
+                             ? (embedded ? "dsv4-smoke" : fs::path(model_dir).filename().string())
+                             : a.served_model_name;
   so.model_path = model_dir;
   so.reasoning_parser = a.reasoning_parser;
   so.tool_call_parser = a.tool_call_parser;
@@ -226,18 +234,27 @@ int run_serve(ServeArgs& a) {
 void register_serve_command(CLI::App& app, int& exit_code) {
   auto a = std::make_shared<ServeArgs>();
   CLI::App* cmd = app.add_subcommand("serve", "OpenAI-compatible server (SGLang-style flags)");
-  cmd->add_option("--model-path,--model", a->model_path, "Checkpoint directory (default: the embedded smoke-test model)");
-  cmd->add_option("--tokenizer-path", a->tokenizer_path, "tokenizer.json or its directory (default: in the model directory)");
+  cmd->add_option("--model-path,--model", a->model_path,
+                  "Checkpoint directory (default: the embedded smoke-test model)");
+  cmd->add_option("--tokenizer-path", a->tokenizer_path,
+                  "tokenizer.json or its directory (default: in the model directory)");
   cmd->add_option("--host", a->host, "Address to listen on");
   cmd->add_option("--port", a->port, "Port (0 picks a free one)")->check(CLI::Range(0, 65535));
   cmd->add_option("--api-key", a->api_key, "Require Authorization: Bearer KEY");
   cmd->add_option("--served-model-name", a->served_model_name, "Model name reported by the API");
-  cmd->add_option("--context-length", a->context_length, "Maximum prompt + output tokens per request")->check(CLI::PositiveNumber);
-  cmd->add_option("--max-running-requests", a->max_running_requests, "Requests decoded concurrently")->check(CLI::PositiveNumber);
-  cmd->add_option("--max-queued-requests", a->max_queued_requests, "Waiting requests before 503 + Retry-After")->check(CLI::PositiveNumber);
-  cmd->add_option("--max-total-tokens", a->max_total_tokens, "Token budget (prompt + max output) of the running requests")->check(CLI::PositiveNumber);
-  cmd->add_option("--chunked-prefill-size", a->chunked_prefill_size, "Prefill tokens per scheduler step (-1: no chunking)");
-  cmd->add_option("--max-prefill-tokens", a->max_prefill_tokens, "Upper bound of prefill tokens per step")->check(CLI::PositiveNumber);
+  cmd->add_option("--context-length", a->context_length, "Maximum prompt + output tokens per request")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-running-requests", a->max_running_requests, "Requests decoded concurrently")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-queued-requests", a->max_queued_requests, "Waiting requests before 503 + Retry-After")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-total-tokens", a->max_total_tokens,
+                  "Token budget (prompt + max output) of the running requests")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--chunked-prefill-size", a->chunked_prefill_size,
+                  "Prefill tokens per scheduler step (-1: no chunking)");
+  cmd->add_option("--max-prefill-tokens", a->max_prefill_tokens, "Upper bound of prefill tokens per step")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--reasoning-parser", a->reasoning_parser, "deepseek-v4 | deepseek-v41 | none")
       ->check(CLI::IsMember({"deepseek-v4", "deepseek-v41", "none", "auto"}));
   cmd->add_option("--tool-call-parser", a->tool_call_parser, "deepseekv4 | deepseekv41 | none")
@@ -258,27 +275,52 @@ void register_serve_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--prefix-cache-gb", a->prefix_cache_gb, "Prefix cache size in GB (default 1)");
   cmd->add_option("--hicache-storage-backend", a->hicache_storage_backend, "Not supported yet (refused)");
   cmd->add_option("--speculative-algorithm", a->speculative_algorithm, "Not supported yet (refused)");
-  cmd->add_option("--threads", a->threads, "Compute threads (default: the CPUs this process may use, cgroup quota included)")->check(CLI::PositiveNumber);
+  cmd->add_option("--threads", a->threads,
+                  "Compute threads (default: the CPUs this process may use, cgroup quota included)")
+      ->check(CLI::PositiveNumber);
 
   // GPU-only flags of the seed recipes: accepted with a warning, no effect.
   auto gpu_flags = std::make_shared<std::vector<std::string>>();
   auto ignored_values = std::make_shared<std::deque<std::string>>();  // stable addresses for CLI11
-  for (const char* name : {"--tp", "--tp-size", "--tensor-parallel-size", "--dp", "--dp-size", "--ep", "--ep-size",
-                           "--mem-fraction-static", "--cuda-graph-max-bs", "--cuda-graph-bs", "--moe-runner-backend",
-                           "--attention-backend", "--kv-cache-dtype", "--page-size", "--swa-full-tokens-ratio",
-                           "--moe-a2a-backend", "--deepep-mode", "--hicache-write-policy", "--hicache-io-backend",
-                           "--hicache-mem-layout", "--disaggregation-transfer-backend", "--speculative-num-steps",
-                           "--speculative-eagle-topk", "--speculative-num-draft-tokens", "--speculative-dspark-block-size",
-                           "--nnodes", "--node-rank", "--dist-init-addr"}) {
+  for (const char* name : {"--tp",
+                           "--tp-size",
+                           "--tensor-parallel-size",
+                           "--dp",
+                           "--dp-size",
+                           "--ep",
+                           "--ep-size",
+                           "--mem-fraction-static",
+                           "--cuda-graph-max-bs",
+                           "--cuda-graph-bs",
+                           "--moe-runner-backend",
+                           "--attention-backend",
+                           "--kv-cache-dtype",
+                           "--page-size",
+                           "--swa-full-tokens-ratio",
+                           "--moe-a2a-backend",
+                           "--deepep-mode",
+                           "--hicache-write-policy",
+                           "--hicache-io-backend",
+                           "--hicache-mem-layout",
+                           "--disaggregation-transfer-backend",
+                           "--speculative-num-steps",
+                           "--speculative-eagle-topk",
+                           "--speculative-num-draft-tokens",
+                           "--speculative-dspark-block-size",
+                           "--nnodes",
+                           "--node-rank",
+                           "--dist-init-addr"}) {
     std::string& value = ignored_values->emplace_back();
-    cmd->add_option(name, value, "GPU-only: accepted and ignored")->group("GPU-only (no effect)")
+    cmd->add_option(name, value, "GPU-only: accepted and ignored")
+        ->group("GPU-only (no effect)")
         ->each([gpu_flags, n = std::string(name)](const std::string&) { gpu_flags->push_back(n); });
   }
-  for (const char* name : {"--disable-cuda-graph", "--enable-dp-attention", "--enable-dp-lm-head", "--trust-remote-code",
-                           "--enable-metrics", "--enable-cache-report", "--enable-prefill-delayer", "--enable-mixed-chunk",
-                           "--disable-overlap-schedule"}) {
-    cmd->add_flag_callback(name, [gpu_flags, n = std::string(name)] { gpu_flags->push_back(n); },
-                           "accepted; no effect here")->group("Accepted (no effect)");
+  for (const char* name : {"--disable-cuda-graph", "--enable-dp-attention", "--enable-dp-lm-head",
+                           "--trust-remote-code", "--enable-metrics", "--enable-cache-report",
+                           "--enable-prefill-delayer", "--enable-mixed-chunk", "--disable-overlap-schedule"}) {
+    cmd->add_flag_callback(
+           name, [gpu_flags, n = std::string(name)] { gpu_flags->push_back(n); }, "accepted; no effect here")
+        ->group("Accepted (no effect)");
   }
   cmd->callback([a, gpu_flags, ignored_values, &exit_code, cmd] {
     for (auto& f : *gpu_flags)

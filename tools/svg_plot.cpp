@@ -9,11 +9,16 @@ namespace dsv4::tools {
 std::string svg_escape(const std::string& s) {
   std::string o;
   for (char c : s) {
-    if (c == '<') o += "&lt;";
-    else if (c == '>') o += "&gt;";
-    else if (c == '&') o += "&amp;";
-    else if (c == '\'') o += "&apos;";
-    else o += c;
+    if (c == '<')
+      o += "&lt;";
+    else if (c == '>')
+      o += "&gt;";
+    else if (c == '&')
+      o += "&amp;";
+    else if (c == '\'')
+      o += "&apos;";
+    else
+      o += c;
   }
   return o;
 }
@@ -28,7 +33,8 @@ std::string roofline_bars_svg(const std::string& title, const std::string& subti
     << "' height='" << height << "' font-family='sans-serif' font-size='13'>\n"
     << "<rect width='100%' height='100%' fill='white'/>\n"
     << "<text x='" << width / 2 << "' y='26' text-anchor='middle' font-size='17'>" << svg_escape(title) << "</text>\n"
-    << "<text x='" << width / 2 << "' y='46' text-anchor='middle' font-size='11'>" << svg_escape(subtitle) << "</text>\n";
+    << "<text x='" << width / 2 << "' y='46' text-anchor='middle' font-size='11'>" << svg_escape(subtitle)
+    << "</text>\n";
   int y = 70;
   for (const BarGroup& g : groups) {
     s << "<text x='10' y='" << y + 16 << "' font-weight='bold'>" << svg_escape(g.title) << "</text>\n";
@@ -45,7 +51,8 @@ std::string roofline_bars_svg(const std::string& title, const std::string& subti
     }
     s << "<line x1='" << left + bar_width << "' y1='" << top << "' x2='" << left + bar_width << "' y2='" << y
       << "' stroke='#c0392b' stroke-dasharray='5,4'/>\n"
-      << "<text x='" << left + bar_width << "' y='" << top - 2 << "' text-anchor='middle' font-size='10' fill='#c0392b'>"
+      << "<text x='" << left + bar_width << "' y='" << top - 2
+      << "' text-anchor='middle' font-size='10' fill='#c0392b'>"
       << "roofline</text>\n";
     y += 12;
   }

@@ -10,9 +10,9 @@
 #include <stdexcept>
 
 #include "commands.h"
-#include "text/request_parsing.h"
 #include "text/chat_encoder.h"
 #include "text/output_parser.h"
+#include "text/request_parsing.h"
 #include "text/tokenizer.h"
 
 namespace dsv4::tools {
@@ -84,7 +84,8 @@ std::vector<text::TokenId> parse_ids(const std::string& spec) {
 fs::path model_tokenizer(const std::string& dir) {
   const fs::path p = fs::path(dir) / "tokenizer.json";
   if (!fs::is_regular_file(p)) {
-    throw std::runtime_error("model directory " + dir + " has no tokenizer.json (copy one, e.g. assets/dsv4-tokenizer/tokenizer.json)");
+    throw std::runtime_error("model directory " + dir +
+                             " has no tokenizer.json (copy one, e.g. assets/dsv4-tokenizer/tokenizer.json)");
   }
   return p;
 }
@@ -128,7 +129,8 @@ ojson load_request(const std::string& path) {
   } catch (const ojson::parse_error& e) {
     throw std::runtime_error(path + ": invalid JSON: " + e.what());
   }
-  if (j.is_object() && !j.contains("messages") && j.contains("request") && j["request"].is_object()) return j["request"];
+  if (j.is_object() && !j.contains("messages") && j.contains("request") && j["request"].is_object())
+    return j["request"];
   return j;
 }
 
@@ -218,7 +220,8 @@ void register_text_commands(CLI::App& app, int& exit_code) {
   }
   // parse ----------------------------------------------------------------------
   {
-    auto* cmd = app.add_subcommand("parse", "Parse generated text into {reasoning_content, content, tool_calls, finish_reason}");
+    auto* cmd = app.add_subcommand("parse",
+                                   "Parse generated text into {reasoning_content, content, tool_calls, finish_reason}");
     auto model = std::make_shared<std::string>();
     auto request = std::make_shared<std::string>();
     auto text_file = std::make_shared<std::string>();
@@ -233,7 +236,8 @@ void register_text_commands(CLI::App& app, int& exit_code) {
     auto entities = std::make_shared<bool>(false);
     auto keep_after = std::make_shared<bool>(false);
     cmd->add_option("--model", *model, "model directory (config.json)")->required();
-    cmd->add_option("--request", *request, "the chat request JSON the text answers (or a golden parsing case)")->required();
+    cmd->add_option("--request", *request, "the chat request JSON the text answers (or a golden parsing case)")
+        ->required();
     cmd->add_option("--text", *text_file, "file with the generated text (EOS text, if present, ends it)");
     cmd->add_option("--reasoning-parser", *reasoning_parser, "deepseek-v4 | deepseek-v41 | none");
     cmd->add_option("--tool-call-parser", *tool_parser, "deepseekv4 | deepseekv41 | none");
@@ -277,7 +281,8 @@ void register_text_commands(CLI::App& app, int& exit_code) {
           if (req.contains("settings") && req["settings"].is_object()) {
             const auto& s = req["settings"];
             cfg.options.dsml_ends_reasoning = s.value("dsml_ends_reasoning", cfg.options.dsml_ends_reasoning);
-            cfg.options.accept_short_dsml_dialect = s.value("accept_short_dsml_dialect", cfg.options.accept_short_dsml_dialect);
+            cfg.options.accept_short_dsml_dialect =
+                s.value("accept_short_dsml_dialect", cfg.options.accept_short_dsml_dialect);
             cfg.options.decode_dsml_entities = s.value("decode_dsml_entities", cfg.options.decode_dsml_entities);
             cfg.options.forward_unknown_tools = s.value("forward_unknown_tools", cfg.options.forward_unknown_tools);
           }

@@ -45,8 +45,10 @@ __attribute__((target("avx512f"))) uint64_t read4_avx512(const uint8_t* p, int64
   for (int64_t i = 0; i + 128 <= part; i += 128) {
     a0 = _mm512_add_epi64(a0, _mm512_add_epi64(_mm512_load_si512(p + i), _mm512_load_si512(p + i + 64)));
     a1 = _mm512_add_epi64(a1, _mm512_add_epi64(_mm512_load_si512(p + part + i), _mm512_load_si512(p + part + i + 64)));
-    a2 = _mm512_add_epi64(a2, _mm512_add_epi64(_mm512_load_si512(p + 2 * part + i), _mm512_load_si512(p + 2 * part + i + 64)));
-    a3 = _mm512_add_epi64(a3, _mm512_add_epi64(_mm512_load_si512(p + 3 * part + i), _mm512_load_si512(p + 3 * part + i + 64)));
+    a2 = _mm512_add_epi64(
+        a2, _mm512_add_epi64(_mm512_load_si512(p + 2 * part + i), _mm512_load_si512(p + 2 * part + i + 64)));
+    a3 = _mm512_add_epi64(
+        a3, _mm512_add_epi64(_mm512_load_si512(p + 3 * part + i), _mm512_load_si512(p + 3 * part + i + 64)));
   }
   return uint64_t(_mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3))));
 }

@@ -7,8 +7,7 @@ namespace dsv4 {
 NumericTables::NumericTables() {
   for (int b = 0; b < 256; ++b) {
     int sign = b >> 7, exponent = (b >> 3) & 15, mantissa = b & 7;
-    float value = exponent == 0 ? std::ldexp(float(mantissa), -9)
-                                : std::ldexp(1.0f + mantissa / 8.0f, exponent - 7);
+    float value = exponent == 0 ? std::ldexp(float(mantissa), -9) : std::ldexp(1.0f + mantissa / 8.0f, exponent - 7);
     if ((b & 0x7f) == 0x7f) value = NAN;
     e4m3[b] = sign ? -value : value;
     e8m0[b] = b == 255 ? NAN : std::ldexp(1.0f, b - 127);
@@ -29,8 +28,7 @@ const float kInv6 = 1.0f / 6.0f;
 // The clones let the compiler vectorize both loops; the maximum is kept in
 // 16 lanes so that it needs no reassociation, and every step is exact, so
 // all clones give the same bits.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void fp8_round_trip(float* x, int64_t n,
-                                                                                   int64_t block) {
+__attribute__((target_clones("avx512f", "avx2", "default"))) void fp8_round_trip(float* x, int64_t n, int64_t block) {
   for (int64_t b0 = 0; b0 < n; b0 += block) {
     int64_t b1 = std::min(n, b0 + block);
     float lanes[16];

@@ -22,9 +22,9 @@ inline float bf16_to_float(uint16_t v) { return bits_to_float(uint32_t(v) << 16)
 
 // Lookup tables, filled once at static-initialisation time.
 struct NumericTables {
-  float e4m3[256];   // F8_E4M3 (e4m3fn) byte -> value
-  float e8m0[256];   // F8_E8M0 byte -> 2^(b-127)
-  float e2m1[16];    // FP4 nibble -> value
+  float e4m3[256];  // F8_E4M3 (e4m3fn) byte -> value
+  float e8m0[256];  // F8_E8M0 byte -> 2^(b-127)
+  float e2m1[16];   // FP4 nibble -> value
   NumericTables();
 };
 extern const NumericTables kNumericTables;

@@ -78,8 +78,10 @@ ArrayBlock acquire_array_block(size_t bytes) {
 }
 
 void give_back_array_block(ArrayBlock block) {
-  if (block.bytes < kPooledBlockBytes) std::free(block.data);
-  else t_pool.free_blocks.push_back(block);
+  if (block.bytes < kPooledBlockBytes)
+    std::free(block.data);
+  else
+    t_pool.free_blocks.push_back(block);
 }
 
 void* thread_scratch(ScratchSlot which, size_t bytes) {

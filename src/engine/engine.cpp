@@ -16,11 +16,11 @@ struct Engine::Sequence {
   SamplingParams params;
   Phase phase = Phase::Queued;
   SequenceState state;
-  int64_t fed = 0;                 // tokens of prompt+output already in `state`
-  std::vector<int32_t> output;     // generated tokens
+  int64_t fed = 0;              // tokens of prompt+output already in `state`
+  std::vector<int32_t> output;  // generated tokens
   PenaltyState penalties;
-  std::vector<int32_t> stop_ids;      // stop_token_ids plus EOS unless ignore_eos
-  std::vector<float> cached_logits;   // after the prompt, from a full prefix-cache hit
+  std::vector<int32_t> stop_ids;     // stop_token_ids plus EOS unless ignore_eos
+  std::vector<float> cached_logits;  // after the prompt, from a full prefix-cache hit
   int64_t reserved_tokens = 0;
 
   int64_t known() const { return int64_t(prompt.size() + output.size()); }
@@ -245,7 +245,7 @@ void Engine::step(std::vector<std::unique_ptr<Sequence>>& running) {
   std::vector<SampledToken> drawn(plan.items.size());
   int64_t n_sampled = 0;
   for (size_t i = 0; i < plan.items.size(); ++i) n_sampled += samples(i);
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads_for(n_sampled * V * 4))
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads_for(n_sampled* V * 4))
   for (size_t i = 0; i < plan.items.size(); ++i)
     if (samples(i)) drawn[i] = draw(*running[plan.items[i].seq], logits.last_row(i));
   for (size_t i = 0; i < plan.items.size(); ++i) {
@@ -285,8 +285,10 @@ void Engine::emit(Sequence& s, const float* logits, const SampledToken& t) {
   e.is_stop_token = std::find(s.stop_ids.begin(), s.stop_ids.end(), t.token) != s.stop_ids.end();
   // validate_request lowered max_new_tokens to what the context holds after
   // the prompt, so the length limit also stops a sequence at the context's end.
-  if (e.is_stop_token) e.finished = true, e.reason = FinishReason::Stop;
-  else if (int64_t(s.output.size()) >= s.params.max_new_tokens) e.finished = true, e.reason = FinishReason::Length;
+  if (e.is_stop_token)
+    e.finished = true, e.reason = FinishReason::Stop;
+  else if (int64_t(s.output.size()) >= s.params.max_new_tokens)
+    e.finished = true, e.reason = FinishReason::Length;
   const bool finished = e.finished;
   s.handle->push(std::move(e));
   {

@@ -29,11 +29,11 @@ namespace dsv4 {
 struct EngineOptions {
   int64_t max_running_requests = 64;
   int64_t max_queued_requests = 1024;
-  int64_t chunked_prefill_size = 2048;  // prefill tokens per step (all requests)
-  int64_t context_length = 0;           // 0 = model maximum
-  int64_t max_total_tokens = 0;         // admission budget over running requests; 0 = unlimited
+  int64_t chunked_prefill_size = 2048;            // prefill tokens per step (all requests)
+  int64_t context_length = 0;                     // 0 = model maximum
+  int64_t max_total_tokens = 0;                   // admission budget over running requests; 0 = unlimited
   int64_t prefix_cache_bytes = int64_t(1) << 30;  // 0 disables the prefix cache
-  bool pin_threads = false;  // pin the model thread's OpenMP team (pin_compute_threads)
+  bool pin_threads = false;                       // pin the model thread's OpenMP team (pin_compute_threads)
 };
 
 struct EngineMetrics {
@@ -59,8 +59,7 @@ class Engine {
   // Queues a request. Throws QueueFullError when the waiting queue is full and
   // dsv4::Error for a request that can never run (too long, bad ids; see
   // validate_request).
-  std::shared_ptr<RequestHandle> submit(const std::string& id, std::vector<int32_t> prompt,
-                                        SamplingParams params);
+  std::shared_ptr<RequestHandle> submit(const std::string& id, std::vector<int32_t> prompt, SamplingParams params);
   bool abort(const std::string& id);
   int64_t abort_all();
   // Drops the prefix cache; refused (false) while requests run or wait.

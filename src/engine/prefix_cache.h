@@ -17,7 +17,7 @@ class PrefixCache {
   explicit PrefixCache(int64_t budget_bytes) : budget_(budget_bytes) {}
 
   struct Hit {
-    int64_t matched = 0;           // tokens covered by the state
+    int64_t matched = 0;  // tokens covered by the state
     SequenceState state;
     std::vector<float> last_logits;  // logits after the last matched token, if stored
   };
@@ -26,8 +26,7 @@ class PrefixCache {
   // returned only when it carries the logits needed to sample next.
   bool lookup(const std::vector<int32_t>& tokens, Hit* hit);
   // Stores the state after `tokens` (and optionally the logits that follow).
-  void insert(const std::vector<int32_t>& tokens, const SequenceState& state,
-              std::vector<float> last_logits = {});
+  void insert(const std::vector<int32_t>& tokens, const SequenceState& state, std::vector<float> last_logits = {});
   void clear();
   int64_t bytes() const;
   int64_t entries() const;

@@ -18,8 +18,7 @@ const char* finish_reason_name(FinishReason r) {
 
 bool RequestHandle::wait(std::vector<TokenEvent>& out, double timeout_s) {
   std::unique_lock<std::mutex> lock(mutex_);
-  if (events_.empty())
-    cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] { return !events_.empty(); });
+  if (events_.empty()) cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] { return !events_.empty(); });
   if (events_.empty()) return false;
   while (!events_.empty()) {
     out.push_back(std::move(events_.front()));

@@ -9,8 +9,10 @@ namespace dsv4 {
 
 void PenaltyState::add(int32_t token) {
   auto it = std::lower_bound(counts.begin(), counts.end(), std::make_pair(token, INT32_MIN));
-  if (it != counts.end() && it->first == token) ++it->second;
-  else counts.insert(it, {token, 1});
+  if (it != counts.end() && it->first == token)
+    ++it->second;
+  else
+    counts.insert(it, {token, 1});
 }
 
 int32_t PenaltyState::count(int32_t token) const {
@@ -34,9 +36,9 @@ double counter_uniform(uint64_t seed, uint64_t step) {
   return double(z >> 11) * 0x1.0p-53;
 }
 
-SampledToken sample_token(const float* logits, int64_t vocab, const SamplingParams& p,
-                          const PenaltyState& penalties, const std::vector<int32_t>& prompt,
-                          int64_t step, const std::vector<int32_t>& blocked, TokenDistribution* dist) {
+SampledToken sample_token(const float* logits, int64_t vocab, const SamplingParams& p, const PenaltyState& penalties,
+                          const std::vector<int32_t>& prompt, int64_t step, const std::vector<int32_t>& blocked,
+                          TokenDistribution* dist) {
   SampledToken out;
   // Log-softmax of the raw logits, for logprobs.
   double mx = -std::numeric_limits<double>::infinity();
@@ -53,12 +55,11 @@ SampledToken sample_token(const float* logits, int64_t vocab, const SamplingPara
     std::sort(seen.begin(), seen.end());
     seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
     for (int32_t t : seen)
-      if (t >= 0 && t < vocab) s[size_t(t)] = s[size_t(t)] > 0 ? s[size_t(t)] / p.repetition_penalty
-                                                                : s[size_t(t)] * p.repetition_penalty;
+      if (t >= 0 && t < vocab)
+        s[size_t(t)] = s[size_t(t)] > 0 ? s[size_t(t)] / p.repetition_penalty : s[size_t(t)] * p.repetition_penalty;
   }
   for (auto& [tok, n] : penalties.counts)
-    if (tok >= 0 && tok < vocab)
-      s[size_t(tok)] -= p.frequency_penalty * float(n) + p.presence_penalty;
+    if (tok >= 0 && tok < vocab) s[size_t(tok)] -= p.frequency_penalty * float(n) + p.presence_penalty;
   for (int32_t t : blocked)
     if (t >= 0 && t < vocab) s[size_t(t)] = -std::numeric_limits<float>::infinity();
 
@@ -85,7 +86,9 @@ SampledToken sample_token(const float* logits, int64_t vocab, const SamplingPara
       std::iota(order.begin(), order.end(), 0);
       n = order.size();
     } else {
-      auto by_prob = [&](int32_t a, int32_t b) { return prob[size_t(a)] > prob[size_t(b)] || (prob[size_t(a)] == prob[size_t(b)] && a < b); };
+      auto by_prob = [&](int32_t a, int32_t b) {
+        return prob[size_t(a)] > prob[size_t(b)] || (prob[size_t(a)] == prob[size_t(b)] && a < b);
+      };
       std::vector<int32_t> all;
       if (p.min_p > 0) {  // min_p drops everything below min_p * max first
         double top = 0;
@@ -131,8 +134,7 @@ SampledToken sample_token(const float* logits, int64_t vocab, const SamplingPara
       dist->probs.clear();
       for (size_t i = 0; i < n; ++i)
         if (prob[size_t(order[i])] > 0) dist->probs.push_back({order[i], float(prob[size_t(order[i])] / mass)});
-      std::sort(dist->probs.begin(), dist->probs.end(),
-                [](const auto& a, const auto& b) { return a.first < b.first; });
+      std::sort(dist->probs.begin(), dist->probs.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
     }
     double u = counter_uniform(p.seed, uint64_t(step)) * mass;
     chosen = order[n - 1];
@@ -150,9 +152,8 @@ SampledToken sample_token(const float* logits, int64_t vocab, const SamplingPara
     int64_t k = std::min<int64_t>(p.top_logprobs, vocab);
     std::vector<int32_t> idx(static_cast<size_t>(vocab));
     std::iota(idx.begin(), idx.end(), 0);
-    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) {
-      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-    });
+    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
+                      [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
     for (int64_t i = 0; i < k; ++i) out.top.push_back({idx[size_t(i)], float(double(logits[idx[size_t(i)]]) - log_z)});
   }
   return out;

@@ -12,7 +12,7 @@ namespace dsv4 {
 struct SamplingParams {
   float temperature = 1.0f;  // 0 = greedy
   float top_p = 1.0f;
-  int64_t top_k = -1;        // <= 0: off
+  int64_t top_k = -1;  // <= 0: off
   float min_p = 0.0f;
   float presence_penalty = 0.0f;
   float frequency_penalty = 0.0f;
@@ -27,7 +27,7 @@ struct SamplingParams {
 
 struct SampledToken {
   int32_t token = 0;
-  float logprob = 0;  // log-softmax of the raw logits
+  float logprob = 0;                           // log-softmax of the raw logits
   std::vector<std::pair<int32_t, float>> top;  // top_logprobs alternatives
 };
 
@@ -55,9 +55,8 @@ struct TokenDistribution {
 // the distribution the token was drawn from; asking for it changes nothing
 // about the draw.
 SampledToken sample_token(const float* logits, int64_t vocab, const SamplingParams& params,
-                          const PenaltyState& penalties, const std::vector<int32_t>& prompt,
-                          int64_t step, const std::vector<int32_t>& blocked_tokens,
-                          TokenDistribution* distribution = nullptr);
+                          const PenaltyState& penalties, const std::vector<int32_t>& prompt, int64_t step,
+                          const std::vector<int32_t>& blocked_tokens, TokenDistribution* distribution = nullptr);
 
 // Uniform double in [0, 1) from (seed, step); a pure function.
 double counter_uniform(uint64_t seed, uint64_t step);

@@ -14,8 +14,8 @@ const char* phase_name(Phase p) {
   return "";
 }
 
-Admission schedule_admission(const std::vector<WaitingSummary>& waiting, int64_t running,
-                             int64_t used_tokens, const SchedulerBudgets& budgets) {
+Admission schedule_admission(const std::vector<WaitingSummary>& waiting, int64_t running, int64_t used_tokens,
+                             const SchedulerBudgets& budgets) {
   Admission a;
   a.used_tokens = used_tokens;
   bool full = false;

@@ -50,14 +50,14 @@ struct Admission {
 // `running`: sequences running now (cancelled ones included: they hold their
 // slot and reservation until the engine retires them); `used_tokens`: what
 // they reserved.
-Admission schedule_admission(const std::vector<WaitingSummary>& waiting, int64_t running,
-                             int64_t used_tokens, const SchedulerBudgets& budgets);
+Admission schedule_admission(const std::vector<WaitingSummary>& waiting, int64_t running, int64_t used_tokens,
+                             const SchedulerBudgets& budgets);
 
 struct RunningSummary {
   Phase phase = Phase::Queued;
-  int64_t fed = 0;            // tokens already in the decode state
-  int64_t known = 0;          // prompt + generated tokens, all of which must be fed
-  int64_t draft_tokens = 0;   // proposed tokens after `known` to verify in the same pass
+  int64_t fed = 0;             // tokens already in the decode state
+  int64_t known = 0;           // prompt + generated tokens, all of which must be fed
+  int64_t draft_tokens = 0;    // proposed tokens after `known` to verify in the same pass
   bool cached_logits = false;  // the logits after the last known token are at hand
   bool cancelled = false;
 };

@@ -11,8 +11,7 @@ SamplingParams validate_request(const RequestLimits& limits, const std::vector<i
                                 SamplingParams params) {
   if (prompt.empty()) throw Error("the prompt is empty");
   for (int32_t t : prompt)
-    if (t < 0 || t >= limits.vocab_size)
-      throw Error("token id " + std::to_string(t) + " is outside the vocabulary");
+    if (t < 0 || t >= limits.vocab_size) throw Error("token id " + std::to_string(t) + " is outside the vocabulary");
   for (int32_t t : params.stop_token_ids)
     if (t < 0 || t >= limits.vocab_size)
       throw Error("stop token id " + std::to_string(t) + " is outside the vocabulary");

@@ -19,7 +19,6 @@ struct RequestLimits {
 // context. Returns `params` with max_new_tokens lowered to the room the
 // context leaves after the prompt, so that a sequence can end by its
 // max_new_tokens alone and never outgrow its context.
-SamplingParams validate_request(const RequestLimits& limits, const std::vector<int32_t>& prompt,
-                                SamplingParams params);
+SamplingParams validate_request(const RequestLimits& limits, const std::vector<int32_t>& prompt, SamplingParams params);
 
 }  // namespace dsv4

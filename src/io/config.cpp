@@ -22,12 +22,10 @@ struct Reader {
   }
   int64_t integer(const char* key, int64_t min_value = 1) const {
     const json& v = need(key);
-    if (!v.is_number_integer())
-      throw Error(origin + ": field \"" + key + "\" must be an integer");
+    if (!v.is_number_integer()) throw Error(origin + ": field \"" + key + "\" must be an integer");
     int64_t x = v.get<int64_t>();
     if (x < min_value)
-      throw Error(origin + ": field \"" + key + "\" = " + std::to_string(x) + " is below " +
-                  std::to_string(min_value));
+      throw Error(origin + ": field \"" + key + "\" = " + std::to_string(x) + " is below " + std::to_string(min_value));
     return x;
   }
   int64_t integer_or(const char* key, int64_t fallback, int64_t min_value = 0) const {
@@ -38,9 +36,7 @@ struct Reader {
     if (!v.is_number()) throw Error(origin + ": field \"" + key + "\" must be a number");
     return v.get<double>();
   }
-  double number_or(const char* key, double fallback) const {
-    return j.contains(key) ? number(key) : fallback;
-  }
+  double number_or(const char* key, double fallback) const { return j.contains(key) ? number(key) : fallback; }
   std::string string_or(const char* key, const std::string& fallback) const {
     if (!j.contains(key)) return fallback;
     if (!j.at(key).is_string()) throw Error(origin + ": field \"" + key + "\" must be a string");
@@ -65,21 +61,19 @@ ModelConfig parse_config(const std::string& text, const std::string& origin) {
   // V4.1-style configs nest the language model under text_config.
   if (j.contains("text_config") && j["text_config"].is_object()) {
     std::string type = j.value("model_type", "");
-    throw Error(origin + ": model_type \"" + type +
-                "\" (DeepSeek-V4.1 with text_config) is not supported yet");
+    throw Error(origin + ": model_type \"" + type + "\" (DeepSeek-V4.1 with text_config) is not supported yet");
   }
   Reader r{j, origin};
   ModelConfig c;
   c.model_type = r.string_or("model_type", "");
   if (c.model_type != "deepseek_v4")
-    throw Error(origin + ": unsupported model_type \"" + c.model_type +
-                "\" (supported: deepseek_v4)");
+    throw Error(origin + ": unsupported model_type \"" + c.model_type + "\" (supported: deepseek_v4)");
   if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty())
     c.architecture = j["architectures"][0].get<std::string>();
   if (!c.architecture.empty() && c.architecture != "DeepseekV4ForCausalLM")
     throw Error(origin + ": unsupported architecture \"" + c.architecture + "\"");
-  for (const char* key : {"dspark_block_size", "dspark_target_layer_ids", "engram_layer_ids",
-                          "kv_source_layer_ids", "vision_config"})
+  for (const char* key :
+       {"dspark_block_size", "dspark_target_layer_ids", "engram_layer_ids", "kv_source_layer_ids", "vision_config"})
     if (j.contains(key))
       throw Error(origin + ": feature \"" + key + "\" is not supported yet (DSpark / V4.1 checkpoints)");
 
@@ -126,10 +120,8 @@ ModelConfig parse_config(const std::string& text, const std::string& origin) {
     throw Error(origin + ": norm_topk_prob=false is not supported");
   std::string act = r.string_or("hidden_act", "silu");
   if (act != "silu") throw Error(origin + ": hidden_act \"" + act + "\" is not supported");
-  if (j.value("tie_word_embeddings", false))
-    throw Error(origin + ": tie_word_embeddings=true is not supported");
-  if (j.value("attention_bias", false))
-    throw Error(origin + ": attention_bias=true is not supported");
+  if (j.value("tie_word_embeddings", false)) throw Error(origin + ": tie_word_embeddings=true is not supported");
+  if (j.value("attention_bias", false)) throw Error(origin + ": attention_bias=true is not supported");
 
   const json& ratios = r.need("compress_ratios");
   if (!ratios.is_array()) throw Error(origin + ": compress_ratios must be a list");
@@ -147,8 +139,8 @@ ModelConfig parse_config(const std::string& text, const std::string& origin) {
               std::to_string(c.n_layers + c.n_mtp_layers));
   for (int64_t l = c.n_layers; l < c.n_layers + c.n_mtp_layers; ++l)
     require(c.compress_ratios[size_t(l)] == 0, origin + ": MTP layers must have compress ratio 0");
-  require(c.n_mtp_layers <= 1, origin + ": num_nextn_predict_layers " +
-                                   std::to_string(c.n_mtp_layers) + " > 1 is not supported yet");
+  require(c.n_mtp_layers <= 1,
+          origin + ": num_nextn_predict_layers " + std::to_string(c.n_mtp_layers) + " > 1 is not supported yet");
 
   if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) {
     const json& rs = j["rope_scaling"];
@@ -168,8 +160,7 @@ ModelConfig parse_config(const std::string& text, const std::string& origin) {
     std::string scale_fmt = q.value("scale_fmt", "ue8m0");
     if (method != "fp8") throw Error(origin + ": quant_method \"" + method + "\" is not supported (fp8 only)");
     if (fmt != "e4m3") throw Error(origin + ": quantization fmt \"" + fmt + "\" is not supported (e4m3 only)");
-    if (scale_fmt != "ue8m0")
-      throw Error(origin + ": scale_fmt \"" + scale_fmt + "\" is not supported (ue8m0 only)");
+    if (scale_fmt != "ue8m0") throw Error(origin + ": scale_fmt \"" + scale_fmt + "\" is not supported (ue8m0 only)");
     auto block = q.value("weight_block_size", std::vector<int64_t>{128, 128});
     if (block != std::vector<int64_t>{128, 128})
       throw Error(origin + ": weight_block_size other than [128, 128] is not supported");
@@ -180,13 +171,15 @@ ModelConfig parse_config(const std::string& text, const std::string& origin) {
     throw Error(origin + ": expert_dtype \"" + c.expert_dtype + "\" is not supported");
 
   // Shape relations the forward pass relies on.
-  require(c.rope_dim % 2 == 0 && c.rope_dim < c.head_dim, origin + ": qk_rope_head_dim must be even and below head_dim");
+  require(c.rope_dim % 2 == 0 && c.rope_dim < c.head_dim,
+          origin + ": qk_rope_head_dim must be even and below head_dim");
   require(c.rope_dim <= c.index_head_dim, origin + ": index_head_dim must hold the RoPE dims");
   require(c.n_heads % c.o_groups == 0, origin + ": num_attention_heads must be a multiple of o_groups");
   require(c.n_shared_experts == 1, origin + ": n_shared_experts must be 1");
   require(c.n_activated_experts <= c.n_routed_experts, origin + ": num_experts_per_tok exceeds n_routed_experts");
   require(c.n_hash_layers <= c.n_layers, origin + ": num_hash_layers exceeds num_hidden_layers");
-  require((c.index_head_dim & (c.index_head_dim - 1)) == 0, origin + ": index_head_dim must be a power of two (Hadamard)");
+  require((c.index_head_dim & (c.index_head_dim - 1)) == 0,
+          origin + ": index_head_dim must be a power of two (Hadamard)");
   require(c.index_head_dim % 32 == 0, origin + ": index_head_dim must be a multiple of 32 (FP4 blocks)");
   require(c.nope_dim() % 64 == 0, origin + ": head_dim - qk_rope_head_dim must be a multiple of 64 (FP8 KV blocks)");
   require(c.hc_mult >= 1 && c.hc_mult <= 16, origin + ": hc_mult out of range");

@@ -10,16 +10,16 @@ struct ModelConfig {
   std::string model_type;
   std::string architecture;
   int64_t vocab_size = 0;
-  int64_t dim = 0;               // hidden_size
-  int64_t n_layers = 0;          // num_hidden_layers (main layers)
-  int64_t n_mtp_layers = 0;      // num_nextn_predict_layers
+  int64_t dim = 0;           // hidden_size
+  int64_t n_layers = 0;      // num_hidden_layers (main layers)
+  int64_t n_mtp_layers = 0;  // num_nextn_predict_layers
   int64_t n_heads = 0;
   int64_t head_dim = 0;
-  int64_t rope_dim = 0;          // qk_rope_head_dim
+  int64_t rope_dim = 0;  // qk_rope_head_dim
   int64_t q_lora_rank = 0;
   int64_t o_groups = 0;
   int64_t o_lora_rank = 0;
-  int64_t window = 0;            // sliding_window
+  int64_t window = 0;                    // sliding_window
   std::vector<int64_t> compress_ratios;  // n_layers + n_mtp_layers entries
   double rope_theta = 0, compress_rope_theta = 0;
   double rope_factor = 1;
@@ -35,8 +35,8 @@ struct ModelConfig {
   float hc_eps = 0, norm_eps = 0;
   int64_t bos_token_id = 0, eos_token_id = 1;
   int64_t max_position_embeddings = 0;
-  bool fp8_weights = false;      // quantization_config present (fp8 e4m3, ue8m0, 128x128)
-  std::string expert_dtype;      // "fp4", "fp8" or "" (same as the other linears)
+  bool fp8_weights = false;  // quantization_config present (fp8 e4m3, ue8m0, 128x128)
+  std::string expert_dtype;  // "fp4", "fp8" or "" (same as the other linears)
 
   int64_t ratio(int64_t layer) const { return compress_ratios.at(size_t(layer)); }
   int64_t nope_dim() const { return head_dim - rope_dim; }

@@ -37,8 +37,10 @@ const char* dtype_name(DType dtype) {
 
 int64_t dtype_size(DType dtype) {
   switch (dtype) {
-    case DType::F32: case DType::I32: return 4;
-    case DType::F16: case DType::BF16: return 2;
+    case DType::F32:
+    case DType::I32: return 4;
+    case DType::F16:
+    case DType::BF16: return 2;
     case DType::I64: return 8;
     default: return 1;
   }
@@ -46,9 +48,9 @@ int64_t dtype_size(DType dtype) {
 
 static bool parse_dtype(const std::string& s, DType* out) {
   static const std::pair<const char*, DType> names[] = {
-      {"F32", DType::F32}, {"F16", DType::F16}, {"BF16", DType::BF16},
+      {"F32", DType::F32},         {"F16", DType::F16},         {"BF16", DType::BF16},
       {"F8_E4M3", DType::F8_E4M3}, {"F8_E8M0", DType::F8_E8M0}, {"I8", DType::I8},
-      {"U8", DType::U8}, {"I32", DType::I32}, {"I64", DType::I64}};
+      {"U8", DType::U8},           {"I32", DType::I32},         {"I64", DType::I64}};
   for (auto& [name, dtype] : names)
     if (s == name) return *out = dtype, true;
   return false;
@@ -136,9 +138,8 @@ void TensorStore::add_file(const std::string& path, bool first) {
   uint64_t header_len;
   std::memcpy(&header_len, file->data(), 8);
   if (header_len > uint64_t(file->size() - 8) || header_len > (uint64_t(100) << 20))
-    throw Error(path + ": truncated or corrupt safetensors file (header length " +
-                std::to_string(header_len) + " exceeds file size " +
-                std::to_string(file->size()) + ")");
+    throw Error(path + ": truncated or corrupt safetensors file (header length " + std::to_string(header_len) +
+                " exceeds file size " + std::to_string(file->size()) + ")");
   json header;
   try {
     header = json::parse(file->data() + 8, file->data() + 8 + header_len);
@@ -160,8 +161,7 @@ void TensorStore::add_file(const std::string& path, bool first) {
     info.file = path;
     try {
       std::string dtype = entry.at("dtype").get<std::string>();
-      if (!parse_dtype(dtype, &info.dtype))
-        throw Error(path + ": tensor " + name + " has unsupported dtype " + dtype);
+      if (!parse_dtype(dtype, &info.dtype)) throw Error(path + ": tensor " + name + " has unsupported dtype " + dtype);
       for (auto& d : entry.at("shape")) {
         int64_t v = d.get<int64_t>();
         if (v < 0) throw Error(path + ": tensor " + name + " has a negative dimension");
@@ -169,17 +169,15 @@ void TensorStore::add_file(const std::string& path, bool first) {
       }
       auto offsets = entry.at("data_offsets");
       int64_t begin = offsets.at(0).get<int64_t>(), end = offsets.at(1).get<int64_t>();
-      if (begin < 0 || end < begin)
-        throw Error(path + ": tensor " + name + " has invalid data offsets");
+      if (begin < 0 || end < begin) throw Error(path + ": tensor " + name + " has invalid data offsets");
       if (end > data_size)
-        throw Error(path + ": truncated file: tensor " + name + " ends at byte " +
-                    std::to_string(end) + " of a " + std::to_string(data_size) +
-                    "-byte data section");
+        throw Error(path + ": truncated file: tensor " + name + " ends at byte " + std::to_string(end) + " of a " +
+                    std::to_string(data_size) + "-byte data section");
       info.nbytes = end - begin;
       if (info.nbytes != info.numel() * dtype_size(info.dtype))
-        throw Error(path + ": tensor " + name + " has " + std::to_string(info.nbytes) +
-                    " bytes but shape " + info.shape_string() + " of " + dtype +
-                    " needs " + std::to_string(info.numel() * dtype_size(info.dtype)));
+        throw Error(path + ": tensor " + name + " has " + std::to_string(info.nbytes) + " bytes but shape " +
+                    info.shape_string() + " of " + dtype + " needs " +
+                    std::to_string(info.numel() * dtype_size(info.dtype)));
       info.data = base + begin;
     } catch (const json::exception& e) {
       throw Error(path + ": malformed header entry for tensor " + name + ": " + e.what());
@@ -218,13 +216,11 @@ TensorStore TensorStore::open(const std::string& path, FileResidency residency) 
     bool first = true;
     for (auto& [file, names] : by_file) {
       fs::path shard = dir / file;
-      if (!fs::exists(shard))
-        throw Error("missing shard " + shard.string() + " (holds " + names.front() + ")");
+      if (!fs::exists(shard)) throw Error("missing shard " + shard.string() + " (holds " + names.front() + ")");
       store.add_file(shard.string(), first);
       first = false;
       for (auto& name : names)
-        if (!store.find(name))
-          throw Error(shard.string() + ": tensor " + name + " listed in the index is missing");
+        if (!store.find(name)) throw Error(shard.string() + ": tensor " + name + " listed in the index is missing");
     }
     return store;
   }
@@ -259,8 +255,7 @@ void write_safetensors(const std::string& path, const std::vector<OutputTensor>&
     int64_t n = 1;
     for (auto d : t.shape) n *= d;
     int64_t bytes = n * dtype_size(t.dtype);
-    header[t.name] = {{"dtype", dtype_name(t.dtype)}, {"shape", t.shape},
-                      {"data_offsets", {offset, offset + bytes}}};
+    header[t.name] = {{"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
     sizes.push_back(bytes);
     offset += bytes;
   }

@@ -69,7 +69,7 @@ class TensorStore {
   const TensorInfo* find(const std::string& name) const;
   const TensorInfo& get(const std::string& name) const;  // throws naming the tensor
   const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
-  uint64_t prefault() const;  // MappedFile::prefault of every file
+  uint64_t prefault() const;                    // MappedFile::prefault of every file
   std::map<std::string, std::string> metadata;  // __metadata__ of the first file
 
  private:

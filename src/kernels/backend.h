@@ -29,8 +29,8 @@ using Buffer = ScratchArray<float>;
 // The hyper-connection weights of one mixing site (before attention, before
 // the MoE, or the head's collapse).
 struct HcSite {
-  const Linear* fn = nullptr;  // [mix, hc_mult * dim], fp32
-  const float* base = nullptr; // [mix]
+  const Linear* fn = nullptr;    // [mix, hc_mult * dim], fp32
+  const float* base = nullptr;   // [mix]
   const float* scale = nullptr;  // [3] for blocks, [1] for heads
 };
 // Shape and constants of the hyper-connections.
@@ -77,8 +77,8 @@ struct IndexerSelect {
 // One expert applied to some rows of the MoE input.
 struct ExpertTask {
   const Linear *w1 = nullptr, *w2 = nullptr, *w3 = nullptr;  // gate, down, up
-  const int64_t* rows = nullptr;    // rows of x, in order
-  const float* weights = nullptr;   // per row, or null: unweighted (the shared expert)
+  const int64_t* rows = nullptr;                             // rows of x, in order
+  const float* weights = nullptr;                            // per row, or null: unweighted (the shared expert)
   int64_t count = 0;
 };
 
@@ -93,8 +93,8 @@ class KernelBackend {
   // ---- weight-format products (kernels/linear.h's reduction contract)
   // Y[t][o] = W[o] . X[t] for rows [row_begin, row_end) of W; Y is
   // [n, y_stride] (y_stride < 0: the row count).
-  virtual void linear(const Linear& w, const float* x, int64_t n, float* y, int64_t row_begin = 0,
-                      int64_t row_end = -1, int64_t y_stride = -1) const = 0;
+  virtual void linear(const Linear& w, const float* x, int64_t n, float* y, int64_t row_begin = 0, int64_t row_end = -1,
+                      int64_t y_stride = -1) const = 0;
   // Several independent products, each with the bits linear() gives it.
   virtual void linear_many(const LinearProduct* products, size_t count) const = 0;
   // out[t * copies + k] = row ids[t] of the table, decoded (embeddings).
@@ -151,8 +151,8 @@ class KernelBackend {
   // Runs the experts (clamped SwiGLU: silu(min(a, L)) * clamp(b, -L, L) *
   // weight; limit <= 0: no clamp) and writes out[r] = the sum of every task's
   // output for row r, in task order (out has rows x dim, zeroed here).
-  virtual void experts(const float* x, int64_t rows, int64_t dim, int64_t inter, const ExpertTask* tasks,
-                       size_t count, float swiglu_limit, float* out) const = 0;
+  virtual void experts(const float* x, int64_t rows, int64_t dim, int64_t inter, const ExpertTask* tasks, size_t count,
+                       float swiglu_limit, float* out) const = 0;
 };
 
 // The process's backend: the CPU path chosen at start (DSV4_KERNELS or the

@@ -10,12 +10,10 @@ RopeTable::RopeTable(const RopeParams& c) {
   const float base = float(c.base);
   freqs_.resize(size_t(dim / 2));
   // fp32 throughout, like the reference's precompute_freqs_cis.
-  for (int64_t j = 0; j < dim / 2; ++j)
-    freqs_[size_t(j)] = 1.0f / std::pow(base, float(2 * j) / float(dim));
+  for (int64_t j = 0; j < dim / 2; ++j) freqs_[size_t(j)] = 1.0f / std::pow(base, float(2 * j) / float(dim));
   if (c.original_seq_len > 0) {
     auto correction_dim = [&](double rotations) {
-      return double(dim) * std::log(double(c.original_seq_len) / (rotations * 2 * M_PI)) /
-             (2 * std::log(double(base)));
+      return double(dim) * std::log(double(c.original_seq_len) / (rotations * 2 * M_PI)) / (2 * std::log(double(base)));
     };
     double low = std::max(std::floor(correction_dim(c.beta_fast)), 0.0);
     double high = std::min(std::ceil(correction_dim(c.beta_slow)), double(dim - 1));

@@ -32,11 +32,10 @@ struct RowMap {
 // Lightning indexer: for every row, the compressed rows its query attends
 // to (ascending ids). Projections run over the whole batch; scoring per
 // sequence against that sequence's index keys.
-std::vector<std::vector<int32_t>> indexer_select(const KernelBackend& kb, const ModelConfig& c,
-                                                 const IndexerWeights& w, const RopeTable& rope,
-                                                 const LayerLayout& layout, const std::vector<Segment>& segments,
-                                                 const RowMap& rows, const float* x, const float* qr,
-                                                 int64_t n_rows) {
+std::vector<std::vector<int32_t>> indexer_select(const KernelBackend& kb, const ModelConfig& c, const IndexerWeights& w,
+                                                 const RopeTable& rope, const LayerLayout& layout,
+                                                 const std::vector<Segment>& segments, const RowMap& rows,
+                                                 const float* x, const float* qr, int64_t n_rows) {
   const int64_t heads = c.index_n_heads, hd = c.index_head_dim;
   Buffer q = kb.buffer(n_rows * heads * hd), head_weights = kb.buffer(n_rows * heads);
   kb.linear(w.wq_b, qr, n_rows, q.data());
@@ -64,16 +63,16 @@ std::vector<std::vector<int32_t>> indexer_select(const KernelBackend& kb, const 
     visible[size_t(r)] = layout.visible_rows(rows.position[size_t(r)]);
   }
   std::vector<std::vector<int32_t>> selected;
-  kb.indexer_select({q.data(), head_weights.data(), n_rows, heads, hd, keys.data(), visible.data(), c.index_topk,
-                     &selected});
+  kb.indexer_select(
+      {q.data(), head_weights.data(), n_rows, heads, hd, keys.data(), visible.data(), c.index_topk, &selected});
   return selected;
 }
 
 }  // namespace
 
-void attention_forward(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w,
-                       const RopeTable& rope, const LayerLayout& layout, const std::vector<Segment>& segments,
-                       const float* x, int64_t n_rows, float* out) {
+void attention_forward(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w, const RopeTable& rope,
+                       const LayerLayout& layout, const std::vector<Segment>& segments, const float* x, int64_t n_rows,
+                       float* out) {
   const int64_t H = c.n_heads, hd = c.head_dim, rd = c.rope_dim, nope = hd - rd;
   const int64_t win = c.window, n = n_rows;
   const RowMap rows(segments, n);
@@ -94,11 +93,11 @@ void attention_forward(const KernelBackend& kb, const ModelConfig& c, const Atte
   kb.fp8_round(kv.data(), n, nope, hd, 64);
 
   std::vector<std::vector<int32_t>> selected;
-  if (layout.has_indexer())
-    selected = indexer_select(kb, c, w.indexer, rope, layout, segments, rows, x, qr.data(), n);
+  if (layout.has_indexer()) selected = indexer_select(kb, c, w.indexer, rope, layout, segments, rows, x, qr.data(), n);
   if (layout.compresses()) {
     CompressorProjections proj = compressor_project(kb, w.compressor, x, n);
-    for (const Segment& s : segments) compressor_push(kb, c, w.compressor, rope, false, *s.state, proj, s.row0, s.start, s.n);
+    for (const Segment& s : segments)
+      compressor_push(kb, c, w.compressor, rope, false, *s.state, proj, s.row0, s.start, s.n);
   }
 
   // The cached keys the rows see, decoded once per sequence: window rows
@@ -155,8 +154,8 @@ void attention_forward(const KernelBackend& kb, const ModelConfig& c, const Atte
   }
   key_begin[size_t(n)] = int64_t(keys.size());
   Buffer o = kb.buffer(n * H * hd);
-  kb.sink_attention({q.data(), n, H, hd, keys.data(), key_begin.data(), w.sink.data(),
-                     1.0f / std::sqrt(float(hd)), o.data()});
+  kb.sink_attention(
+      {q.data(), n, H, hd, keys.data(), key_begin.data(), w.sink.data(), 1.0f / std::sqrt(float(hd)), o.data()});
   kb.rope(o.data() + nope, n * H, hd, position.data(), H, rope, /*inverse=*/true);
 
   // The ring keeps the last `win` window rows of each sequence. Every row
@@ -171,8 +170,7 @@ void attention_forward(const KernelBackend& kb, const ModelConfig& c, const Atte
   Buffer z = kb.buffer(n * G * R), group_in = kb.buffer(n * group_width);
   for (int64_t g = 0; g < G; ++g) {
     for (int64_t t = 0; t < n; ++t)
-      std::memcpy(group_in.data() + t * group_width, o.data() + t * H * hd + g * group_width,
-                  size_t(group_width) * 4);
+      std::memcpy(group_in.data() + t * group_width, o.data() + t * H * hd + g * group_width, size_t(group_width) * 4);
     kb.linear(w.wo_a, group_in.data(), n, z.data() + g * R, g * R, (g + 1) * R, G * R);
   }
   kb.linear(w.wo_b, z.data(), n, out);

@@ -23,9 +23,9 @@ CompressorProjections compressor_project(const KernelBackend& kb, const Compress
   return p;
 }
 
-void compressor_push(const KernelBackend& kb, const ModelConfig& c, const CompressorWeights& w,
-                     const RopeTable& rope, bool indexer_keys, LayerState& layer,
-                     const CompressorProjections& proj, int64_t row0, int64_t start, int64_t n) {
+void compressor_push(const KernelBackend& kb, const ModelConfig& c, const CompressorWeights& w, const RopeTable& rope,
+                     bool indexer_keys, LayerState& layer, const CompressorProjections& proj, int64_t row0,
+                     int64_t start, int64_t n) {
   CompressorState& state = indexer_keys ? layer.index_compressor : layer.compressor;
   const int64_t m = w.ratio, width = w.width;
   const int64_t slot_width = (w.overlap ? 2 : 1) * width;
@@ -69,8 +69,10 @@ void compressor_push(const KernelBackend& kb, const ModelConfig& c, const Compre
     } else {
       kb.fp8_round(pooled.data(), 1, width - c.rope_dim, width, 64);
     }
-    if (indexer_keys) layer.index_keys.append(pooled.data());
-    else layer.compressed.append(pooled.data());
+    if (indexer_keys)
+      layer.index_keys.append(pooled.data());
+    else
+      layer.compressed.append(pooled.data());
   }
 }
 

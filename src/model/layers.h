@@ -15,9 +15,7 @@ namespace dsv4 {
 
 // Hyper-connections (mHC): collapse the hc_mult residual copies into one
 // sublayer input, and expand the sublayer output back.
-inline HcShape hc_shape(const ModelConfig& c) {
-  return {c.hc_mult, c.dim, c.hc_sinkhorn_iters, c.hc_eps, c.norm_eps};
-}
+inline HcShape hc_shape(const ModelConfig& c) { return {c.hc_mult, c.dim, c.hc_sinkhorn_iters, c.hc_eps, c.norm_eps}; }
 inline HcSite hc_site(const HyperConnectionWeights& w) { return {&w.fn, w.base.data(), w.scale.data()}; }
 
 // Rows of one sequence inside a batch of rows: rows [row0, row0+n) of every
@@ -39,14 +37,14 @@ struct CompressorProjections {
 };
 CompressorProjections compressor_project(const KernelBackend& kb, const CompressorWeights& w, const float* x,
                                          int64_t n_rows);
-void compressor_push(const KernelBackend& kb, const ModelConfig& c, const CompressorWeights& w,
-                     const RopeTable& rope, bool indexer_keys, LayerState& layer,
-                     const CompressorProjections& proj, int64_t row0, int64_t start, int64_t n);
+void compressor_push(const KernelBackend& kb, const ModelConfig& c, const CompressorWeights& w, const RopeTable& rope,
+                     bool indexer_keys, LayerState& layer, const CompressorProjections& proj, int64_t row0,
+                     int64_t start, int64_t n);
 
 // Attention over a batch of rows from one or more sequences.
-void attention_forward(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w,
-                       const RopeTable& rope, const LayerLayout& layout, const std::vector<Segment>& segments,
-                       const float* x, int64_t n_rows, float* out);
+void attention_forward(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w, const RopeTable& rope,
+                       const LayerLayout& layout, const std::vector<Segment>& segments, const float* x, int64_t n_rows,
+                       float* out);
 
 void moe_forward(const KernelBackend& kb, const ModelConfig& c, const MoeWeights& w, const float* x,
                  const int32_t* tokens, int64_t n, float* out);

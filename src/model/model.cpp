@@ -50,8 +50,8 @@ void Model::block_forward(const BlockWeights& b, const std::vector<Segment>& seg
   kb.hc_post(shape, mix, sub.data(), x_hc, n);
 }
 
-void Model::head_forward(const HyperConnectionWeights& hc_head, const std::vector<float>& norm,
-                         const float* x_hc, int64_t n, float* logits) const {
+void Model::head_forward(const HyperConnectionWeights& hc_head, const std::vector<float>& norm, const float* x_hc,
+                         int64_t n, float* logits) const {
   const KernelBackend& kb = *backend_;
   Buffer y = kb.buffer(n * config_.dim);
   kb.hc_head(hc_shape(config_), hc_site(hc_head), x_hc, n, y.data());
@@ -66,8 +66,7 @@ static void check_tokens(const ModelConfig& c, const int32_t* tokens, int64_t n)
                   std::to_string(c.vocab_size) + ")");
 }
 
-void Model::forward(SequenceState& state, const int32_t* tokens, int64_t n, float* logits,
-                    float* final_hc) const {
+void Model::forward(SequenceState& state, const int32_t* tokens, int64_t n, float* logits, float* final_hc) const {
   forward_batch({BatchItem{&state, tokens, n, logits, final_hc}});
 }
 
@@ -133,8 +132,8 @@ void Model::forward_batch(const std::vector<BatchItem>& items) const {
   }
 }
 
-void Model::forward_mtp(SequenceState& state, const float* hc, const int32_t* next_tokens,
-                        int64_t n, float* logits) const {
+void Model::forward_mtp(SequenceState& state, const float* hc, const int32_t* next_tokens, int64_t n,
+                        float* logits) const {
   forward_mtp_batch({MtpBatchItem{&state, hc, next_tokens, n, logits}});
 }
 
@@ -207,8 +206,8 @@ Model::TokenCost Model::token_cost() const {
       for (const Linear* w : {&a.compressor.wkv, &a.compressor.wgate})
         add_dense(*w, l.compressor_bytes, l.compressor_macs, l.compressor_weights);
     if (a.has_indexer)
-      for (const Linear* w : {&a.indexer.wq_b, &a.indexer.weights_proj, &a.indexer.compressor.wkv,
-                              &a.indexer.compressor.wgate})
+      for (const Linear* w :
+           {&a.indexer.wq_b, &a.indexer.weights_proj, &a.indexer.compressor.wkv, &a.indexer.compressor.wgate})
         add_dense(*w, l.compressor_bytes, l.compressor_macs, l.compressor_weights);
     const MoeWeights& m = b.moe;
     for (const Linear* w : {&m.gate, &m.shared.w1, &m.shared.w2, &m.shared.w3})

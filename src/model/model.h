@@ -68,8 +68,7 @@ class Model {
   // logits: [n, vocab] or null; final_hc: [n, hc_mult, dim] or null (MTP input).
   // The result for a token does not depend on n or on how earlier tokens were
   // chunked.
-  void forward(SequenceState& state, const int32_t* tokens, int64_t n, float* logits,
-               float* final_hc = nullptr) const;
+  void forward(SequenceState& state, const int32_t* tokens, int64_t n, float* logits, float* final_hc = nullptr) const;
   // Several sequences in one pass: every weight is read once for all their
   // tokens. Each sequence gets exactly the bits it would get alone.
   void forward_batch(const std::vector<BatchItem>& items) const;
@@ -77,8 +76,7 @@ class Model {
   // MTP block over positions state.mtp_tokens ... +n-1: row i uses the main
   // model's final HC state of that position (hc [n, hc_mult, dim]) and the
   // token that follows it (next_tokens), and predicts the token after that.
-  void forward_mtp(SequenceState& state, const float* hc, const int32_t* next_tokens, int64_t n,
-                   float* logits) const;
+  void forward_mtp(SequenceState& state, const float* hc, const int32_t* next_tokens, int64_t n, float* logits) const;
   void forward_mtp_batch(const std::vector<MtpBatchItem>& items) const;
   bool has_mtp() const { return !weights_.mtp.empty(); }
 
@@ -101,7 +99,7 @@ class Model {
     LayerLayout layout;
     int64_t weight_bytes = 0, linear_macs = 0;
     int64_t compressor_bytes = 0, compressor_macs = 0;
-    int64_t expert_bytes = 0;  // one routed expert (weight_bytes has n_activated of them)
+    int64_t expert_bytes = 0;    // one routed expert (weight_bytes has n_activated of them)
     int64_t expert_weights = 0;  // its weights (multiply-adds per token)
     // Weights of every matrix but the routed experts, by WeightFormat (what
     // a decode step decodes once whatever its batch), and the part of them
@@ -123,10 +121,10 @@ class Model {
 
  private:
   Model() = default;
-  void block_forward(const BlockWeights& block, const std::vector<Segment>& segments,
-                     float* x_hc, const int32_t* tokens, int64_t n_rows) const;
-  void head_forward(const HyperConnectionWeights& hc_head, const std::vector<float>& norm,
-                    const float* x_hc, int64_t n, float* logits) const;
+  void block_forward(const BlockWeights& block, const std::vector<Segment>& segments, float* x_hc,
+                     const int32_t* tokens, int64_t n_rows) const;
+  void head_forward(const HyperConnectionWeights& hc_head, const std::vector<float>& norm, const float* x_hc, int64_t n,
+                    float* logits) const;
 
   ModelConfig config_;
   std::vector<LayerLayout> layouts_;

@@ -38,9 +38,9 @@ struct CompressorState {
 
 struct LayerState {
   LayerLayout layout;
-  KvRows window;      // ring of `window` rows; position p in slot p % window
-  KvRows compressed;  // one row per `ratio` tokens
-  Fp4Rows index_keys; // CSA layers: one row per compressed row
+  KvRows window;       // ring of `window` rows; position p in slot p % window
+  KvRows compressed;   // one row per `ratio` tokens
+  Fp4Rows index_keys;  // CSA layers: one row per compressed row
   CompressorState compressor, index_compressor;
 
   // Window row of `position` (already rounded), through the journal.

@@ -2,7 +2,6 @@
 
 #include "model/layer_kind.h"
 
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -11,8 +10,8 @@
 #include <random>
 
 #include "core/error.h"
-#include "core/threads.h"
 #include "core/numeric.h"
+#include "core/threads.h"
 #include "io/config.h"
 #include "io/safetensors.h"
 
@@ -21,40 +20,86 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 json synthetic_config(const SyntheticSpec& s) {
-  json c = {
-      {"architectures", {"DeepseekV4ForCausalLM"}}, {"model_type", "deepseek_v4"},
-      {"attention_bias", false}, {"bos_token_id", 0}, {"eos_token_id", 1},
-      {"hc_eps", 1e-6}, {"hc_mult", 4}, {"hc_sinkhorn_iters", 20}, {"hidden_act", "silu"},
-      {"max_position_embeddings", 1048576}, {"num_key_value_heads", 1},
-      {"n_shared_experts", 1}, {"norm_topk_prob", true}, {"qk_rope_head_dim", 64},
-      {"rms_norm_eps", 1e-6}, {"rope_theta", 10000}, {"compress_rope_theta", 160000},
-      {"rope_scaling", {{"beta_fast", 32}, {"beta_slow", 1}, {"factor", 16},
-                        {"original_max_position_embeddings", 65536}, {"type", "yarn"}}},
-      {"scoring_func", "sqrtsoftplus"}, {"sliding_window", 128}, {"swiglu_limit", 10.0},
-      {"tie_word_embeddings", false}, {"topk_method", "noaux_tc"}, {"torch_dtype", "bfloat16"},
-      {"vocab_size", 129280}, {"num_nextn_predict_layers", 1}};
+  json c = {{"architectures", {"DeepseekV4ForCausalLM"}},
+            {"model_type", "deepseek_v4"},
+            {"attention_bias", false},
+            {"bos_token_id", 0},
+            {"eos_token_id", 1},
+            {"hc_eps", 1e-6},
+            {"hc_mult", 4},
+            {"hc_sinkhorn_iters", 20},
+            {"hidden_act", "silu"},
+            {"max_position_embeddings", 1048576},
+            {"num_key_value_heads", 1},
+            {"n_shared_experts", 1},
+            {"norm_topk_prob", true},
+            {"qk_rope_head_dim", 64},
+            {"rms_norm_eps", 1e-6},
+            {"rope_theta", 10000},
+            {"compress_rope_theta", 160000},
+            {"rope_scaling",
+             {{"beta_fast", 32},
+              {"beta_slow", 1},
+              {"factor", 16},
+              {"original_max_position_embeddings", 65536},
+              {"type", "yarn"}}},
+            {"scoring_func", "sqrtsoftplus"},
+            {"sliding_window", 128},
+            {"swiglu_limit", 10.0},
+            {"tie_word_embeddings", false},
+            {"topk_method", "noaux_tc"},
+            {"torch_dtype", "bfloat16"},
+            {"vocab_size", 129280},
+            {"num_nextn_predict_layers", 1}};
   int64_t layers;
   if (s.preset == "smoke") {
     layers = s.layers > 0 ? s.layers : 2;
-    c.update({{"hidden_size", 256}, {"num_attention_heads", 4}, {"head_dim", 128},
-              {"q_lora_rank", 128}, {"o_groups", 2}, {"o_lora_rank", 64},
-              {"index_n_heads", 4}, {"index_head_dim", 64}, {"index_topk", 64},
-              {"n_routed_experts", 8}, {"num_experts_per_tok", 2}, {"moe_intermediate_size", 256},
-              {"routed_scaling_factor", 1.5}, {"num_hash_layers", 1}});
+    c.update({{"hidden_size", 256},
+              {"num_attention_heads", 4},
+              {"head_dim", 128},
+              {"q_lora_rank", 128},
+              {"o_groups", 2},
+              {"o_lora_rank", 64},
+              {"index_n_heads", 4},
+              {"index_head_dim", 64},
+              {"index_topk", 64},
+              {"n_routed_experts", 8},
+              {"num_experts_per_tok", 2},
+              {"moe_intermediate_size", 256},
+              {"routed_scaling_factor", 1.5},
+              {"num_hash_layers", 1}});
   } else if (s.preset == "flash") {
     layers = s.layers > 0 ? s.layers : 2;
-    c.update({{"hidden_size", 4096}, {"num_attention_heads", 64}, {"head_dim", 512},
-              {"q_lora_rank", 1024}, {"o_groups", 8}, {"o_lora_rank", 1024},
-              {"index_n_heads", 64}, {"index_head_dim", 128}, {"index_topk", 512},
-              {"n_routed_experts", 256}, {"num_experts_per_tok", 6}, {"moe_intermediate_size", 2048},
-              {"routed_scaling_factor", 1.5}, {"num_hash_layers", 0}});
+    c.update({{"hidden_size", 4096},
+              {"num_attention_heads", 64},
+              {"head_dim", 512},
+              {"q_lora_rank", 1024},
+              {"o_groups", 8},
+              {"o_lora_rank", 1024},
+              {"index_n_heads", 64},
+              {"index_head_dim", 128},
+              {"index_topk", 512},
+              {"n_routed_experts", 256},
+              {"num_experts_per_tok", 6},
+              {"moe_intermediate_size", 2048},
+              {"routed_scaling_factor", 1.5},
+              {"num_hash_layers", 0}});
   } else if (s.preset == "pro") {
     layers = s.layers > 0 ? s.layers : 2;
-    c.update({{"hidden_size", 7168}, {"num_attention_heads", 128}, {"head_dim", 512},
-              {"q_lora_rank", 1536}, {"o_groups", 16}, {"o_lora_rank", 1024},
-              {"index_n_heads", 64}, {"index_head_dim", 128}, {"index_topk", 1024},
-              {"n_routed_experts", 384}, {"num_experts_per_tok", 6}, {"moe_intermediate_size", 3072},
-              {"routed_scaling_factor", 2.5}, {"num_hash_layers", 0}});
+    c.update({{"hidden_size", 7168},
+              {"num_attention_heads", 128},
+              {"head_dim", 512},
+              {"q_lora_rank", 1536},
+              {"o_groups", 16},
+              {"o_lora_rank", 1024},
+              {"index_n_heads", 64},
+              {"index_head_dim", 128},
+              {"index_topk", 1024},
+              {"n_routed_experts", 384},
+              {"num_experts_per_tok", 6},
+              {"moe_intermediate_size", 3072},
+              {"routed_scaling_factor", 2.5},
+              {"num_hash_layers", 0}});
   } else {
     throw Error("unknown preset \"" + s.preset + "\" (smoke, flash or pro)");
   }
@@ -67,8 +112,10 @@ json synthetic_config(const SyntheticSpec& s) {
   c["num_hidden_layers"] = layers;
   c["compress_ratios"] = ratios;
   if (s.fp8) {
-    c["quantization_config"] = {{"activation_scheme", "dynamic"}, {"fmt", "e4m3"},
-                                {"quant_method", "fp8"}, {"scale_fmt", "ue8m0"},
+    c["quantization_config"] = {{"activation_scheme", "dynamic"},
+                                {"fmt", "e4m3"},
+                                {"quant_method", "fp8"},
+                                {"scale_fmt", "ue8m0"},
                                 {"weight_block_size", {128, 128}}};
     c["expert_dtype"] = "fp4";
   }
@@ -178,8 +225,8 @@ class CheckpointWriter {
       header["__metadata__"] = {{"format", "pt"}, {"generator", "dsv4 make-model"}};
       int64_t offset = 0;
       for (const StoredPiece& p : shards[s]) {
-        header[p.name] = {{"dtype", dtype_name(p.dtype)}, {"shape", p.shape},
-                          {"data_offsets", {offset, offset + p.bytes}}};
+        header[p.name] = {
+            {"dtype", dtype_name(p.dtype)}, {"shape", p.shape}, {"data_offsets", {offset, offset + p.bytes}}};
         offset += p.bytes;
         index["weight_map"][p.name] = file;
         total_size += p.bytes;
@@ -211,16 +258,15 @@ class CheckpointWriter {
     return std::string(5 - std::min<size_t>(5, s.size()), '0') + s;
   }
 
-  void add(const std::string& name, Storage st, int64_t rows, int64_t cols, float stddev,
-           Fill fill = Fill::Gaussian) {
+  void add(const std::string& name, Storage st, int64_t rows, int64_t cols, float stddev, Fill fill = Fill::Gaussian) {
     planned_.push_back(std::make_unique<PlannedTensor>());
     PlannedTensor& t = *planned_.back();
     t = {name, st, rows, cols, cols == 0, fill, stddev, c_.n_activated_experts};
     if (t.vector) t.cols = 1;
     const PlannedTensor* src = &t;
     std::vector<int64_t> shape = t.vector ? std::vector<int64_t>{rows} : std::vector<int64_t>{rows, cols};
-    const std::string base = name.size() > 7 && name.substr(name.size() - 7) == ".weight"
-                                 ? name.substr(0, name.size() - 7) : name;
+    const std::string base =
+        name.size() > 7 && name.substr(name.size() - 7) == ".weight" ? name.substr(0, name.size() - 7) : name;
     switch (st) {
       case Storage::BF16: pieces_.push_back({name, DType::BF16, shape, t.rows * t.cols * 2, src, false}); break;
       case Storage::F32: pieces_.push_back({name, DType::F32, shape, t.rows * t.cols * 4, src, false}); break;
@@ -354,8 +400,7 @@ class CheckpointWriter {
     return out;
   }
 
-  void encode_rows(const PlannedTensor& t, const StoredPiece& p, int64_t r0, int64_t r1,
-                   const float* v, uint8_t* out) {
+  void encode_rows(const PlannedTensor& t, const StoredPiece& p, int64_t r0, int64_t r1, const float* v, uint8_t* out) {
     const int64_t cols = t.cols;
     switch (t.storage) {
       case Storage::BF16:
@@ -364,11 +409,8 @@ class CheckpointWriter {
           std::memcpy(out + (r0 * cols + i) * 2, &b, 2);
         }
         return;
-      case Storage::F32:
-        std::memcpy(out + r0 * cols * 4, v, size_t((r1 - r0) * cols) * 4);
-        return;
-      case Storage::I64:
-        return;
+      case Storage::F32: std::memcpy(out + r0 * cols * 4, v, size_t((r1 - r0) * cols) * 4); return;
+      case Storage::I64: return;
       case Storage::FP8: {
         // One 128x128 block scale: the power of two that fits the block amax.
         const int64_t sc = (cols + 127) / 128;
@@ -420,8 +462,7 @@ class CheckpointWriter {
 
 }  // namespace
 
-void write_synthetic_checkpoint(const SyntheticSpec& spec, const std::string& dir,
-                                const std::string& tokenizer_dir,
+void write_synthetic_checkpoint(const SyntheticSpec& spec, const std::string& dir, const std::string& tokenizer_dir,
                                 const std::function<void(int64_t, int64_t)>& progress) {
   json config = synthetic_config(spec);
   ModelConfig c = parse_config(config.dump(), "synthetic config");

@@ -24,8 +24,7 @@ nlohmann::json synthetic_config(const SyntheticSpec& spec);
 // when `tokenizer_dir` is given, tokenizer.json / tokenizer_config.json into
 // `dir`. Weights are random but deterministic for a seed, scaled so that
 // activations keep unit size through the layers.
-void write_synthetic_checkpoint(const SyntheticSpec& spec, const std::string& dir,
-                                const std::string& tokenizer_dir,
+void write_synthetic_checkpoint(const SyntheticSpec& spec, const std::string& dir, const std::string& tokenizer_dir,
                                 const std::function<void(int64_t, int64_t)>& progress = {});
 
 }  // namespace dsv4

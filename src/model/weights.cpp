@@ -33,8 +33,8 @@ class Binder {
 
   void expect_shape(const TensorInfo& t, const std::vector<int64_t>& shape) {
     if (t.shape != shape)
-      throw Error("tensor " + t.name + " has shape " + t.shape_string() + ", expected " +
-                  shape_of(shape) + " from config.json");
+      throw Error("tensor " + t.name + " has shape " + t.shape_string() + ", expected " + shape_of(shape) +
+                  " from config.json");
   }
 
   [[noreturn]] void bad_dtype(const TensorInfo& t, const std::string& allowed) {
@@ -63,8 +63,7 @@ class Binder {
     return out;
   }
 
-  Linear linear(const std::string& prefix, int64_t rows, int64_t cols, Storage storage,
-                bool quantize_input = true) {
+  Linear linear(const std::string& prefix, int64_t rows, int64_t cols, Storage storage, bool quantize_input = true) {
     const TensorInfo& w = tensor(prefix + ".weight");
     Linear lin;
     lin.rows = rows;
@@ -77,8 +76,7 @@ class Binder {
       if (storage != Storage::Dense && config_.fp8_weights && storage != Storage::Expert)
         bad_dtype(w, "F8_E4M3 (config.json declares an fp8 quantization_config)");
       expect_shape(w, {rows, cols});
-      if (s) throw Error("tensor " + s->name + " is a scale for an unquantized " +
-                         dtype_name(w.dtype) + " weight");
+      if (s) throw Error("tensor " + s->name + " is a scale for an unquantized " + dtype_name(w.dtype) + " weight");
       lin.format = w.dtype == DType::BF16 ? WeightFormat::BF16 : WeightFormat::F32;
       return lin;
     }
@@ -98,7 +96,8 @@ class Binder {
       return lin;
     }
     if (w.dtype == DType::I8 || w.dtype == DType::U8) {
-      if (!fp4_allowed) bad_dtype(w, "F8_E4M3 or BF16 (packed FP4 is only used for routed experts with expert_dtype fp4)");
+      if (!fp4_allowed)
+        bad_dtype(w, "F8_E4M3 or BF16 (packed FP4 is only used for routed experts with expert_dtype fp4)");
       if (cols % 32) throw Error("tensor " + w.name + ": FP4 input width must be a multiple of 32");
       expect_shape(w, {rows, cols / 2});
       if (!s) throw Error("checkpoint is missing tensor " + prefix + ".scale");
@@ -169,16 +168,16 @@ class Binder {
     a.wkv = linear(ap + ".wkv", c.head_dim, c.dim, Storage::Quantized);
     a.kv_norm = vec(ap + ".kv_norm.weight", c.head_dim);
     // wo_a is used dequantized (bf16-exact) without input rounding.
-    a.wo_a = linear(ap + ".wo_a", c.o_groups * c.o_lora_rank,
-                    c.n_heads * c.head_dim / c.o_groups, Storage::Quantized, false);
+    a.wo_a = linear(ap + ".wo_a", c.o_groups * c.o_lora_rank, c.n_heads * c.head_dim / c.o_groups, Storage::Quantized,
+                    false);
     a.wo_b = linear(ap + ".wo_b", c.dim, c.o_groups * c.o_lora_rank, Storage::Quantized);
     if (b.layout.compresses()) {
       a.has_compressor = true;
       a.compressor = compressor(ap + ".compressor", b.layout, c.head_dim);
       if (b.layout.has_indexer()) {
         a.has_indexer = true;
-        a.indexer.wq_b = linear(ap + ".indexer.wq_b", c.index_n_heads * c.index_head_dim,
-                                c.q_lora_rank, Storage::Quantized);
+        a.indexer.wq_b =
+            linear(ap + ".indexer.wq_b", c.index_n_heads * c.index_head_dim, c.q_lora_rank, Storage::Quantized);
         a.indexer.weights_proj = linear(ap + ".indexer.weights_proj", c.index_n_heads, c.dim, Storage::Dense);
         a.indexer.compressor = compressor(ap + ".indexer.compressor", b.layout, c.index_head_dim);
       }
@@ -198,9 +197,14 @@ class Binder {
       m.tid2eid.resize(size_t(t.numel()));
       for (int64_t i = 0; i < t.numel(); ++i) {
         int64_t v;
-        if (t.dtype == DType::I64) std::memcpy(&v, t.data + 8 * i, 8);
-        else if (t.dtype == DType::I32) { int32_t v32; std::memcpy(&v32, t.data + 4 * i, 4); v = v32; }
-        else bad_dtype(t, "I64 or I32");
+        if (t.dtype == DType::I64)
+          std::memcpy(&v, t.data + 8 * i, 8);
+        else if (t.dtype == DType::I32) {
+          int32_t v32;
+          std::memcpy(&v32, t.data + 4 * i, 4);
+          v = v32;
+        } else
+          bad_dtype(t, "I64 or I32");
         if (v < 0 || v >= c.n_routed_experts)
           throw Error("tensor " + t.name + " holds expert id " + std::to_string(v) + " outside [0, " +
                       std::to_string(c.n_routed_experts) + ")");

@@ -22,9 +22,9 @@ struct HyperConnectionWeights {
 
 struct CompressorWeights {
   int64_t ratio = 0;
-  int64_t width = 0;     // output row width (512 main, index_head_dim indexer)
-  bool overlap = false;  // ratio 4: each token feeds two rows
-  Linear wkv, wgate;     // [(1+overlap)*width, dim], computed in fp32
+  int64_t width = 0;        // output row width (512 main, index_head_dim indexer)
+  bool overlap = false;     // ratio 4: each token feeds two rows
+  Linear wkv, wgate;        // [(1+overlap)*width, dim], computed in fp32
   std::vector<float> ape;   // [ratio, (1+overlap)*width]
   std::vector<float> norm;  // [width]
 };

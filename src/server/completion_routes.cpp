@@ -31,7 +31,8 @@ std::string completion_finish_reason(const ChoiceStream& c) {
 text::StopReason parser_stop(const ChoiceStream& c) {
   switch (c.reason()) {
     case FinishReason::Length: return text::StopReason::Length;
-    case FinishReason::Abort: case FinishReason::Error: return text::StopReason::Abort;
+    case FinishReason::Abort:
+    case FinishReason::Error: return text::StopReason::Abort;
     default: return text::StopReason::Stop;
   }
 }
@@ -43,7 +44,8 @@ ojson matched_stop(const ChoiceStream& c) {
 }
 
 ojson usage_json(int64_t prompt, int64_t completion, int64_t cached) {
-  return {{"prompt_tokens", prompt}, {"completion_tokens", completion},
+  return {{"prompt_tokens", prompt},
+          {"completion_tokens", completion},
           {"total_tokens", prompt + completion},
           {"prompt_tokens_details", {{"cached_tokens", cached}}}};
 }
@@ -98,9 +100,14 @@ class ChatFormat : public SseFormatter {
   bool include_usage = false, want_logprobs = false;
 
   ojson chunk(int64_t index, ojson delta, ojson finish, ojson logprobs = ojson()) const {
-    ojson choice = {{"index", index}, {"delta", std::move(delta)}, {"logprobs", std::move(logprobs)},
+    ojson choice = {{"index", index},
+                    {"delta", std::move(delta)},
+                    {"logprobs", std::move(logprobs)},
                     {"finish_reason", std::move(finish)}};
-    return ojson{{"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", model},
+    return ojson{{"id", id},
+                 {"object", "chat.completion.chunk"},
+                 {"created", created},
+                 {"model", model},
                  {"choices", ojson::array({choice})}};
   }
 
@@ -138,13 +145,13 @@ class ChatFormat : public SseFormatter {
       if (c.finished()) d.append(parser.finish(parser_stop(c)));
       ojson logprobs;
       if (want_logprobs && c.sampled().size() > before) logprobs = chat_logprobs(*tokenizer, sampled_since(c, before));
-      if ((!d.empty() || !logprobs.is_null()) && !send(chunk(int64_t(i), delta_json(d), nullptr, logprobs))) return false;
+      if ((!d.empty() || !logprobs.is_null()) && !send(chunk(int64_t(i), delta_json(d), nullptr, logprobs)))
+        return false;
       if (!c.finished()) continue;
       if (c.reason() == FinishReason::Error || parser.message().stream_error) {
-        std::string msg = c.reason() == FinishReason::Error
-                              ? c.error()
-                              : "malformed tool call after its header was streamed: " +
-                                    parser.message().tool_call_error.value_or("");
+        std::string msg = c.reason() == FinishReason::Error ? c.error()
+                                                            : "malformed tool call after its header was streamed: " +
+                                                                  parser.message().tool_call_error.value_or("");
         send(error_body(500, msg));
       }
       ojson fin = chunk(int64_t(i), ojson::object(), finish_reason_for(c, parser.message().finish_reason));
@@ -157,9 +164,14 @@ class ChatFormat : public SseFormatter {
   void close(const Send& send) override {
     if (!include_usage) return;
     int64_t completion = 0, cached = 0;
-    for (auto& c : *choices) completion += c->completion_tokens(), cached = std::max(cached, c->handle().cached_tokens());
-    send({{"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", model},
-          {"choices", ojson::array()}, {"usage", usage_json(prompt_tokens, completion, cached)}});
+    for (auto& c : *choices)
+      completion += c->completion_tokens(), cached = std::max(cached, c->handle().cached_tokens());
+    send({{"id", id},
+          {"object", "chat.completion.chunk"},
+          {"created", created},
+          {"model", model},
+          {"choices", ojson::array()},
+          {"usage", usage_json(prompt_tokens, completion, cached)}});
   }
 };
 
@@ -176,7 +188,10 @@ class CompletionFormat : public SseFormatter {
   bool include_usage = false;
 
   ojson chunk(ojson choices_json) const {
-    return {{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model},
+    return {{"id", id},
+            {"object", "text_completion"},
+            {"created", created},
+            {"model", model},
             {"choices", std::move(choices_json)}};
   }
 
@@ -186,8 +201,11 @@ class CompletionFormat : public SseFormatter {
       std::string piece = c.apply(e);
       if (!echoed[i]) piece = echoes[i] + piece, echoed[i] = true;
       ojson lp;
-      if (logprobs_k >= 0 && c.sampled().size() > before) lp = completion_logprobs(*tokenizer, sampled_since(c, before));
-      ojson choice = {{"index", i}, {"text", piece}, {"logprobs", lp},
+      if (logprobs_k >= 0 && c.sampled().size() > before)
+        lp = completion_logprobs(*tokenizer, sampled_since(c, before));
+      ojson choice = {{"index", i},
+                      {"text", piece},
+                      {"logprobs", lp},
                       {"finish_reason", c.finished() ? ojson(completion_finish_reason(c)) : ojson()}};
       if (c.finished()) choice["matched_stop"] = matched_stop(c);
       if ((!piece.empty() || c.finished() || !lp.is_null()) && !send(chunk(ojson::array({choice})))) return false;
@@ -245,13 +263,14 @@ void Server::Impl::chat_completions(const std::string& raw, httplib::Response& r
   const int64_t ctx = engine->context_length();
   check_prompt_fits(prompt.size(), ctx);
   const char* max_key = body.contains("max_completion_tokens") && !body["max_completion_tokens"].is_null()
-                            ? "max_completion_tokens" : "max_tokens";
+                            ? "max_completion_tokens"
+                            : "max_tokens";
   SamplingParams params =
       sampling_field(body, max_tokens_field(body, max_key, int64_t(prompt.size()), ctx, ctx), vocab_size(), seeds);
   params.top_logprobs = want_logprobs ? top_logprobs : 0;
   const std::vector<std::string> stops = stop_field(body);
-  text::ParserConfig parser_cfg = text::parser_config_for_request(
-      body, profile, rendered.starts_in_reasoning, opt.reasoning_parser, opt.tool_call_parser);
+  text::ParserConfig parser_cfg = text::parser_config_for_request(body, profile, rendered.starts_in_reasoning,
+                                                                  opt.reasoning_parser, opt.tool_call_parser);
 
   const std::string id = string_or(body, "rid", "chatcmpl-" + random_hex(24));
   auto choices = std::make_shared<Choices>();
@@ -298,19 +317,24 @@ void Server::Impl::chat_completions(const std::string& raw, httplib::Response& r
       if (!msg.tool_calls.empty()) {
         ojson calls = ojson::array();
         for (size_t k = 0; k < msg.tool_calls.size(); ++k)
-          calls.push_back({{"id", msg.tool_calls[k].id}, {"index", int(k)}, {"type", "function"},
-                           {"function", {{"name", msg.tool_calls[k].name}, {"arguments", msg.tool_calls[k].arguments}}}});
+          calls.push_back(
+              {{"id", msg.tool_calls[k].id},
+               {"index", int(k)},
+               {"type", "function"},
+               {"function", {{"name", msg.tool_calls[k].name}, {"arguments", msg.tool_calls[k].arguments}}}});
         message["tool_calls"] = calls;
       } else {
         message["tool_calls"] = nullptr;
       }
-      out_choices.push_back({{"index", int64_t(i)}, {"message", message},
+      out_choices.push_back({{"index", int64_t(i)},
+                             {"message", message},
                              {"logprobs", want_logprobs ? chat_logprobs(*tok, c.sampled()) : ojson()},
                              {"finish_reason", finish_reason_for(c, msg.finish_reason)},
                              {"matched_stop", matched_stop(c)}});
     }
-    return ojson{{"id", id}, {"object", "chat.completion"}, {"created", created}, {"model", model},
-                 {"choices", out_choices}, {"usage", usage_json(prompt_tokens, completion, cached)}};
+    return ojson{
+        {"id", id},       {"object", "chat.completion"}, {"created", created},
+        {"model", model}, {"choices", out_choices},      {"usage", usage_json(prompt_tokens, completion, cached)}};
   };
   respond_when_done(res, choices, build, metrics);
 }
@@ -325,7 +349,8 @@ void Server::Impl::completions(const std::string& raw, httplib::Response& res) {
   const int64_t n = int_field(body, "n", 1, 1, 16);
   const bool stream = bool_field(body, "stream", false);
   const bool echo = bool_field(body, "echo", false);
-  const int64_t logprobs_k = body.contains("logprobs") && !body["logprobs"].is_null() ? int_field(body, "logprobs", 0, 0, 20) : -1;
+  const int64_t logprobs_k =
+      body.contains("logprobs") && !body["logprobs"].is_null() ? int_field(body, "logprobs", 0, 0, 20) : -1;
   bool include_usage = body.contains("stream_options") && body["stream_options"].is_object() &&
                        bool_field(body["stream_options"], "include_usage", false);
   const std::vector<std::string> stops = stop_field(body);
@@ -373,12 +398,15 @@ void Server::Impl::completions(const std::string& raw, httplib::Response& res) {
       if (c.reason() == FinishReason::Error) throw std::runtime_error(c.error());
       completion += c.completion_tokens();
       cached += c.handle().cached_tokens();
-      out.push_back({{"index", i}, {"text", echoes[i] + c.text()},
+      out.push_back({{"index", i},
+                     {"text", echoes[i] + c.text()},
                      {"logprobs", logprobs_k >= 0 ? completion_logprobs(*tok, c.sampled()) : ojson()},
-                     {"finish_reason", completion_finish_reason(c)}, {"matched_stop", matched_stop(c)}});
+                     {"finish_reason", completion_finish_reason(c)},
+                     {"matched_stop", matched_stop(c)}});
     }
-    return ojson{{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model},
-                 {"choices", out}, {"usage", usage_json(prompt_tokens, completion, cached)}};
+    return ojson{{"id", id},           {"object", "text_completion"},
+                 {"created", created}, {"model", model},
+                 {"choices", out},     {"usage", usage_json(prompt_tokens, completion, cached)}};
   };
   respond_when_done(res, choices, build, metrics);
 }
@@ -398,7 +426,8 @@ void Server::Impl::generate(const std::string& raw, httplib::Response& res) {
   } else {
     throw BadRequest("either 'text' or 'input_ids' is required");
   }
-  ojson sp = body.contains("sampling_params") && body["sampling_params"].is_object() ? body["sampling_params"] : ojson::object();
+  ojson sp = body.contains("sampling_params") && body["sampling_params"].is_object() ? body["sampling_params"]
+                                                                                     : ojson::object();
   if (sp.contains("sampling_seed") && !sp.contains("seed")) sp["seed"] = sp["sampling_seed"];
   const bool stream = bool_field(body, "stream", false);
   const bool return_logprob = bool_field(body, "return_logprob", false);
@@ -425,8 +454,10 @@ void Server::Impl::generate(const std::string& raw, httplib::Response& res) {
                 {"matched", matched_stop(c)}};
       if (!c.error().empty()) finish["message"] = c.error();
     }
-    ojson meta = {{"id", c.handle().id()}, {"finish_reason", finish},
-                  {"prompt_tokens", c.handle().prompt_tokens()}, {"completion_tokens", c.completion_tokens()},
+    ojson meta = {{"id", c.handle().id()},
+                  {"finish_reason", finish},
+                  {"prompt_tokens", c.handle().prompt_tokens()},
+                  {"completion_tokens", c.completion_tokens()},
                   {"cached_tokens", c.handle().cached_tokens()},
                   {"e2e_latency", (t.finished > 0 ? t.finished : now_seconds()) - t.submitted}};
     if (return_logprob) {
@@ -449,12 +480,15 @@ void Server::Impl::generate(const std::string& raw, httplib::Response& res) {
     stream_events(res, choices, format, metrics, opt.keepalive_seconds);
     return;
   }
-  respond_when_done(res, choices, [result, batched](Choices& choices) {
-    if (!batched) return result(*choices[0]);
-    ojson all = ojson::array();
-    for (auto& c : choices) all.push_back(result(*c));
-    return all;
-  }, metrics);
+  respond_when_done(
+      res, choices,
+      [result, batched](Choices& choices) {
+        if (!batched) return result(*choices[0]);
+        ojson all = ojson::array();
+        for (auto& c : choices) all.push_back(result(*c));
+        return all;
+      },
+      metrics);
 }
 
 }  // namespace dsv4

@@ -4,12 +4,9 @@
 
 namespace dsv4 {
 
-ChoiceStream::ChoiceStream(std::shared_ptr<RequestHandle> handle,
-                           std::shared_ptr<const text::Tokenizer> tokenizer,
+ChoiceStream::ChoiceStream(std::shared_ptr<RequestHandle> handle, std::shared_ptr<const text::Tokenizer> tokenizer,
                            std::vector<std::string> stop_strings, bool skip_special_tokens)
-    : handle_(std::move(handle)),
-      decoder_(std::move(tokenizer), skip_special_tokens),
-      stops_(std::move(stop_strings)) {
+    : handle_(std::move(handle)), decoder_(std::move(tokenizer), skip_special_tokens), stops_(std::move(stop_strings)) {
   for (auto& s : stops_) longest_stop_ = std::max(longest_stop_, s.size());
 }
 

@@ -23,8 +23,11 @@ const char* error_type(int status) {
 std::string dump(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
 
 ojson error_body(int status, const std::string& message, const std::string& param) {
-  return {{"error", {{"message", message}, {"type", error_type(status)},
-                     {"param", param.empty() ? ojson() : ojson(param)}, {"code", status}}}};
+  return {{"error",
+           {{"message", message},
+            {"type", error_type(status)},
+            {"param", param.empty() ? ojson() : ojson(param)},
+            {"code", status}}}};
 }
 
 void send_error(httplib::Response& res, int status, const std::string& message) {

@@ -49,7 +49,8 @@ std::vector<std::string> stop_field(const ojson& j) {
   std::vector<std::string> out;
   if (!j.contains("stop") || j["stop"].is_null()) return out;
   const ojson& s = j["stop"];
-  if (s.is_string()) out.push_back(s.get<std::string>());
+  if (s.is_string())
+    out.push_back(s.get<std::string>());
   else if (s.is_array()) {
     for (auto& v : s) {
       if (!v.is_string()) throw BadRequest("'stop' must be a string or a list of strings");
@@ -68,7 +69,8 @@ std::vector<int32_t> id_list(const ojson& v, const char* what, int64_t vocab) {
   for (auto& x : v) {
     if (!x.is_number_integer()) throw BadRequest(std::string("'") + what + "' must be a list of token ids");
     int64_t id = x.get<int64_t>();
-    if (id < 0 || id >= vocab) throw BadRequest("token id " + std::to_string(id) + " in '" + what + "' is outside the vocabulary");
+    if (id < 0 || id >= vocab)
+      throw BadRequest("token id " + std::to_string(id) + " in '" + what + "' is outside the vocabulary");
     ids.push_back(int32_t(id));
   }
   return ids;
@@ -83,9 +85,12 @@ std::vector<std::vector<int32_t>> prompts_field(const ojson& p, const char* key,
     out.push_back(id_list(p, key, vocab));
   } else if (p.is_array() && !p.empty()) {
     for (auto& item : p) {
-      if (item.is_string()) out.push_back(tokenizer.encode(item.get<std::string>()));
-      else if (item.is_array()) out.push_back(id_list(item, key, vocab));
-      else throw BadRequest(std::string("'") + key + "' must be a string, a list of strings or token ids");
+      if (item.is_string())
+        out.push_back(tokenizer.encode(item.get<std::string>()));
+      else if (item.is_array())
+        out.push_back(id_list(item, key, vocab));
+      else
+        throw BadRequest(std::string("'") + key + "' must be a string, a list of strings or token ids");
     }
   } else {
     throw BadRequest(std::string("'") + key + "' must be a non-empty string, a list of strings or token ids");
@@ -97,14 +102,15 @@ std::vector<std::vector<int32_t>> prompts_field(const ojson& p, const char* key,
 
 void check_prompt_fits(size_t prompt_tokens, int64_t ctx) {
   if (int64_t(prompt_tokens) >= ctx)
-    throw BadRequest("The input (" + std::to_string(prompt_tokens) + " tokens) is longer than the model's context length (" +
-                     std::to_string(ctx) + " tokens).");
+    throw BadRequest("The input (" + std::to_string(prompt_tokens) +
+                     " tokens) is longer than the model's context length (" + std::to_string(ctx) + " tokens).");
 }
 
 int64_t max_tokens_field(const ojson& j, const char* key, int64_t prompt_len, int64_t fallback, int64_t ctx) {
   int64_t v = int_field(j, key, fallback, 1, int64_t(1) << 40);
-  if (v > ctx) throw BadRequest(std::string(key) + " (" + std::to_string(v) + ") is too large: the context length is " +
-                                std::to_string(ctx) + " tokens");
+  if (v > ctx)
+    throw BadRequest(std::string(key) + " (" + std::to_string(v) + ") is too large: the context length is " +
+                     std::to_string(ctx) + " tokens");
   return std::min(v, std::max<int64_t>(1, ctx - prompt_len));
 }
 
@@ -126,14 +132,17 @@ void check_tool_choice(const ojson& body) {
   const ojson& tc = body["tool_choice"];
   if (tc.is_string()) {
     std::string v = tc.get<std::string>();
-    if (v != "none" && v != "auto" && v != "required") throw BadRequest("'tool_choice' must be none, auto, required or a function");
+    if (v != "none" && v != "auto" && v != "required")
+      throw BadRequest("'tool_choice' must be none, auto, required or a function");
     if (v == "required" && !has_tools) throw BadRequest("Tools cannot be empty if tool choice is set to required.");
   } else if (tc.is_object()) {
     std::string name = tc.contains("function") && tc["function"].is_object() ? tc["function"].value("name", "") : "";
     bool found = false;
     if (has_tools)
       for (auto& t : body["tools"])
-        if (t.is_object() && t.contains("function") && t["function"].is_object() && t["function"].value("name", "") == name) found = true;
+        if (t.is_object() && t.contains("function") && t["function"].is_object() &&
+            t["function"].value("name", "") == name)
+          found = true;
     if (!found) throw BadRequest("tool_choice names function '" + name + "', which is not in 'tools'");
   } else {
     throw BadRequest("'tool_choice' must be a string or an object");

@@ -145,68 +145,79 @@ httplib::Server::HandlerWithContentReader Server::Impl::guarded_body(BodyRoute f
 
 void Server::Impl::setup_routes() {
   auto model_card = [this]() -> ojson {
-    return {{"id", model_name()}, {"object", "model"}, {"created", unix_time()}, {"owned_by", "dsv4.cpp"},
-            {"root", opt.model_path}, {"max_model_len", engine->context_length()}};
+    return {{"id", model_name()},     {"object", "model"},      {"created", unix_time()},
+            {"owned_by", "dsv4.cpp"}, {"root", opt.model_path}, {"max_model_len", engine->context_length()}};
   };
-  http.Post("/v1/chat/completions", guarded_body([this](const std::string& b, httplib::Response& r) { chat_completions(b, r); }));
+  http.Post("/v1/chat/completions",
+            guarded_body([this](const std::string& b, httplib::Response& r) { chat_completions(b, r); }));
   http.Post("/v1/completions", guarded_body([this](const std::string& b, httplib::Response& r) { completions(b, r); }));
   http.Post("/generate", guarded_body([this](const std::string& b, httplib::Response& r) { generate(b, r); }));
   http.Put("/generate", guarded_body([this](const std::string& b, httplib::Response& r) { generate(b, r); }));
   http.Get("/v1/models", guarded([this, model_card](auto&, auto& r) {
-    r.set_content(dump({{"object", "list"}, {"data", ojson::array({model_card()})}}), "application/json");
-  }));
+             r.set_content(dump({{"object", "list"}, {"data", ojson::array({model_card()})}}), "application/json");
+           }));
   http.Get(R"(/v1/models/(.+))", guarded([this, model_card](const httplib::Request& q, httplib::Response& r) {
-    if (q.matches[1] != model_name()) throw BadRequest("The model '" + std::string(q.matches[1]) + "' does not exist", 404);
-    r.set_content(dump(model_card()), "application/json");
-  }));
+             if (q.matches[1] != model_name())
+               throw BadRequest("The model '" + std::string(q.matches[1]) + "' does not exist", 404);
+             r.set_content(dump(model_card()), "application/json");
+           }));
   http.Get("/health", [this](auto&, httplib::Response& r) {
     r.status = ready ? 200 : 503;
     r.set_content("", "text/plain");
   });
   http.Get("/health_generate", guarded([this](auto&, httplib::Response& r) {
-    SamplingParams p;
-    p.temperature = 0;
-    p.max_new_tokens = 1;
-    auto h = engine->submit("health-" + random_hex(8), {int32_t(engine->model().config().bos_token_id)}, p);
-    std::vector<TokenEvent> ev;
-    double deadline = now_seconds() + 20;
-    bool done = false;
-    while (!done && now_seconds() < deadline) {
-      h->wait(ev, 0.5);
-      for (auto& e : ev) done = done || e.finished;
-      ev.clear();
-    }
-    if (!done) h->cancel();
-    r.status = done ? 200 : 503;
-    r.set_content("", "text/plain");
-  }));
+             SamplingParams p;
+             p.temperature = 0;
+             p.max_new_tokens = 1;
+             auto h = engine->submit("health-" + random_hex(8), {int32_t(engine->model().config().bos_token_id)}, p);
+             std::vector<TokenEvent> ev;
+             double deadline = now_seconds() + 20;
+             bool done = false;
+             while (!done && now_seconds() < deadline) {
+               h->wait(ev, 0.5);
+               for (auto& e : ev) done = done || e.finished;
+               ev.clear();
+             }
+             if (!done) h->cancel();
+             r.status = done ? 200 : 503;
+             r.set_content("", "text/plain");
+           }));
   http.Get("/get_model_info", guarded([this](auto&, auto& r) {
-    const ModelConfig& c = engine->model().config();
-    r.set_content(dump({{"model_path", opt.model_path}, {"tokenizer_path", opt.model_path},
-                        {"is_generation", true}, {"preferred_sampling_params", nullptr},
-                        {"weight_version", "default"}, {"model_type", c.model_type},
-                        {"architectures", ojson::array({c.architecture})},
-                        {"encoder_profile", std::string(text::profile_name(profile))}}),
-                   "application/json");
-  }));
+             const ModelConfig& c = engine->model().config();
+             r.set_content(dump({{"model_path", opt.model_path},
+                                 {"tokenizer_path", opt.model_path},
+                                 {"is_generation", true},
+                                 {"preferred_sampling_params", nullptr},
+                                 {"weight_version", "default"},
+                                 {"model_type", c.model_type},
+                                 {"architectures", ojson::array({c.architecture})},
+                                 {"encoder_profile", std::string(text::profile_name(profile))}}),
+                           "application/json");
+           }));
   auto server_info = guarded([this](auto&, auto& r) {
     EngineMetrics m = engine->metrics();
     const EngineOptions& eo = engine->options();
-    r.set_content(dump({{"model_path", opt.model_path}, {"served_model_name", model_name()},
-                        {"host", opt.host}, {"port", opt.port}, {"context_length", engine->context_length()},
+    r.set_content(dump({{"model_path", opt.model_path},
+                        {"served_model_name", model_name()},
+                        {"host", opt.host},
+                        {"port", opt.port},
+                        {"context_length", engine->context_length()},
                         {"max_running_requests", eo.max_running_requests},
-                        {"max_total_num_tokens", eo.max_total_tokens}, {"chunked_prefill_size", eo.chunked_prefill_size},
+                        {"max_total_num_tokens", eo.max_total_tokens},
+                        {"chunked_prefill_size", eo.chunked_prefill_size},
                         {"max_req_input_len", engine->context_length() - 1},
-                        {"reasoning_parser", opt.reasoning_parser}, {"tool_call_parser", opt.tool_call_parser},
-                        {"enable_deterministic_inference", opt.deterministic}, {"random_seed", opt.random_seed},
+                        {"reasoning_parser", opt.reasoning_parser},
+                        {"tool_call_parser", opt.tool_call_parser},
+                        {"enable_deterministic_inference", opt.deterministic},
+                        {"random_seed", opt.random_seed},
                         {"server_args", opt.server_args},
                         {"internal_states", ojson::array({{{"last_gen_throughput", m.gen_throughput},
-                                                            {"num_running_reqs", m.running},
-                                                            {"num_queue_reqs", m.queued},
-                                                            {"prefix_cache_entries", m.prefix_cache_entries},
-                                                            {"prefix_cache_bytes", m.prefix_cache_bytes}}})},
+                                                           {"num_running_reqs", m.running},
+                                                           {"num_queue_reqs", m.queued},
+                                                           {"prefix_cache_entries", m.prefix_cache_entries},
+                                                           {"prefix_cache_bytes", m.prefix_cache_bytes}}})},
                         {"version", "dsv4.cpp 0.1"}}),
-                   "application/json");
+                  "application/json");
   });
   http.Get("/get_server_info", server_info);
   http.Get("/server_info", server_info);
@@ -221,44 +232,50 @@ void Server::Impl::setup_routes() {
   });
   http.Get("/flush_cache", flush);
   http.Post("/flush_cache", guarded_body([flush](const std::string&, httplib::Response& r) {
-    httplib::Request none;
-    flush(none, r);
-  }));
+              httplib::Request none;
+              flush(none, r);
+            }));
   http.Post("/abort_request", guarded_body([this](const std::string& raw, httplib::Response& r) {
-    ojson body = parse_body(raw);
-    if (bool_field(body, "abort_all", false)) {
-      int64_t n = engine->abort_all();
-      r.set_content(dump({{"aborted", n}}), "application/json");
-      return;
-    }
-    if (!body.contains("rid") || !body["rid"].is_string()) throw BadRequest("'rid' (string) or 'abort_all': true is required");
-    std::string rid = body["rid"].get<std::string>();
-    bool found = engine->abort(rid);
-    for (int i = 0; i < 16 && !found; ++i) found = engine->abort(rid + "-" + std::to_string(i));
-    if (!found) throw BadRequest("no running or waiting request with rid '" + rid + "'", 404);
-    r.set_content(dump({{"aborted", 1}}), "application/json");
-  }));
+              ojson body = parse_body(raw);
+              if (bool_field(body, "abort_all", false)) {
+                int64_t n = engine->abort_all();
+                r.set_content(dump({{"aborted", n}}), "application/json");
+                return;
+              }
+              if (!body.contains("rid") || !body["rid"].is_string())
+                throw BadRequest("'rid' (string) or 'abort_all': true is required");
+              std::string rid = body["rid"].get<std::string>();
+              bool found = engine->abort(rid);
+              for (int i = 0; i < 16 && !found; ++i) found = engine->abort(rid + "-" + std::to_string(i));
+              if (!found) throw BadRequest("no running or waiting request with rid '" + rid + "'", 404);
+              r.set_content(dump({{"aborted", 1}}), "application/json");
+            }));
   http.Get("/metrics", [this](auto&, httplib::Response& r) {
     r.set_content(metrics.render(engine->metrics(), model_name()), "text/plain; version=0.0.4");
   });
   http.Get("/get_load", guarded([this](auto&, auto& r) {
-    EngineMetrics m = engine->metrics();
-    r.set_content(dump(ojson::array({{{"dp_rank", 0}, {"num_reqs", m.running + m.queued},
-                                      {"num_waiting_reqs", m.queued}, {"num_tokens", m.used_tokens}}})),
-                  "application/json");
-  }));
+             EngineMetrics m = engine->metrics();
+             r.set_content(dump(ojson::array({{{"dp_rank", 0},
+                                               {"num_reqs", m.running + m.queued},
+                                               {"num_waiting_reqs", m.queued},
+                                               {"num_tokens", m.used_tokens}}})),
+                           "application/json");
+           }));
   http.Post("/tokenize", guarded_body([this](const std::string& raw, httplib::Response& r) {
-    ojson body = parse_body(raw);
-    if (!body.contains("prompt") || !body["prompt"].is_string()) throw BadRequest("'prompt' (string) is required");
-    auto ids = tokenizer->encode(body["prompt"].get<std::string>());
-    r.set_content(dump({{"tokens", ids}, {"count", ids.size()}, {"max_model_len", engine->context_length()}}), "application/json");
-  }));
+              ojson body = parse_body(raw);
+              if (!body.contains("prompt") || !body["prompt"].is_string())
+                throw BadRequest("'prompt' (string) is required");
+              auto ids = tokenizer->encode(body["prompt"].get<std::string>());
+              r.set_content(dump({{"tokens", ids}, {"count", ids.size()}, {"max_model_len", engine->context_length()}}),
+                            "application/json");
+            }));
   http.Post("/detokenize", guarded_body([this](const std::string& raw, httplib::Response& r) {
-    ojson body = parse_body(raw);
-    if (!body.contains("tokens")) throw BadRequest("'tokens' is required");
-    auto ids = id_list(body["tokens"], "tokens", int64_t(tokenizer->vocab_size()));
-    r.set_content(dump({{"text", tokenizer->decode(std::vector<text::TokenId>(ids.begin(), ids.end()))}}), "application/json");
-  }));
+              ojson body = parse_body(raw);
+              if (!body.contains("tokens")) throw BadRequest("'tokens' is required");
+              auto ids = id_list(body["tokens"], "tokens", int64_t(tokenizer->vocab_size()));
+              r.set_content(dump({{"text", tokenizer->decode(std::vector<text::TokenId>(ids.begin(), ids.end()))}}),
+                            "application/json");
+            }));
 }
 
 Server::Server(std::shared_ptr<Engine> engine, std::shared_ptr<const text::Tokenizer> tokenizer,
@@ -289,9 +306,12 @@ Server::Server(std::shared_ptr<Engine> engine, std::shared_ptr<const text::Token
     // Unknown routes (httplib has read their body by now) answer 401, not
     // 404, to a client without the key, as the routes do.
     if (!s.authorized(req)) return send_unauthorized(res);
-    if (res.status == 404) send_error(res, 404, "no route " + req.method + " " + req.path);
-    else if (res.status == 413) send_error(res, 413, "the request body is too large");
-    else if (res.status >= 400) send_error(res, res.status, "request failed");
+    if (res.status == 404)
+      send_error(res, 404, "no route " + req.method + " " + req.path);
+    else if (res.status == 413)
+      send_error(res, 413, "the request body is too large");
+    else if (res.status >= 400)
+      send_error(res, res.status, "request failed");
   });
   s.http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
     std::string what = "internal error";
@@ -322,7 +342,8 @@ bool Server::run() {
   if (s.listen_fd >= 0 && ::listen(s.listen_fd, SOMAXCONN) != 0)
     s.log("warning", std::string("could not enlarge the listen backlog: ") + std::strerror(errno));
   s.ready = true;
-  std::printf("dsv4 serving %s on http://%s:%d (OpenAI API at /v1)\n", s.model_name().c_str(), s.opt.host.c_str(), bound_port_);
+  std::printf("dsv4 serving %s on http://%s:%d (OpenAI API at /v1)\n", s.model_name().c_str(), s.opt.host.c_str(),
+              bound_port_);
   std::fflush(stdout);
   return s.http.listen_after_bind();
 }

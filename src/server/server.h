@@ -31,8 +31,8 @@ struct ServerOptions {
 
 class Server {
  public:
-  Server(std::shared_ptr<Engine> engine, std::shared_ptr<const text::Tokenizer> tokenizer,
-         text::EncoderProfile profile, ServerOptions options);
+  Server(std::shared_ptr<Engine> engine, std::shared_ptr<const text::Tokenizer> tokenizer, text::EncoderProfile profile,
+         ServerOptions options);
   ~Server();
   // Binds and serves until stop(); returns false if the port cannot be bound.
   bool run();

@@ -17,8 +17,7 @@ bool wait_any(Choices& choices, std::vector<std::vector<TokenEvent>>& events, do
   double deadline = now_seconds() + timeout;
   do {
     for (size_t i = 0; i < choices.size(); ++i)
-      if (!choices[i]->finished() && choices[i]->handle().wait(events[i], choices.size() > 1 ? 0.0 : slice))
-        any = true;
+      if (!choices[i]->finished() && choices[i]->handle().wait(events[i], choices.size() > 1 ? 0.0 : slice)) any = true;
     if (any) return true;
     if (choices.size() > 1) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   } while (now_seconds() < deadline);
@@ -46,50 +45,53 @@ void cancel_all(ServerMetrics& metrics, Choices& choices) {
 
 void stream_events(httplib::Response& res, std::shared_ptr<Choices> shared, std::shared_ptr<SseFormatter> format,
                    ServerMetrics& metrics, double keepalive_seconds) {
-  res.set_chunked_content_provider("text/event-stream", [shared, format, &metrics, keepalive_seconds](
-                                                            size_t, httplib::DataSink& sink) {
-    Choices& choices = *shared;
-    double last_write = now_seconds();
-    const SseFormatter::Send send = [&](const ojson& j) {
-      std::string s = "data: " + dump(j) + "\n\n";
-      if (!sink.write(s.data(), s.size())) return false;
-      last_write = now_seconds();
-      return true;
-    };
-    if (!format->open(send)) return cancel_all(metrics, choices), false;
-    std::vector<std::vector<TokenEvent>> events(choices.size());
-    while (!all_finished(choices)) {
-      const bool got = wait_any(choices, events, 0.5);
-      if (!sink.is_writable()) return cancel_all(metrics, choices), false;
-      // An SSE comment when nothing was written for keepalive_seconds, so
-      // that clients and proxies do not time out during a long prefill.
-      if (!got && now_seconds() - last_write >= keepalive_seconds) {
-        static const char line[] = ": keep-alive\n\n";
-        if (!sink.write(line, sizeof line - 1)) return cancel_all(metrics, choices), false;
-        last_write = now_seconds();
-      }
-      for (size_t i = 0; i < choices.size(); ++i) {
-        if (events[i].empty()) continue;
-        if (!format->events(i, *choices[i], events[i], send)) return cancel_all(metrics, choices), false;
-        events[i].clear();
-        // wait_any skips finished choices, so this runs once per choice.
-        if (choices[i]->finished()) record(metrics, *choices[i], choices[i]->reason() == FinishReason::Abort);
-      }
-    }
-    format->close(send);
-    static const char done[] = "data: [DONE]\n\n";
-    sink.write(done, sizeof done - 1);
-    sink.done();
-    return true;
-  });
+  res.set_chunked_content_provider("text/event-stream",
+                                   [shared, format, &metrics, keepalive_seconds](size_t, httplib::DataSink& sink) {
+                                     Choices& choices = *shared;
+                                     double last_write = now_seconds();
+                                     const SseFormatter::Send send = [&](const ojson& j) {
+                                       std::string s = "data: " + dump(j) + "\n\n";
+                                       if (!sink.write(s.data(), s.size())) return false;
+                                       last_write = now_seconds();
+                                       return true;
+                                     };
+                                     if (!format->open(send)) return cancel_all(metrics, choices), false;
+                                     std::vector<std::vector<TokenEvent>> events(choices.size());
+                                     while (!all_finished(choices)) {
+                                       const bool got = wait_any(choices, events, 0.5);
+                                       if (!sink.is_writable()) return cancel_all(metrics, choices), false;
+                                       // An SSE comment when nothing was written for keepalive_seconds, so
+                                       // that clients and proxies do not time out during a long prefill.
+                                       if (!got && now_seconds() - last_write >= keepalive_seconds) {
+                                         static const char line[] = ": keep-alive\n\n";
+                                         if (!sink.write(line, sizeof line - 1))
+                                           return cancel_all(metrics, choices), false;
+                                         last_write = now_seconds();
+                                       }
+                                       for (size_t i = 0; i < choices.size(); ++i) {
+                                         if (events[i].empty()) continue;
+                                         if (!format->events(i, *choices[i], events[i], send))
+                                           return cancel_all(metrics, choices), false;
+                                         events[i].clear();
+                                         // wait_any skips finished choices, so this runs once per choice.
+                                         if (choices[i]->finished())
+                                           record(metrics, *choices[i], choices[i]->reason() == FinishReason::Abort);
+                                       }
+                                     }
+                                     format->close(send);
+                                     static const char done[] = "data: [DONE]\n\n";
+                                     sink.write(done, sizeof done - 1);
+                                     sink.done();
+                                     return true;
+                                   });
 }
 
 // The body goes out once every choice is done, but through a chunked
 // response: while waiting, a space (JSON whitespace) goes out every second,
 // so a client that went away is noticed by the failing write and its
 // requests are cancelled at once.
-void respond_when_done(httplib::Response& res, std::shared_ptr<Choices> shared,
-                       std::function<ojson(Choices&)> build, ServerMetrics& metrics) {
+void respond_when_done(httplib::Response& res, std::shared_ptr<Choices> shared, std::function<ojson(Choices&)> build,
+                       ServerMetrics& metrics) {
   res.set_chunked_content_provider("application/json", [shared, build, &metrics](size_t, httplib::DataSink& sink) {
     Choices& choices = *shared;
     std::vector<std::vector<TokenEvent>> events(choices.size());

@@ -35,7 +35,7 @@ void stream_events(httplib::Response& res, std::shared_ptr<Choices> choices, std
                    ServerMetrics& metrics, double keepalive_seconds);
 
 // Non-streaming answer: build(choices) once every choice is done.
-void respond_when_done(httplib::Response& res, std::shared_ptr<Choices> choices,
-                       std::function<ojson(Choices&)> build, ServerMetrics& metrics);
+void respond_when_done(httplib::Response& res, std::shared_ptr<Choices> choices, std::function<ojson(Choices&)> build,
+                       ServerMetrics& metrics);
 
 }  // namespace dsv4

@@ -25,8 +25,8 @@ constexpr std::string_view kImagePlaceholder = "<｜deepseek_image｜>";
 
 const std::map<std::string, std::string>& task_tokens() {
   static const std::map<std::string, std::string> t = {
-      {"action", "<｜action｜>"},       {"query", "<｜query｜>"}, {"authority", "<｜authority｜>"},
-      {"domain", "<｜domain｜>"},       {"title", "<｜title｜>"}, {"read_url", "<｜read_url｜>"}};
+      {"action", "<｜action｜>"}, {"query", "<｜query｜>"}, {"authority", "<｜authority｜>"},
+      {"domain", "<｜domain｜>"}, {"title", "<｜title｜>"}, {"read_url", "<｜read_url｜>"}};
   return t;
 }
 
@@ -121,8 +121,7 @@ std::string render_tools(const ojson& tools, const Dialect& d) {
 }
 
 std::string render_response_format(const ojson& rf) {
-  return "## Response Format:\n\nYou MUST strictly adhere to the following schema to reply:\n" +
-         python_json_dumps(rf);
+  return "## Response Format:\n\nYou MUST strictly adhere to the following schema to reply:\n" + python_json_dumps(rf);
 }
 
 std::string render_tool_result_content(const ojson& content) {
@@ -574,10 +573,12 @@ std::string_view profile_name(EncoderProfile p) {
 }
 
 std::optional<EncoderProfile> parse_profile_name(std::string_view name) {
-  if (name == "v4" || name == "v4_preview" || name == "v4-preview" || name == "legacy") return EncoderProfile::V4Preview;
+  if (name == "v4" || name == "v4_preview" || name == "v4-preview" || name == "legacy")
+    return EncoderProfile::V4Preview;
   if (name == "v4-0731" || name == "v4_0731" || name == "0731") return EncoderProfile::V4_0731;
   if (name == "v41" || name == "v4.1") return EncoderProfile::V41;
-  if (name == "v41_vendored_effort_table" || name == "v41-tiers" || name == "v41-sglang") return EncoderProfile::V41TierTable;
+  if (name == "v41_vendored_effort_table" || name == "v41-tiers" || name == "v41-sglang")
+    return EncoderProfile::V41TierTable;
   return std::nullopt;
 }
 
@@ -740,11 +741,12 @@ bool is_integer(const ojson& v) { return v.is_number_integer() || v.is_number_un
 RenderOptions RenderOptions::from_environment(EncoderProfile profile) {
   RenderOptions o;
   if (auto t = parse_bool_env(std::getenv("SGLANG_DEFAULT_THINKING"))) o.default_thinking = *t;
-  const char* env = is_v41(profile) ? std::getenv("SGLANG_DSV41_REASONING_EFFORT")
-                                    : std::getenv("SGLANG_DSV4_REASONING_EFFORT");
+  const char* env =
+      is_v41(profile) ? std::getenv("SGLANG_DSV41_REASONING_EFFORT") : std::getenv("SGLANG_DSV4_REASONING_EFFORT");
   if (env && *env) {
     std::string s(env);
-    bool all_digits = std::all_of(s.begin(), s.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+    bool all_digits =
+        std::all_of(s.begin(), s.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
     if (is_v41(profile) && all_digits && s.size() <= 3) {
       const int v = std::stoi(s);
       if (v < 1 || v > 100) throw std::runtime_error("reasoning effort budget must be within 1..100: " + s);
@@ -779,8 +781,8 @@ ModeDecision resolve_mode(const ojson& request, EncoderProfile profile, const Re
     if (type == "disabled") thinking = false;
   }
 
-  const bool top_has_effort = request.is_object() && request.contains("reasoning_effort") &&
-                              !request["reasoning_effort"].is_null();
+  const bool top_has_effort =
+      request.is_object() && request.contains("reasoning_effort") && !request["reasoning_effort"].is_null();
   ojson effort = top_has_effort ? request["reasoning_effort"] : ojson();
   bool effort_from_kwargs = false;
   if (effort.is_null() && ctk.is_object() && ctk.contains("reasoning_effort") && !ctk["reasoning_effort"].is_null()) {
@@ -835,8 +837,7 @@ ModeDecision resolve_mode(const ojson& request, EncoderProfile profile, const Re
   }
 
   // SGLang flavor.
-  const bool effort_enables =
-      options.reasoning_effort_enables_thinking.value_or(v41) && top_has_effort;
+  const bool effort_enables = options.reasoning_effort_enables_thinking.value_or(v41) && top_has_effort;
   d.thinking = thinking.value_or(effort_enables ? true : options.default_thinking.value_or(false));
   if (!thinking.has_value() && effort_enables) d.thinking = true;
 
@@ -1018,7 +1019,8 @@ RenderedPrompt render_chat_request(const ojson& request, EncoderProfile profile,
   // Continuation of a final assistant message.
   const bool continue_final = python_truthy(get_or_null(request, "continue_final_message"));
   bool prefix_continuation = false;
-  if (!messages.empty() && messages.back()["role"] == "assistant" && python_truthy(get_or_null(messages.back(), "prefix"))) {
+  if (!messages.empty() && messages.back()["role"] == "assistant" &&
+      python_truthy(get_or_null(messages.back(), "prefix"))) {
     prefix_continuation = true;
   }
   for (auto& m : messages) m.erase("prefix");
@@ -1029,8 +1031,8 @@ RenderedPrompt render_chat_request(const ojson& request, EncoderProfile profile,
   if (prefix_continuation) mode.thinking = false;
   if (continuing) messages.back()["wo_eos"] = true;
 
-  const bool add_generation_prompt = !request.contains("add_generation_prompt") ||
-                                     python_truthy(request["add_generation_prompt"]);
+  const bool add_generation_prompt =
+      !request.contains("add_generation_prompt") || python_truthy(request["add_generation_prompt"]);
   if (!continuing && !messages.empty() && messages.back()["role"] == "assistant" &&
       options.trailing_assistant_to_user) {
     ojson& last = messages.back();
@@ -1074,7 +1076,8 @@ RenderedPrompt render_chat_request(const ojson& request, EncoderProfile profile,
     // vLLM's add_generation_prompt: the cue follows ANY final role, and is
     // absent (even after a user turn) when the client turns it off.
     bool has_cue = false;
-    for (std::string_view cue : {std::string_view("<｜Assistant｜><think>"), std::string_view("<｜Assistant｜></think>")}) {
+    for (std::string_view cue :
+         {std::string_view("<｜Assistant｜><think>"), std::string_view("<｜Assistant｜></think>")}) {
       if (out.prompt.size() >= cue.size() && out.prompt.compare(out.prompt.size() - cue.size(), cue.size(), cue) == 0) {
         has_cue = true;
         if (!add_generation_prompt) out.prompt.resize(out.prompt.size() - cue.size());

@@ -22,9 +22,9 @@
 namespace dsv4::text {
 
 enum class EncoderProfile {
-  V4Preview,  // original V4-Flash/-Pro encoder: effort high (no prefix) or max
-  V4_0731,    // Flash-0731 encoder: low (default, no prefix) / high / max prefixes
-  V41,        // V4.1 official encoder: spaced DSML, numeric effort low=50 high=75 max=100
+  V4Preview,     // original V4-Flash/-Pro encoder: effort high (no prefix) or max
+  V4_0731,       // Flash-0731 encoder: low (default, no prefix) / high / max prefixes
+  V41,           // V4.1 official encoder: spaced DSML, numeric effort low=50 high=75 max=100
   V41TierTable,  // V4.1 with the SGLang/vLLM tier table low=25 high=50 xhigh=75 max=100
 };
 
@@ -54,7 +54,7 @@ struct EncoderInput {
   bool thinking = false;            // thinking_mode "thinking" vs "chat"
   ojson reasoning_effort;           // null = encoder default; string tier or integer
   bool drop_thinking = true;
-  ojson context;                    // null or an array of already-rendered messages
+  ojson context;  // null or an array of already-rendered messages
   bool add_bos = true;
 };
 
@@ -121,8 +121,7 @@ struct RenderedPrompt {
 // reasoning_effort, chat_template_kwargs, thinking, continue_final_message,
 // add_generation_prompt). Throws EncoderError for requests that cannot be
 // rendered; never anything else for well-typed JSON.
-RenderedPrompt render_chat_request(const ojson& request, EncoderProfile profile,
-                                   const RenderOptions& options = {});
+RenderedPrompt render_chat_request(const ojson& request, EncoderProfile profile, const RenderOptions& options = {});
 
 // Whether the rendered prompt leaves the model inside reasoning.
 bool prompt_starts_in_reasoning(std::string_view prompt);

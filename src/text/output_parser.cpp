@@ -54,7 +54,8 @@ std::string decode_entities(std::string_view s) {
   out.reserve(s.size());
   for (size_t i = 0; i < s.size();) {
     if (s[i] == '&') {
-      static const std::pair<std::string_view, char> ents[] = {{"&lt;", '<'}, {"&gt;", '>'}, {"&amp;", '&'}, {"&quot;", '"'}};
+      static const std::pair<std::string_view, char> ents[] = {
+          {"&lt;", '<'}, {"&gt;", '>'}, {"&amp;", '&'}, {"&quot;", '"'}};
       bool matched = false;
       for (const auto& [e, c] : ents) {
         if (s.compare(i, e.size(), e) == 0) {
@@ -204,8 +205,8 @@ struct OutputParser::Impl {
 
   // Tool stage.
   enum class ToolState { Disabled, Text, Block, Done, Failed } tstate = ToolState::Disabled;
-  std::string tbuf;           // Text: unreleased content; Block: unparsed block text
-  std::string raw_block;      // separator + block text, for the malformed fallback
+  std::string tbuf;                          // Text: unreleased content; Block: unparsed block text
+  std::string raw_block;                     // separator + block text, for the malformed fallback
   std::vector<std::string> opener_patterns;  // with and without the "\n\n" separator
   std::vector<std::string> openers;
   bool implicit_block = false;
@@ -315,7 +316,7 @@ struct OutputParser::Impl {
         std::string before = rbuf.substr(0, f.pos);
         rbuf.erase(0, f.pos);
         tool_feed(before, d, false);
-        if (!tool_takes_think_tags()) continue;  // the tag is inside a DSML block
+        if (!tool_takes_think_tags()) continue;     // the tag is inside a DSML block
         if (m == kThinkBegin) in_reasoning = true;  // another think block; a stray </think> is dropped
         rbuf.erase(0, m.size());
       }
@@ -357,9 +358,7 @@ struct OutputParser::Impl {
   void tool_feed(std::string_view text, ParserDelta& d, bool final) {
     switch (tstate) {
       case ToolState::Disabled:
-      case ToolState::Failed:
-        emit_content(text, d, final);
-        return;
+      case ToolState::Failed: emit_content(text, d, final); return;
       case ToolState::Done:
         if (cfg.options.keep_text_after_tool_calls) {
           emit_content(text, d, final);

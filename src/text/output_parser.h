@@ -86,8 +86,8 @@ struct ParsedMessage {
   std::optional<std::string> reasoning_content;  // nullopt when empty
   std::optional<std::string> content;            // nullopt when empty
   std::vector<ToolCall> tool_calls;
-  std::string finish_reason;                     // stop | length | tool_calls | abort
-  std::optional<std::string> tool_call_error;    // malformed tool markup
+  std::string finish_reason;                   // stop | length | tool_calls | abort
+  std::optional<std::string> tool_call_error;  // malformed tool markup
   // A malformed call was detected after a tool-call header had already been
   // streamed: the server must send an SSE error event (serving.md §2.6.3).
   bool stream_error = false;

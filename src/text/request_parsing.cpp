@@ -24,9 +24,8 @@ void set_parser_kinds(ParserConfig& cfg, EncoderProfile profile, std::string_vie
   }
 }
 
-ParserConfig parser_config_for_request(const ojson& req, EncoderProfile profile,
-                                       bool starts_in_reasoning, std::string_view reasoning_parser,
-                                       std::string_view tool_parser) {
+ParserConfig parser_config_for_request(const ojson& req, EncoderProfile profile, bool starts_in_reasoning,
+                                       std::string_view reasoning_parser, std::string_view tool_parser) {
   ParserConfig cfg;
   set_parser_kinds(cfg, profile, reasoning_parser, tool_parser);
   cfg.starts_in_reasoning = starts_in_reasoning;
@@ -35,8 +34,8 @@ ParserConfig parser_config_for_request(const ojson& req, EncoderProfile profile,
   cfg.tools_enabled = tools.is_array() && !tools.empty() && !choice_none;
   if (cfg.tools_enabled)
     for (const auto& t : tools)
-      if (t.is_object() && t.contains("function") && t["function"].is_object() &&
-          t["function"].contains("name") && t["function"]["name"].is_string())
+      if (t.is_object() && t.contains("function") && t["function"].is_object() && t["function"].contains("name") &&
+          t["function"]["name"].is_string())
         cfg.tool_names.push_back(t["function"]["name"].get<std::string>());
   if (req.contains("separate_reasoning") && req["separate_reasoning"].is_boolean())
     cfg.options.separate_reasoning = req["separate_reasoning"].get<bool>();

@@ -16,8 +16,7 @@ void set_parser_kinds(ParserConfig& cfg, EncoderProfile profile, std::string_vie
 
 // reasoning_parser / tool_parser: the server flags ("" = from the profile,
 // "none" = off). Throws std::runtime_error for an unknown parser name.
-ParserConfig parser_config_for_request(const ojson& request, EncoderProfile profile,
-                                       bool starts_in_reasoning, std::string_view reasoning_parser,
-                                       std::string_view tool_parser);
+ParserConfig parser_config_for_request(const ojson& request, EncoderProfile profile, bool starts_in_reasoning,
+                                       std::string_view reasoning_parser, std::string_view tool_parser);
 
 }  // namespace dsv4::text

@@ -215,8 +215,7 @@ void Tokenizer::Impl::encode_plain(std::string_view text, std::vector<TokenId>& 
   split_level(text, 0, out);
 }
 
-void Tokenizer::Impl::split_level(std::string_view piece, size_t level,
-                                  std::vector<TokenId>& out) const {
+void Tokenizer::Impl::split_level(std::string_view piece, size_t level, std::vector<TokenId>& out) const {
   if (level == splits.size()) {
     bpe(piece, out);
     return;
@@ -295,9 +294,7 @@ void Tokenizer::Impl::bpe_uncached(std::string_view word, std::vector<TokenId>& 
     sym[i] = {byte_token[static_cast<unsigned char>(word[i])], static_cast<int32_t>(i) - 1,
               i + 1 < n ? static_cast<int32_t>(i + 1) : -1, true};
   }
-  auto greater = [](const Merge& a, const Merge& b) {
-    return a.rank != b.rank ? a.rank > b.rank : a.pos > b.pos;
-  };
+  auto greater = [](const Merge& a, const Merge& b) { return a.rank != b.rank ? a.rank > b.rank : a.pos > b.pos; };
   std::vector<Merge> heap;
   heap.reserve(n * 2);
   for (size_t i = 0; i + 1 < n; ++i) {
@@ -341,8 +338,8 @@ namespace {
 Regex compile_regex(const std::string& pattern) {
   int err = 0;
   PCRE2_SIZE erroff = 0;
-  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                                   PCRE2_UTF | PCRE2_UCP, &err, &erroff, nullptr);
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), PCRE2_UTF | PCRE2_UCP,
+                                   &err, &erroff, nullptr);
   if (!code) {
     PCRE2_UCHAR buf[256];
     pcre2_get_error_message(err, buf, sizeof(buf));
@@ -473,8 +470,7 @@ std::shared_ptr<const Tokenizer> Tokenizer::from_json_text(std::string_view text
       a = m.at(0).get<std::string>();
       b = m.at(1).get<std::string>();
     }
-    auto ia = impl->token_index.find(a), ib = impl->token_index.find(b),
-         im = impl->token_index.find(a + b);
+    auto ia = impl->token_index.find(a), ib = impl->token_index.find(b), im = impl->token_index.find(a + b);
     if (ia == impl->token_index.end() || ib == impl->token_index.end() || im == impl->token_index.end()) {
       throw std::runtime_error("tokenizer: merge refers to unknown token '" + a + " " + b + "'");
     }

@@ -21,16 +21,16 @@ using TokenId = int32_t;
 // that a checkpoint with a different numbering still works. A missing entry is
 // -1 (e.g. <｜System｜> does not exist in the V4 tokenizer).
 struct SpecialTokenIds {
-  TokenId bos = -1;             // <｜begin▁of▁sentence｜>
-  TokenId eos = -1;             // <｜end▁of▁sentence｜>
-  TokenId pad = -1;             // <｜▁pad▁｜>
-  TokenId user = -1;            // <｜User｜>
-  TokenId assistant = -1;       // <｜Assistant｜>
-  TokenId system = -1;          // <｜System｜> (V4.1 only)
-  TokenId think_begin = -1;     // <think>
-  TokenId think_end = -1;       // </think>
-  TokenId dsml = -1;            // ｜DSML｜
-  TokenId latest_reminder = -1; // <｜latest_reminder｜>
+  TokenId bos = -1;              // <｜begin▁of▁sentence｜>
+  TokenId eos = -1;              // <｜end▁of▁sentence｜>
+  TokenId pad = -1;              // <｜▁pad▁｜>
+  TokenId user = -1;             // <｜User｜>
+  TokenId assistant = -1;        // <｜Assistant｜>
+  TokenId system = -1;           // <｜System｜> (V4.1 only)
+  TokenId think_begin = -1;      // <think>
+  TokenId think_end = -1;        // </think>
+  TokenId dsml = -1;             // ｜DSML｜
+  TokenId latest_reminder = -1;  // <｜latest_reminder｜>
 };
 
 class Tokenizer {
@@ -55,7 +55,7 @@ class Tokenizer {
   // Raw bytes of one token (byte-level mapping undone; added tokens verbatim).
   // Empty for unknown ids.
   std::string_view token_bytes(TokenId id) const;
-  bool is_special(TokenId id) const;   // added token flagged "special"
+  bool is_special(TokenId id) const;  // added token flagged "special"
   bool is_added(TokenId id) const;
 
   std::optional<TokenId> token_to_id(std::string_view token) const;

@@ -18,8 +18,7 @@ inline constexpr std::string_view kReplacement = "\xEF\xBF\xBD";
 // number of bytes that form the maximal invalid subpart (>= 1) when 0 is
 // returned and the sequence is complete-but-invalid; when the input ends in
 // the middle of a still-valid prefix, `*truncated` is set.
-inline size_t sequence_length(std::string_view s, size_t i, size_t* maximal_subpart,
-                              bool* truncated) {
+inline size_t sequence_length(std::string_view s, size_t i, size_t* maximal_subpart, bool* truncated) {
   const auto b0 = static_cast<unsigned char>(s[i]);
   *truncated = false;
   *maximal_subpart = 1;

@@ -36,26 +36,25 @@ class CpuBackend final : public KernelBackend {
     }
   }
 
-  void rms_norm(float* x, int64_t rows, int64_t width, int64_t stride, const float* weight,
-                float eps) const override {
-#pragma omp parallel for schedule(static) num_threads(threads_for(rows * width * 4))
+  void rms_norm(float* x, int64_t rows, int64_t width, int64_t stride, const float* weight, float eps) const override {
+#pragma omp parallel for schedule(static) num_threads(threads_for(rows* width * 4))
     for (int64_t r = 0; r < rows; ++r) dsv4::rms_norm(x + r * stride, weight, width, eps, isa_);
   }
   void rope(float* x, int64_t rows, int64_t stride, const int64_t* positions, int64_t rows_per_position,
             const RopeTable& table, bool inverse) const override {
-#pragma omp parallel for schedule(static) num_threads(threads_for(rows * table.dim() * 16))
+#pragma omp parallel for schedule(static) num_threads(threads_for(rows* table.dim() * 16))
     for (int64_t r = 0; r < rows; ++r) table.apply(x + r * stride, positions[r / rows_per_position], inverse);
   }
   void hadamard(float* x, int64_t rows, int64_t width, int64_t stride) const override {
-#pragma omp parallel for schedule(static) num_threads(threads_for(rows * width * 8))
+#pragma omp parallel for schedule(static) num_threads(threads_for(rows* width * 8))
     for (int64_t r = 0; r < rows; ++r) hadamard_transform(x + r * stride, width);
   }
   void fp8_round(float* x, int64_t rows, int64_t width, int64_t stride, int64_t block) const override {
-#pragma omp parallel for schedule(static) num_threads(threads_for(rows * width * 8))
+#pragma omp parallel for schedule(static) num_threads(threads_for(rows* width * 8))
     for (int64_t r = 0; r < rows; ++r) fp8_round_trip(x + r * stride, width, block);
   }
   void fp4_round(float* x, int64_t rows, int64_t width, int64_t stride, int64_t block) const override {
-#pragma omp parallel for schedule(static) num_threads(threads_for(rows * width * 8))
+#pragma omp parallel for schedule(static) num_threads(threads_for(rows* width * 8))
     for (int64_t r = 0; r < rows; ++r) fp4_round_trip(x + r * stride, width, block);
   }
   void scale(float* x, int64_t n, float s) const override {

@@ -64,8 +64,10 @@ inline void pack_token_outer(const float* src, int64_t cols, int64_t n, int64_t 
 // Asks L2 for the weight bytes of storage positions [c0, c1) of rows
 // [row0, row1), so that reading the next panel overlaps the FMAs of this one.
 inline void prefetch_weights(const Linear& w, int64_t row0, int64_t row1, int64_t c0, int64_t c1) {
-  const int64_t bits = w.format == WeightFormat::F32 ? 32 : w.format == WeightFormat::BF16 ? 16
-                       : w.format == WeightFormat::FP8_BLOCK128 ? 8 : 4;
+  const int64_t bits = w.format == WeightFormat::F32            ? 32
+                       : w.format == WeightFormat::BF16         ? 16
+                       : w.format == WeightFormat::FP8_BLOCK128 ? 8
+                                                                : 4;
   for (int64_t r = row0; r < row1; ++r) {
     const uint8_t* p = w.data + r * w.cols * bits / 8;
     for (int64_t b = c0 * bits / 8; b < c1 * bits / 8; b += 64) _mm_prefetch((const char*)(p + b), _MM_HINT_T1);

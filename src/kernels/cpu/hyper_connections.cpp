@@ -23,7 +23,7 @@ std::vector<float> hc_mixes(KernelIsa isa, const HcShape& c, const HcSite& w, co
   const int64_t width = c.copies * c.dim, mix = w.fn->rows;
   std::vector<float> out(size_t(n * mix));
   linear_forward(isa, *w.fn, x_hc, n, out.data());
-#pragma omp parallel for schedule(static) num_threads(threads_for(n * width))
+#pragma omp parallel for schedule(static) num_threads(threads_for(n* width))
   for (int64_t t = 0; t < n; ++t) {
     const float* v = x_hc + t * width;
     float inv = 1.0f / std::sqrt(sum_of_squares(v, width, isa) / float(width) + c.norm_eps);
@@ -41,8 +41,7 @@ void collapse_columns(int64_t h, int64_t d, int64_t i0, const float* x, const fl
     y[i] = s;
   }
 }
-DSV4_TARGET_AVX512 void collapse_avx512(int64_t h, int64_t d, const float* x, const float* pre,
-                                                        float* y) {
+DSV4_TARGET_AVX512 void collapse_avx512(int64_t h, int64_t d, const float* x, const float* pre, float* y) {
   int64_t i = 0;
   for (; i + 16 <= d; i += 16) {
     __m512 s = _mm512_setzero_ps();
@@ -53,8 +52,10 @@ DSV4_TARGET_AVX512 void collapse_avx512(int64_t h, int64_t d, const float* x, co
   collapse_columns(h, d, i, x, pre, y);
 }
 void collapse(KernelIsa isa, const HcShape& c, const float* x, const float* pre, float* y) {
-  if (isa == KernelIsa::Avx512) collapse_avx512(c.copies, c.dim, x, pre, y);
-  else collapse_columns(c.copies, c.dim, 0, x, pre, y);
+  if (isa == KernelIsa::Avx512)
+    collapse_avx512(c.copies, c.dim, x, pre, y);
+  else
+    collapse_columns(c.copies, c.dim, 0, x, pre, y);
 }
 
 inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
@@ -68,7 +69,7 @@ void hc_pre(KernelIsa isa, const HcShape& c, const HcSite& w, const float* x_hc,
   out->post.resize(size_t(n * h));
   out->comb.resize(size_t(n * h * h));
   const float eps = c.eps;
-#pragma omp parallel for schedule(static) num_threads(threads_for(n * (h * c.dim + 16 * h * h * c.sinkhorn_iters)))
+#pragma omp parallel for schedule(static) num_threads(threads_for(n*(h * c.dim + 16 * h * h * c.sinkhorn_iters)))
   for (int64_t t = 0; t < n; ++t) {
     const float* mix = mixes.data() + t * mix_n;
     float* pre = out->pre.data() + t * h;
@@ -135,8 +136,8 @@ void hc_post_token(int64_t h, int64_t d, int64_t i0, const float* post, const fl
 
 // The same operations on 16 columns at a time, about ten times faster than
 // the scalar loop (docs/kernels.md).
-DSV4_TARGET_AVX512 void hc_post_token_avx512(int64_t h, int64_t d, const float* post,
-                                                             const float* comb, const float* y, float* x) {
+DSV4_TARGET_AVX512 void hc_post_token_avx512(int64_t h, int64_t d, const float* post, const float* comb, const float* y,
+                                             float* x) {
   int64_t i = 0;
   for (; i + 16 <= d; i += 16) {
     __m512 old[16];
@@ -160,8 +161,10 @@ void hc_post(KernelIsa isa, const HcShape& c, const HcMix& mix, const float* y, 
   for (int64_t t = 0; t < n; ++t) {
     const float* post = mix.post.data() + t * h;
     const float* comb = mix.comb.data() + t * h * h;
-    if (avx512) hc_post_token_avx512(h, d, post, comb, y + t * d, x_hc + t * h * d);
-    else hc_post_token(h, d, 0, post, comb, y + t * d, x_hc + t * h * d);
+    if (avx512)
+      hc_post_token_avx512(h, d, post, comb, y + t * d, x_hc + t * h * d);
+    else
+      hc_post_token(h, d, 0, post, comb, y + t * d, x_hc + t * h * d);
   }
 }
 
@@ -170,8 +173,7 @@ void hc_head(KernelIsa isa, const HcShape& c, const HcSite& w, const float* x_hc
   std::vector<float> mixes = hc_mixes(isa, c, w, x_hc, n);
   for (int64_t t = 0; t < n; ++t) {
     float pre[16];
-    for (int64_t j = 0; j < h; ++j)
-      pre[j] = sigmoid(mixes[size_t(t * h + j)] * w.scale[0] + w.base[j]) + c.eps;
+    for (int64_t j = 0; j < h; ++j) pre[j] = sigmoid(mixes[size_t(t * h + j)] * w.scale[0] + w.base[j]) + c.eps;
     collapse(isa, c, x_hc + t * h * c.dim, pre, y + t * c.dim);
   }
 }

@@ -142,8 +142,10 @@ void prepare_token(const Linear& w, const float* x, int64_t n, int64_t t, bool p
   float* dst = packed ? row : xs + t * cols;
   to_storage_order(w, x + t * cols, dst);
   if (w.quantize_input) fp8_round_trip(dst, cols, 128);
-  if (packed && outer) pack_token_outer(dst, cols, n, t, xs);
-  else if (packed) pack_token_dot(dst, cols, n, t, xs);
+  if (packed && outer)
+    pack_token_outer(dst, cols, n, t, xs);
+  else if (packed)
+    pack_token_dot(dst, cols, n, t, xs);
 }
 
 // Piece `id` of `pieces` of rows [row_begin, row_begin + out): an equal
@@ -183,7 +185,7 @@ void linear_forward(KernelIsa isa, const Linear& w, const float* x, int64_t n, f
   const bool packed = n >= packed_min_tokens(w) && out >= kPackedMinRows &&
                       (isa == KernelIsa::Avx512 || (isa == KernelIsa::Avx2 && outer));
   float* xs = thread_scratch_array<float>(ScratchSlot::LinearInput, n * cols);
-#pragma omp parallel num_threads(threads_for(n * cols * 16))
+#pragma omp parallel num_threads(threads_for(n* cols * 16))
   {
     float* row = thread_scratch_array<float>(ScratchSlot::LinearRow, cols);
 #pragma omp for schedule(static)
@@ -191,9 +193,12 @@ void linear_forward(KernelIsa isa, const Linear& w, const float* x, int64_t n, f
   }
   const int threads = threads_for(out * cols * std::max<int64_t>(n, 1));
   if (packed) {
-    if (isa == KernelIsa::Avx2) packed_gemm_outer_avx2(w, row_begin, out, xs, n, y, y_stride, threads);
-    else if (outer) packed_gemm_outer_avx512(w, row_begin, out, xs, n, y, y_stride, threads);
-    else packed_gemm_dot_avx512(w, row_begin, out, xs, n, y, y_stride, threads);
+    if (isa == KernelIsa::Avx2)
+      packed_gemm_outer_avx2(w, row_begin, out, xs, n, y, y_stride, threads);
+    else if (outer)
+      packed_gemm_outer_avx512(w, row_begin, out, xs, n, y, y_stride, threads);
+    else
+      packed_gemm_dot_avx512(w, row_begin, out, xs, n, y, y_stride, threads);
     return;
   }
   if (isa == KernelIsa::Avx512) {
@@ -206,8 +211,8 @@ void linear_forward(KernelIsa isa, const Linear& w, const float* x, int64_t n, f
 #pragma omp for schedule(dynamic, 1)
       for (int64_t item = 0; item < token_blocks * pieces; ++item) {
         const int64_t t0 = item / pieces * kMaxRegisterTokens, piece = item % pieces;
-        register_rows_piece(w, row_begin, out, xs + t0 * cols, std::min(kMaxRegisterTokens, n - t0),
-                            y + t0 * y_stride, y_stride, piece, pieces);
+        register_rows_piece(w, row_begin, out, xs + t0 * cols, std::min(kMaxRegisterTokens, n - t0), y + t0 * y_stride,
+                            y_stride, piece, pieces);
       }
     }
     return;
@@ -229,7 +234,8 @@ void linear_forward(KernelIsa isa, const Linear& w, const float* x, int64_t n, f
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t k = 0; k < n_tiles; ++k)
     for (int64_t o = k * tile; o < std::min(out, (k + 1) * tile); ++o) {
-      if (isa == KernelIsa::Avx2) dot_tokens_avx2(w, row_begin + o, xs, n, y + o, y_stride);
+      if (isa == KernelIsa::Avx2)
+        dot_tokens_avx2(w, row_begin + o, xs, n, y + o, y_stride);
       else
         for (int64_t t = 0; t < n; ++t) y[t * y_stride + o] = float(dot(w, row_begin + o, xs + t * cols));
     }

@@ -44,8 +44,6 @@ DSV4_AVX2 inline __m256 e4m3_to_ps_avx2(__m128i bytes8, __m256 scale) {
   return _mm256_mul_ps(v, scale);
 }
 
-
-
 // 8 e2m1 codes, the low nibbles of 8 widened bytes or, when `high`, their
 // high ones, from a block's scaled table (E2m1Tables) held as codes 0-7 and
 // 8-15 in a vector each: vpermps reads only the low 3 bits of an index, the
@@ -59,8 +57,7 @@ DSV4_AVX2 inline __m256 e2m1x8_avx2(__m256i bytes, bool high, __m256 positive, _
 }
 
 // Weights [i, i+16) of a row as two vectors of 8 floats, scale applied.
-DSV4_AVX2 inline void decode16_avx2(const Linear& w, int64_t row, int64_t i,
-                                                              __m256& lo, __m256& hi) {
+DSV4_AVX2 inline void decode16_avx2(const Linear& w, int64_t row, int64_t i, __m256& lo, __m256& hi) {
   const int64_t n = w.cols;
   switch (w.format) {
     case WeightFormat::F32: {
@@ -97,7 +94,6 @@ DSV4_AVX2 inline void decode16_avx2(const Linear& w, int64_t row, int64_t i,
     }
   }
 }
-
 
 // The few-token AVX2 kernels. BF16 and F32 rows ask for their bytes 1 KB
 // ahead, one cache line at a time (past a row's end: the next row of the
@@ -331,16 +327,15 @@ void packed_gemm_outer_avx2(const Linear& w, int64_t row_begin, int64_t out, con
                             int64_t y_stride, int threads) {
   packed_gemm_outer(
       w, row_begin, out, xp, n, y, y_stride, threads,
-      [&](int64_t row, int count, int64_t c0, int64_t steps, float* rows_tmp, float* panel) DSV4_AVX2 {
-        decode_rows_to_panel_avx2(w, row, count, c0, steps, rows_tmp, panel);
-      },
+      [&](int64_t row, int count, int64_t c0, int64_t steps, float* rows_tmp, float* panel)
+          DSV4_AVX2 { decode_rows_to_panel_avx2(w, row, count, c0, steps, rows_tmp, panel); },
       [](int group, const float* pg, const float* xg, int64_t steps, float* lanes) DSV4_AVX2 {
         for (int l = 0; l < 16; ++l)
           for (int half = 0; half < 2; ++half)
             for (int u = 0; u < group; u += kOuterTokensAvx2)
-              outer_lane_kernel_any_avx2(std::min(kOuterTokensAvx2, group - u),
-                                         pg + l * steps * kPanelRows + 16 * half, xg + l * steps * group + u, group,
-                                         steps, lanes + (l * group + u) * kPanelRows + 16 * half);
+              outer_lane_kernel_any_avx2(std::min(kOuterTokensAvx2, group - u), pg + l * steps * kPanelRows + 16 * half,
+                                         xg + l * steps * group + u, group, steps,
+                                         lanes + (l * group + u) * kPanelRows + 16 * half);
       },
       fold_lanes_avx2);
 }

@@ -20,8 +20,9 @@ namespace {
 
 // fold16 of the 16 lanes of a register, in registers (the same additions).
 DSV4_AVX512 inline double fold16_avx512(__m512 lanes) {
-  const __m512d s8 = _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(lanes)),
-                                   _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(lanes), 1))));
+  const __m512d s8 =
+      _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(lanes)),
+                    _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(lanes), 1))));
   const __m256d s4 = _mm256_add_pd(_mm512_castpd512_pd256(s8), _mm512_extractf64x4_pd(s8, 1));
   const __m128d s2 = _mm_add_pd(_mm256_castpd256_pd128(s4), _mm256_extractf128_pd(s4, 1));
   return _mm_cvtsd_f64(_mm_add_sd(s2, _mm_unpackhi_pd(s2, s2)));
@@ -36,8 +37,8 @@ DSV4_AVX512 inline __m512 e4m3_to_ps_avx512(__m128i bytes16, __m512 scale) {
   bits = _mm512_mask_add_epi32(bits, sub, bits, _mm512_set1_epi32(1 << 23));
   __m512 v = _mm512_castsi512_ps(bits);
   v = _mm512_mask_sub_ps(v, sub, v, _mm512_set1_ps(0x1p-6f));
-  v = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(v),
-                                          _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x80)), 24)));
+  v = _mm512_castsi512_ps(
+      _mm512_or_si512(_mm512_castps_si512(v), _mm512_slli_epi32(_mm512_and_si512(b, _mm512_set1_epi32(0x80)), 24)));
   return _mm512_mul_ps(v, scale);
 }
 // e4m3 read as the top bits of an fp16: sign-extending the byte to 16 bits
@@ -65,7 +66,6 @@ DSV4_AVX512 inline void e4m3x32_to_ps_times_2m8(const uint8_t* bytes32, __m512& 
 // the scalar table says NaN: checkpoints never hold them (a NaN weight), so
 // the bit-identity of the paths is only claimed for real e4m3 values.
 
-
 // FP4 in storage order (see linear.h): the 16 bytes of a 32-column block
 // give its even elements (low nibbles) and then its odd ones (high nibbles).
 // `table` holds the 16 e2m1 codes' values times the block scale. vpermps
@@ -75,7 +75,6 @@ DSV4_AVX512 inline void e2m1_block_avx512(const uint8_t* bytes16, __m512 table, 
   even = _mm512_permutexvar_ps(b, table);
   odd = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), table);
 }
-
 
 DSV4_AVX512 inline __m512 e2m1_table_avx512(const E2m1Tables& tables, uint8_t scale) {
   return _mm512_load_ps(tables.values[scale]);
@@ -89,15 +88,16 @@ DSV4_AVX512 inline __m512 decode16_avx512(const Linear& w, int64_t row, int64_t 
     case WeightFormat::F32: return _mm512_loadu_ps(reinterpret_cast<const float*>(w.data) + row * n + i);
     case WeightFormat::BF16:
       return _mm512_castsi512_ps(_mm512_slli_epi32(
-          _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(reinterpret_cast<const uint16_t*>(w.data) + row * n + i))),
+          _mm512_cvtepu16_epi32(
+              _mm256_loadu_si256((const __m256i*)(reinterpret_cast<const uint16_t*>(w.data) + row * n + i))),
           16));
     case WeightFormat::FP8_BLOCK128:
       return e4m3_to_ps_avx512(_mm_loadu_si128((const __m128i*)(w.data + row * n + i)),
                                _mm512_set1_ps(e8m0_to_float(w.scale[(row / 128) * w.scale_cols + i / 128])));
     case WeightFormat::FP4_BLOCK32: {
       __m512 even, odd;
-      e2m1_block_avx512(w.data + row * (n / 2) + i / 32 * 16, e2m1_table_avx512(e2m1_tables(), w.scale[row * w.scale_cols + i / 32]),
-                        even, odd);
+      e2m1_block_avx512(w.data + row * (n / 2) + i / 32 * 16,
+                        e2m1_table_avx512(e2m1_tables(), w.scale[row * w.scale_cols + i / 32]), even, odd);
       return i % 32 ? odd : even;
     }
   }
@@ -150,8 +150,8 @@ constexpr int kSmallTokenGroup = 4;
 // value j in the high half of lane j, where a float keeps the bf16 bits;
 // one p5 uop where widening and shifting take a p5 and a p0 uop.
 DSV4_AVX512 inline __m512i bf16_widen_index() {
-  alignas(64) static const uint16_t index[32] = {0, 0, 0, 1, 0, 2, 0, 3, 0, 4, 0, 5, 0, 6, 0, 7,
-                                                0, 8, 0, 9, 0, 10, 0, 11, 0, 12, 0, 13, 0, 14, 0, 15};
+  alignas(64) static const uint16_t index[32] = {0, 0, 0, 1, 0, 2,  0, 3,  0, 4,  0, 5,  0, 6,  0, 7,
+                                                 0, 8, 0, 9, 0, 10, 0, 11, 0, 12, 0, 13, 0, 14, 0, 15};
   return _mm512_load_si512(index);
 }
 DSV4_AVX512 inline __m512 bf16x16_to_ps_avx512(const uint16_t* p, __m512i widen) {
@@ -203,7 +203,6 @@ DSV4_AVX512 inline void dot4_token_groups(int64_t cols, const float* xs, int64_t
     for (int64_t t = 0; t < n; ++t) out[t * out_stride + r] = sums[r][t];
 }
 
-
 DSV4_AVX512 void dot4_float_avx512(const Linear& w, RowGroup g, const float* xs, int64_t n, double* out,
                                    int64_t out_stride) {
   const int64_t cols = w.cols;
@@ -211,49 +210,52 @@ DSV4_AVX512 void dot4_float_avx512(const Linear& w, RowGroup g, const float* xs,
   // into this L1 buffer and the others load floats from it.
   alignas(64) float decoded[4 * kChunk];
   dot4_token_groups(cols, xs, n, out, out_stride,
-                    [&]<int T>(int64_t c0, int64_t c1, const float* const* x, __m512 (*a)[T], int group,
-                               int groups) DSV4_AVX512 {
-    if (w.format == WeightFormat::F32) {
-      const float* p[4];
-      for (int r = 0; r < 4; ++r) p[r] = reinterpret_cast<const float*>(w.data) + g.row(r) * cols;
-      for (int64_t i = c0; i < c1; i += 16)
-        for (int r = 0; r < 4; ++r) fma16_tokens<T>(_mm512_loadu_ps(p[r] + i), x, i, a[r]);
-      return;
-    }
-    const uint16_t* p[4];
-    for (int r = 0; r < 4; ++r) p[r] = reinterpret_cast<const uint16_t*>(w.data) + g.row(r) * cols;
-    const __m512i widen = bf16_widen_index();
-    // One group (batch 1) asks for each stream's bytes kPrefetchBytesAhead
-    // ahead. Several groups share the prefetches of the rows' next chunk
-    // (after the last chunk, the first chunk of the rows this thread takes
-    // next), each group its rows, one cache line per two steps.
-    const bool next_chunk = c1 < cols;
-    const bool stream_ahead = groups == 1 && g.has_next;
-    const bool chunk_ahead = groups > 1 && (next_chunk || g.has_next);
-    if (group > 0) {
-      for (int64_t i = c0; i < c1; i += 16) {
-        if ((i - c0) % 32 == 0 && chunk_ahead)
-          for (int r = group; r < 4; r += groups)
-            _mm_prefetch((const char*)(p[r] + (next_chunk ? c1 : cols) + (i - c0)), _MM_HINT_T0);
-        for (int r = 0; r < 4; ++r) fma16_tokens<T>(_mm512_load_ps(decoded + r * kChunk + (i - c0)), x, i, a[r]);
-      }
-      return;
-    }
-    for (int64_t i = c0; i < c1; i += 16) {
-      if ((i - c0) % 32 == 0) {
-        if (stream_ahead)
-          for (int r = 0; r < 4; ++r) _mm_prefetch((const char*)(p[r] + i) + kPrefetchBytesAhead, _MM_HINT_T0);
-        else if (chunk_ahead)
-          for (int r = group; r < 4; r += groups)
-            _mm_prefetch((const char*)(p[r] + (next_chunk ? c1 : cols) + (i - c0)), _MM_HINT_T0);
-      }
-      for (int r = 0; r < 4; ++r) {
-        const __m512 v = bf16x16_to_ps_avx512(p[r] + i, widen);
-        if (groups > 1) _mm512_store_ps(decoded + r * kChunk + (i - c0), v);
-        fma16_tokens<T>(v, x, i, a[r]);
-      }
-    }
-  });
+                    [&]<int T>(int64_t c0, int64_t c1, const float* const* x, __m512(*a)[T], int group, int groups)
+                        DSV4_AVX512 {
+                          if (w.format == WeightFormat::F32) {
+                            const float* p[4];
+                            for (int r = 0; r < 4; ++r) p[r] = reinterpret_cast<const float*>(w.data) + g.row(r) * cols;
+                            for (int64_t i = c0; i < c1; i += 16)
+                              for (int r = 0; r < 4; ++r) fma16_tokens<T>(_mm512_loadu_ps(p[r] + i), x, i, a[r]);
+                            return;
+                          }
+                          const uint16_t* p[4];
+                          for (int r = 0; r < 4; ++r)
+                            p[r] = reinterpret_cast<const uint16_t*>(w.data) + g.row(r) * cols;
+                          const __m512i widen = bf16_widen_index();
+                          // One group (batch 1) asks for each stream's bytes kPrefetchBytesAhead
+                          // ahead. Several groups share the prefetches of the rows' next chunk
+                          // (after the last chunk, the first chunk of the rows this thread takes
+                          // next), each group its rows, one cache line per two steps.
+                          const bool next_chunk = c1 < cols;
+                          const bool stream_ahead = groups == 1 && g.has_next;
+                          const bool chunk_ahead = groups > 1 && (next_chunk || g.has_next);
+                          if (group > 0) {
+                            for (int64_t i = c0; i < c1; i += 16) {
+                              if ((i - c0) % 32 == 0 && chunk_ahead)
+                                for (int r = group; r < 4; r += groups)
+                                  _mm_prefetch((const char*)(p[r] + (next_chunk ? c1 : cols) + (i - c0)), _MM_HINT_T0);
+                              for (int r = 0; r < 4; ++r)
+                                fma16_tokens<T>(_mm512_load_ps(decoded + r * kChunk + (i - c0)), x, i, a[r]);
+                            }
+                            return;
+                          }
+                          for (int64_t i = c0; i < c1; i += 16) {
+                            if ((i - c0) % 32 == 0) {
+                              if (stream_ahead)
+                                for (int r = 0; r < 4; ++r)
+                                  _mm_prefetch((const char*)(p[r] + i) + kPrefetchBytesAhead, _MM_HINT_T0);
+                              else if (chunk_ahead)
+                                for (int r = group; r < 4; r += groups)
+                                  _mm_prefetch((const char*)(p[r] + (next_chunk ? c1 : cols) + (i - c0)), _MM_HINT_T0);
+                            }
+                            for (int r = 0; r < 4; ++r) {
+                              const __m512 v = bf16x16_to_ps_avx512(p[r] + i, widen);
+                              if (groups > 1) _mm512_store_ps(decoded + r * kChunk + (i - c0), v);
+                              fma16_tokens<T>(v, x, i, a[r]);
+                            }
+                          }
+                        });
 }
 
 DSV4_AVX512 void dot4_fp8_avx512(const Linear& w, RowGroup g, const float* xs, int64_t n, double* out,
@@ -265,72 +267,76 @@ DSV4_AVX512 void dot4_fp8_avx512(const Linear& w, RowGroup g, const float* xs, i
   // chunk's rows into this L1 buffer, the others load floats from it.
   alignas(64) float decoded[4 * kChunk];
   dot4_token_groups(cols, xs, n, out, out_stride,
-                    [&]<int T>(int64_t c0, int64_t c1, const float* const* x, __m512 (*a)[T], int group,
-                               int groups) DSV4_AVX512 {
-    if (group > 0) {
-      for (int64_t i = c0; i < c1; i += 16)
-        for (int r = 0; r < 4; ++r) fma16_tokens<T>(_mm512_load_ps(decoded + r * kChunk + (i - c0)), x, i, a[r]);
-      return;
-    }
-    const bool keep = groups > 1;
-    auto use = [&](int r, int64_t i, __m512 v) DSV4_AVX512 {
-      if (keep) _mm512_store_ps(decoded + r * kChunk + (i - c0), v);
-      fma16_tokens<T>(v, x, i, a[r]);
-    };
-    const bool prefetch = g.has_next;
-    for (int64_t b = c0; b < c1; b += 128) {
-      const int64_t end = std::min(c1, b + 128);
-      uint8_t sb[4];
-      bool half_ok = true;
-      for (int r = 0; r < 4; ++r) {
-        sb[r] = w.scale[(g.row(r) / 128) * w.scale_cols + b / 128];
-        half_ok = half_ok && sb[r] <= kMaxHalfPathScale;
-      }
-      // The fp16 decoding, 32 weights a step. With one token group whose
-      // four rows share the block's scale, that scale is already in the
-      // inputs: each FMA gets the exact product (e4m3 * 2^-8) * (x * 2^(s -
-      // 119)) = (e4m3 * 2^(s - 127)) * x that the other paths give it, same
-      // bits, without the two scale multiplies per 32 weights.
-      auto half_path = [&]<bool kPrescaled>() DSV4_AVX512 {
-        const float* prescaled[T];
-        __m512 sc[4];
-        if constexpr (kPrescaled)
-          for (int t = 0; t < T; ++t) prescaled[t] = g.scaled_inputs + t * cols;
-        else
-          for (int r = 0; r < 4; ++r) sc[r] = _mm512_set1_ps(e8m0_to_float(sb[r]) * 256.0f);
-        auto put = [&](int r, int64_t i, __m512 v) DSV4_AVX512 {
-          if constexpr (kPrescaled) {
-            fma16_tokens<T>(v, prescaled, i, a[r]);  // groups == 1: nothing to keep
-          } else {
-            use(r, i, _mm512_mul_ps(v, sc[r]));
-          }
-        };
-        int64_t i = b;
-        for (; i + 32 <= end; i += 32) {
-          if (prefetch && i % 64 == 0)  // one cache line per row
-            for (int r = 0; r < 4; ++r) _mm_prefetch((const char*)(p[r] + i) + kPrefetchBytesAhead, _MM_HINT_T0);
-          for (int r = 0; r < 4; ++r) {
-            __m512 lo, hi;
-            e4m3x32_to_ps_times_2m8(p[r] + i, lo, hi);
-            put(r, i, lo);
-            put(r, i + 16, hi);
-          }
-        }
-        for (; i < end; i += 16)
-          for (int r = 0; r < 4; ++r) put(r, i, e4m3_to_ps_times_2m8(_mm_loadu_si128((const __m128i*)(p[r] + i))));
-      };
-      if (g.scaled_inputs && groups == 1 && g.scaled_spans[b / 128]) {
-        half_path.template operator()<true>();
-      } else if (half_ok) {
-        half_path.template operator()<false>();
-      } else {
-        for (int64_t i = b; i < end; i += 16)
-          for (int r = 0; r < 4; ++r)
-            use(r, i,
-                e4m3_to_ps_avx512(_mm_loadu_si128((const __m128i*)(p[r] + i)), _mm512_set1_ps(e8m0_to_float(sb[r]))));
-      }
-    }
-  });
+                    [&]<int T>(int64_t c0, int64_t c1, const float* const* x, __m512(*a)[T], int group, int groups)
+                        DSV4_AVX512 {
+                          if (group > 0) {
+                            for (int64_t i = c0; i < c1; i += 16)
+                              for (int r = 0; r < 4; ++r)
+                                fma16_tokens<T>(_mm512_load_ps(decoded + r * kChunk + (i - c0)), x, i, a[r]);
+                            return;
+                          }
+                          const bool keep = groups > 1;
+                          auto use = [&](int r, int64_t i, __m512 v) DSV4_AVX512 {
+                            if (keep) _mm512_store_ps(decoded + r * kChunk + (i - c0), v);
+                            fma16_tokens<T>(v, x, i, a[r]);
+                          };
+                          const bool prefetch = g.has_next;
+                          for (int64_t b = c0; b < c1; b += 128) {
+                            const int64_t end = std::min(c1, b + 128);
+                            uint8_t sb[4];
+                            bool half_ok = true;
+                            for (int r = 0; r < 4; ++r) {
+                              sb[r] = w.scale[(g.row(r) / 128) * w.scale_cols + b / 128];
+                              half_ok = half_ok && sb[r] <= kMaxHalfPathScale;
+                            }
+                            // The fp16 decoding, 32 weights a step. With one token group whose
+                            // four rows share the block's scale, that scale is already in the
+                            // inputs: each FMA gets the exact product (e4m3 * 2^-8) * (x * 2^(s -
+                            // 119)) = (e4m3 * 2^(s - 127)) * x that the other paths give it, same
+                            // bits, without the two scale multiplies per 32 weights.
+                            auto half_path = [&]<bool kPrescaled>() DSV4_AVX512 {
+                              const float* prescaled[T];
+                              __m512 sc[4];
+                              if constexpr (kPrescaled)
+                                for (int t = 0; t < T; ++t) prescaled[t] = g.scaled_inputs + t * cols;
+                              else
+                                for (int r = 0; r < 4; ++r) sc[r] = _mm512_set1_ps(e8m0_to_float(sb[r]) * 256.0f);
+                              auto put = [&](int r, int64_t i, __m512 v) DSV4_AVX512 {
+                                if constexpr (kPrescaled) {
+                                  fma16_tokens<T>(v, prescaled, i, a[r]);  // groups == 1: nothing to keep
+                                } else {
+                                  use(r, i, _mm512_mul_ps(v, sc[r]));
+                                }
+                              };
+                              int64_t i = b;
+                              for (; i + 32 <= end; i += 32) {
+                                if (prefetch && i % 64 == 0)  // one cache line per row
+                                  for (int r = 0; r < 4; ++r)
+                                    _mm_prefetch((const char*)(p[r] + i) + kPrefetchBytesAhead, _MM_HINT_T0);
+                                for (int r = 0; r < 4; ++r) {
+                                  __m512 lo, hi;
+                                  e4m3x32_to_ps_times_2m8(p[r] + i, lo, hi);
+                                  put(r, i, lo);
+                                  put(r, i + 16, hi);
+                                }
+                              }
+                              for (; i < end; i += 16)
+                                for (int r = 0; r < 4; ++r)
+                                  put(r, i, e4m3_to_ps_times_2m8(_mm_loadu_si128((const __m128i*)(p[r] + i))));
+                            };
+                            if (g.scaled_inputs && groups == 1 && g.scaled_spans[b / 128]) {
+                              half_path.template operator()<true>();
+                            } else if (half_ok) {
+                              half_path.template operator()<false>();
+                            } else {
+                              for (int64_t i = b; i < end; i += 16)
+                                for (int r = 0; r < 4; ++r)
+                                  use(r, i,
+                                      e4m3_to_ps_avx512(_mm_loadu_si128((const __m128i*)(p[r] + i)),
+                                                        _mm512_set1_ps(e8m0_to_float(sb[r]))));
+                            }
+                          }
+                        });
 }
 
 DSV4_AVX512 void dot4_fp4_avx512(const Linear& w, RowGroup g, const float* xs, int64_t n, double* out,
@@ -344,20 +350,21 @@ DSV4_AVX512 void dot4_fp4_avx512(const Linear& w, RowGroup g, const float* xs, i
   }
   const E2m1Tables& tables = e2m1_tables();
   dot4_token_groups(cols, xs, n, out, out_stride,
-                    [&]<int T>(int64_t c0, int64_t c1, const float* const* x, __m512 (*a)[T], int group,
-                               int) DSV4_AVX512 {
-    const bool prefetch = g.has_next && group == 0;
-    for (int64_t b = c0; b < c1; b += 32) {
-      if (prefetch && b % 128 == 0)  // one cache line per row
-        for (int r = 0; r < 4; ++r) _mm_prefetch((const char*)(p[r] + b / 2) + kPrefetchBytesAhead, _MM_HINT_T0);
-      for (int r = 0; r < 4; ++r) {
-        __m512 even, odd;
-        e2m1_block_avx512(p[r] + b / 2, e2m1_table_avx512(tables, s[r][b / 32]), even, odd);
-        fma16_tokens<T>(even, x, b, a[r]);
-        fma16_tokens<T>(odd, x, b + 16, a[r]);
-      }
-    }
-  });
+                    [&]<int T>(int64_t c0, int64_t c1, const float* const* x, __m512(*a)[T], int group, int)
+                        DSV4_AVX512 {
+                          const bool prefetch = g.has_next && group == 0;
+                          for (int64_t b = c0; b < c1; b += 32) {
+                            if (prefetch && b % 128 == 0)  // one cache line per row
+                              for (int r = 0; r < 4; ++r)
+                                _mm_prefetch((const char*)(p[r] + b / 2) + kPrefetchBytesAhead, _MM_HINT_T0);
+                            for (int r = 0; r < 4; ++r) {
+                              __m512 even, odd;
+                              e2m1_block_avx512(p[r] + b / 2, e2m1_table_avx512(tables, s[r][b / 32]), even, odd);
+                              fma16_tokens<T>(even, x, b, a[r]);
+                              fma16_tokens<T>(odd, x, b + 16, a[r]);
+                            }
+                          }
+                        });
 }
 
 // The four rows of `g` against n < packed_min_tokens(w) tokens.
@@ -373,8 +380,7 @@ DSV4_AVX512 void dot4_all_tokens_avx512(const Linear& w, RowGroup g, const float
 
 // Storage positions [c0, c1) of one row, decoded with the fast decoders into
 // dst, dst + step, dst + 2 * step, ... (16 floats each).
-DSV4_AVX512 void decode_chunk_avx512(const Linear& w, int64_t row, int64_t c0, int64_t c1, float* dst,
-                                     int64_t step) {
+DSV4_AVX512 void decode_chunk_avx512(const Linear& w, int64_t row, int64_t c0, int64_t c1, float* dst, int64_t step) {
   const int64_t n = w.cols;
   switch (w.format) {
     case WeightFormat::F32:
@@ -447,8 +453,10 @@ DSV4_AVX512 void decode_rows_to_panel(const Linear& w, int64_t row, int count, i
                                       float* rows_tmp, float* panel) {
   for (int r = 0; r < 16; ++r) {
     float* dst = rows_tmp + r * steps * 16;
-    if (r < count) decode_chunk_avx512(w, row + r, c0, c0 + steps * 16, dst, 16);
-    else std::fill_n(dst, steps * 16, 0.0f);
+    if (r < count)
+      decode_chunk_avx512(w, row + r, c0, c0 + steps * 16, dst, 16);
+    else
+      std::fill_n(dst, steps * 16, 0.0f);
   }
   for (int64_t k = 0; k < steps; ++k) {
     __m512 v[16];
@@ -515,8 +523,7 @@ DSV4_AVX512 void outer_lane_kernel_any(int tokens, const float* w, const float* 
 // R rows of a panel against T tokens of a packed group, `steps` x 16
 // positions; the folded chunk is added to sum[r * sum_stride + t].
 template <int R, int T>
-DSV4_AVX512 void micro_kernel_avx512(const float* w, const float* x, int64_t steps, double* sum,
-                                     int64_t sum_stride) {
+DSV4_AVX512 void micro_kernel_avx512(const float* w, const float* x, int64_t steps, double* sum, int64_t sum_stride) {
   __m512 a[R][T];
   for (auto& r : a)
     for (auto& t : r) t = _mm512_setzero_ps();
@@ -626,7 +633,7 @@ DSV4_AVX512 void register_rows_avx512(const Linear& w, int64_t row_begin, int64_
 // Y[t][o] for rows [row_begin, row_begin + out) and n packed tokens (xp),
 // on `threads` threads.
 DSV4_AVX512 void packed_gemm_dot_avx512(const Linear& w, int64_t row_begin, int64_t out, const float* xp, int64_t n,
-                                    float* y, int64_t y_stride, int threads) {
+                                        float* y, int64_t y_stride, int threads) {
   const int64_t cols = w.cols;
   const PackedTasks tasks = packed_tasks(out, n, threads, kDotTokens, kDotRows);
   const int64_t token_block = tasks.token_block;
@@ -645,16 +652,15 @@ DSV4_AVX512 void packed_gemm_dot_avx512(const Linear& w, int64_t row_begin, int6
         for (int64_t r = 0; r < nr; ++r) {
           const int64_t g = r / kDotRows * kDotRows;
           const int64_t rows_in_group = std::min<int64_t>(kDotRows, nr - g);
-          decode_chunk_avx512(w, row_begin + r0 + r, c0, c1, panel + g * kChunk + (r - g) * 16,
-                              rows_in_group * 16);
+          decode_chunk_avx512(w, row_begin + r0 + r, c0, c1, panel + g * kChunk + (r - g) * 16, rows_in_group * 16);
         }
         for (int64_t tg = t0; tg < t0 + nt; tg += kDotTokens) {
           prefetch_next_panel_part(w, row_begin, next, (tg - t0) / kDotTokens);
           const int group = int(std::min<int64_t>(kDotTokens, n - tg));
           const float* xg = xp + tg * cols + (c0 / 16) * (group * 16);
           for (int64_t g = 0; g < nr; g += kDotRows)
-            micro_kernel_any_avx512(int(std::min<int64_t>(kDotRows, nr - g)), group, panel + g * kChunk, xg,
-                                    steps, sums + g * token_block + (tg - t0), token_block);
+            micro_kernel_any_avx512(int(std::min<int64_t>(kDotRows, nr - g)), group, panel + g * kChunk, xg, steps,
+                                    sums + g * token_block + (tg - t0), token_block);
         }
       }
       store_task_sums(sums, token_block, 1, nt, nr, y + t0 * y_stride + r0, y_stride);
@@ -666,9 +672,8 @@ void packed_gemm_outer_avx512(const Linear& w, int64_t row_begin, int64_t out, c
                               int64_t y_stride, int threads) {
   packed_gemm_outer(
       w, row_begin, out, xp, n, y, y_stride, threads,
-      [&](int64_t row, int count, int64_t c0, int64_t steps, float* rows_tmp, float* panel) DSV4_AVX512 {
-        decode_rows_to_panel(w, row, count, c0, steps, rows_tmp, panel);
-      },
+      [&](int64_t row, int count, int64_t c0, int64_t steps, float* rows_tmp, float* panel)
+          DSV4_AVX512 { decode_rows_to_panel(w, row, count, c0, steps, rows_tmp, panel); },
       [](int group, const float* pg, const float* xg, int64_t steps, float* lanes) DSV4_AVX512 {
         for (int l = 0; l < 16; ++l)
           outer_lane_kernel_any(group, pg + l * steps * kPanelRows, xg + l * steps * group, steps,

@@ -24,9 +24,7 @@ namespace dsv4::linear_detail {
 inline void decode16(const Linear& w, int64_t row, int64_t i0, float* out) {
   const int64_t n = w.cols;
   switch (w.format) {
-    case WeightFormat::F32:
-      std::memcpy(out, reinterpret_cast<const float*>(w.data) + row * n + i0, 64);
-      return;
+    case WeightFormat::F32: std::memcpy(out, reinterpret_cast<const float*>(w.data) + row * n + i0, 64); return;
     case WeightFormat::BF16: {
       const uint16_t* p = reinterpret_cast<const uint16_t*>(w.data) + row * n + i0;
       for (int l = 0; l < 16; ++l) out[l] = bf16_to_float(p[l]);
@@ -150,8 +148,8 @@ std::pair<int, int> prescalable_scales(const float* xs, int64_t count);
 DSV4_TARGET_AVX2 double dot_avx2(const Linear& w, int64_t row, const float* x);
 // Rows [lo, hi) of rows [row_begin, ...) against one token, y[o] receiving row
 // row_begin + o (four streams, see RowGroup).
-DSV4_TARGET_AVX2 void rows_one_token_avx2(const Linear& w, int64_t row_begin, int64_t lo, int64_t hi,
-                                          const float* xs, float* y);
+DSV4_TARGET_AVX2 void rows_one_token_avx2(const Linear& w, int64_t row_begin, int64_t lo, int64_t hi, const float* xs,
+                                          float* y);
 // One row against n tokens, y[t * y_stride] receiving token t.
 DSV4_TARGET_AVX2 void dot_tokens_avx2(const Linear& w, int64_t row, const float* xs, int64_t n, float* y,
                                       int64_t y_stride);

@@ -6,7 +6,6 @@
 #include <cmath>
 #include <numeric>
 
-
 namespace dsv4 {
 
 // dot_fixed and add_scaled use fused multiply-adds (one rounding each): the
@@ -75,8 +74,14 @@ void rms_norm(float* x, const float* w, int64_t n, float eps, KernelIsa isa) {
 void add_scaled(float* y, float a, const float* x, int64_t n, KernelIsa isa) {
   int64_t i = 0;
   switch (isa) {
-    case KernelIsa::Avx512: i = n / 16 * 16; add_scaled_avx512(y, a, x, i); break;
-    case KernelIsa::Avx2: i = n / 8 * 8; add_scaled_avx2(y, a, x, i); break;
+    case KernelIsa::Avx512:
+      i = n / 16 * 16;
+      add_scaled_avx512(y, a, x, i);
+      break;
+    case KernelIsa::Avx2:
+      i = n / 8 * 8;
+      add_scaled_avx2(y, a, x, i);
+      break;
     default: break;
   }
   for (; i < n; ++i) y[i] = std::fma(a, x[i], y[i]);
@@ -85,12 +90,12 @@ void add_scaled(float* y, float a, const float* x, int64_t n, KernelIsa isa) {
 // ---- attention over many heads: the same bits as dot_fixed / add_scaled
 // per pair, with register blocks that load each key once for several heads.
 
-
 namespace {
 
 // dot_fixed's fold of its 16 lanes (l += l + 8, then + 4, + 2, + 1).
 DSV4_TARGET_AVX512 inline float fold_fixed(__m512 v) {
-  const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+  const __m256 s8 =
+      _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
   const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
   const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
@@ -99,7 +104,7 @@ DSV4_TARGET_AVX512 inline float fold_fixed(__m512 v) {
 // Four heads against four keys: 16 accumulators, each lane summing
 // q[i] * k[i] (fused multiply-add) for i = l mod 16 in increasing i.
 DSV4_TARGET_AVX512 void dot_fixed_4x4(const float* q, int64_t q_stride, const float* const* keys, int64_t dim,
-                                   float* scores, int64_t score_stride) {
+                                      float* scores, int64_t score_stride) {
   __m512 acc[4][4];
   for (auto& r : acc)
     for (auto& a : r) a = _mm512_setzero_ps();
@@ -120,7 +125,7 @@ DSV4_TARGET_AVX512 void dot_fixed_4x4(const float* q, int64_t q_stride, const fl
 // the loop is bound by the FMAs rather than by loads (docs/kernels.md).
 template <int HB, int V>
 DSV4_TARGET_AVX512 void add_scaled_block(float* out, int64_t out_stride, const float* p, int64_t p_stride,
-                                      const float* const* keys, int64_t n_keys, int64_t d) {
+                                         const float* const* keys, int64_t n_keys, int64_t d) {
   __m512 acc[HB][V];
   for (int h = 0; h < HB; ++h)
     for (int v = 0; v < V; ++v) acc[h][v] = _mm512_loadu_ps(out + h * out_stride + d + 16 * v);
@@ -138,7 +143,7 @@ DSV4_TARGET_AVX512 void add_scaled_block(float* out, int64_t out_stride, const f
 
 template <int V>
 DSV4_TARGET_AVX512 void add_scaled_heads(int64_t heads, float* out, int64_t out_stride, const float* p,
-                                      int64_t p_stride, const float* const* keys, int64_t n_keys, int64_t d) {
+                                         int64_t p_stride, const float* const* keys, int64_t n_keys, int64_t d) {
   switch (heads) {
     case 8: add_scaled_block<8, V>(out, out_stride, p, p_stride, keys, n_keys, d); break;
     case 7: add_scaled_block<7, V>(out, out_stride, p, p_stride, keys, n_keys, d); break;
@@ -153,8 +158,8 @@ DSV4_TARGET_AVX512 void add_scaled_heads(int64_t heads, float* out, int64_t out_
 
 }  // namespace
 
-void dot_fixed_rows(const float* q, int64_t heads, const float* const* keys, int64_t n_keys, int64_t dim,
-                    float* scores, KernelIsa isa) {
+void dot_fixed_rows(const float* q, int64_t heads, const float* const* keys, int64_t n_keys, int64_t dim, float* scores,
+                    KernelIsa isa) {
   int64_t h0 = 0, j0 = 0;
   if (isa == KernelIsa::Avx512 && dim % 16 == 0) {
     for (; h0 + 4 <= heads; h0 += 4)
@@ -165,11 +170,12 @@ void dot_fixed_rows(const float* q, int64_t heads, const float* const* keys, int
   // What the blocks left: the last keys of the blocked heads, then the
   // remaining heads.
   for (int64_t h = 0; h < heads; ++h)
-    for (int64_t j = h < h0 ? j0 : 0; j < n_keys; ++j) scores[h * n_keys + j] = dot_fixed(q + h * dim, keys[j], dim, isa);
+    for (int64_t j = h < h0 ? j0 : 0; j < n_keys; ++j)
+      scores[h * n_keys + j] = dot_fixed(q + h * dim, keys[j], dim, isa);
 }
 
-void add_scaled_rows(float* out, int64_t heads, const float* p, const float* const* keys, int64_t n_keys,
-                     int64_t dim, KernelIsa isa) {
+void add_scaled_rows(float* out, int64_t heads, const float* p, const float* const* keys, int64_t n_keys, int64_t dim,
+                     KernelIsa isa) {
   if (isa != KernelIsa::Avx512 || dim % 16) {
     for (int64_t h = 0; h < heads; ++h)
       for (int64_t j = 0; j < n_keys; ++j) add_scaled(out + h * dim, p[h * n_keys + j], keys[j], dim, isa);
@@ -201,9 +207,8 @@ std::vector<int32_t> top_k_indices(const float* scores, int64_t n, int64_t k) {
   std::vector<int32_t> idx(static_cast<size_t>(n));
   std::iota(idx.begin(), idx.end(), 0);
   k = std::min(k, n);
-  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) {
-    return scores[a] > scores[b] || (scores[a] == scores[b] && a < b);
-  });
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
+                    [&](int32_t a, int32_t b) { return scores[a] > scores[b] || (scores[a] == scores[b] && a < b); });
   idx.resize(size_t(k));
   std::sort(idx.begin(), idx.end());
   return idx;

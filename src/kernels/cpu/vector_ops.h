@@ -23,10 +23,10 @@ void add_scaled(float* y, float a, const float* x, int64_t n, KernelIsa isa = ac
 // bits of the per-pair functions: scores[h * n_keys + j] = dot_fixed(q + h *
 // dim, keys[j], dim); out + h * dim gets add_scaled(p[h * n_keys + j],
 // keys[j]) for j = 0, 1, ... in order.
-void dot_fixed_rows(const float* q, int64_t heads, const float* const* keys, int64_t n_keys, int64_t dim,
-                    float* scores, KernelIsa isa = active_kernel_isa());
-void add_scaled_rows(float* out, int64_t heads, const float* p, const float* const* keys, int64_t n_keys,
-                     int64_t dim, KernelIsa isa = active_kernel_isa());
+void dot_fixed_rows(const float* q, int64_t heads, const float* const* keys, int64_t n_keys, int64_t dim, float* scores,
+                    KernelIsa isa = active_kernel_isa());
+void add_scaled_rows(float* out, int64_t heads, const float* p, const float* const* keys, int64_t n_keys, int64_t dim,
+                     KernelIsa isa = active_kernel_isa());
 // x <- w * x / sqrt(mean(x^2) + eps); w may be null (unweighted norm).
 void rms_norm(float* x, const float* w, int64_t n, float eps, KernelIsa isa = active_kernel_isa());
 inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
