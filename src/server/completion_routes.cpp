@@ -243,7 +243,7 @@ class GenerateFormat : public SseFormatter {
 
 // ---- /v1/chat/completions ----
 
-void Server::Impl::chat_completions(const std::string& raw, httplib::Response& res) {
+void Server::Impl::chat_completions(const std::string& raw, HttpResponse& res) {
   ojson body = parse_body(raw);
   check_chat_request(body);
   const std::string model = body.value("model", model_name());
@@ -341,7 +341,7 @@ void Server::Impl::chat_completions(const std::string& raw, httplib::Response& r
 
 // ---- /v1/completions (raw prompts, no parsers) ----
 
-void Server::Impl::completions(const std::string& raw, httplib::Response& res) {
+void Server::Impl::completions(const std::string& raw, HttpResponse& res) {
   ojson body = parse_body(raw);
   if (!body.contains("prompt")) throw BadRequest("'prompt' is required");
   const std::string model = string_or(body, "model", model_name());
@@ -413,7 +413,7 @@ void Server::Impl::completions(const std::string& raw, httplib::Response& res) {
 
 // ---- SGLang native /generate ----
 
-void Server::Impl::generate(const std::string& raw, httplib::Response& res) {
+void Server::Impl::generate(const std::string& raw, HttpResponse& res) {
   ojson body = parse_body(raw);
   std::vector<std::vector<int32_t>> prompts;
   bool batched = false;

@@ -12,7 +12,10 @@ const char* error_type(int status) {
     case 400: return "BadRequest";
     case 401: return "Unauthorized";
     case 404: return "NotFound";
+    case 405: return "MethodNotAllowed";
     case 413: return "PayloadTooLarge";
+    case 415: return "UnsupportedMediaType";
+    case 431: return "RequestHeaderFieldsTooLarge";
     case 503: return "ServiceUnavailable";
     default: return status >= 500 ? "InternalServerError" : "BadRequest";
   }
@@ -30,8 +33,9 @@ ojson error_body(int status, const std::string& message, const std::string& para
             {"code", status}}}};
 }
 
-void send_error(httplib::Response& res, int status, const std::string& message) {
+void send_error(HttpResponse& res, int status, const std::string& message) {
   res.status = status;
+  res.stream = nullptr;
   res.set_content(dump(error_body(status, message)), "application/json");
 }
 

@@ -5,8 +5,9 @@
 #include <stdexcept>
 #include <string>
 
-#include <httplib.h>
 #include <nlohmann/json.hpp>
+
+#include "server/http.h"
 
 namespace dsv4 {
 
@@ -24,7 +25,7 @@ std::string dump(const ojson& j);
 
 // {"error": {message, type, param, code}} as OpenAI's API answers.
 ojson error_body(int status, const std::string& message, const std::string& param = "");
-void send_error(httplib::Response& res, int status, const std::string& message);
+void send_error(HttpResponse& res, int status, const std::string& message);
 
 std::string random_hex(size_t n);
 int64_t unix_time();

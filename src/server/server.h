@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "server/http_server.h"
 #include "text/chat_encoder.h"
 #include "text/tokenizer.h"
 
@@ -23,8 +24,13 @@ struct ServerOptions {
   uint64_t random_seed = 0;
   bool deterministic = true;
   int64_t max_request_bytes = 32 << 20;
-  int http_threads = 256;
-  double keepalive_seconds = 15.0;
+  // Connections, deadlines and caps of the HTTP transport (its
+  // max_body_bytes is max_request_bytes).
+  HttpLimits http;
+  // Origins whose browser pages may call the API (CORS); "*" for any. Empty:
+  // none without an API key, any with one (the key then guards the API).
+  std::vector<std::string> allowed_origins;
+  double keepalive_seconds = 15.0;  // SSE comment during long silences
   std::string log_level = "info";
   std::vector<std::string> server_args;  // the command line, for /get_server_info
 };

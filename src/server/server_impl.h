@@ -6,8 +6,10 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "server/http_common.h"
+#include "server/http_server.h"
 #include "server/metrics.h"
 #include "server/request_fields.h"
 #include "server/server.h"
@@ -23,11 +25,10 @@ struct Server::Impl {
   text::EncoderProfile profile;
   text::RenderOptions render_options;
   ServerOptions opt;
-  httplib::Server http;
+  std::unique_ptr<HttpServer> http;
   ServerMetrics metrics;
   SeedSource seeds;
   std::atomic<bool> ready{false};
-  int listen_fd = -1;  // the socket httplib bound, to widen its accept queue
 
   std::string model_name() const { return opt.served_model_name; }
   int64_t vocab_size() const { return engine->model().config().vocab_size; }
@@ -38,19 +39,29 @@ struct Server::Impl {
   std::shared_ptr<RequestHandle> submit(const std::string& id, const std::vector<int32_t>& prompt,
                                         const SamplingParams& p);
 
-  bool authorized(const httplib::Request& req) const;
-  using Route = std::function<void(const httplib::Request&, httplib::Response&)>;
-  using BodyRoute = std::function<void(const std::string& body, httplib::Response&)>;
-  // Route wrappers: the API key, errors as JSON answers; guarded_body also
-  // reads the body under the size limit.
-  httplib::Server::Handler guarded(Route f);
-  httplib::Server::HandlerWithContentReader guarded_body(BodyRoute f);
+  // Routes: exact paths, or path prefixes (a trailing '*').
+  using Handler = std::function<void(const HttpRequest&, HttpResponse&)>;
+  using BodyHandler = std::function<void(const std::string& body, HttpResponse&)>;
+  struct Route {
+    std::string method, path;
+    bool open = false;  // answered without the API key (/health, /metrics)
+    Handler handler;
+  };
+  std::vector<Route> routes;
+  void get(const std::string& path, Handler h, bool open = false) { routes.push_back({"GET", path, open, h}); }
+  void post(const std::string& path, BodyHandler h) {
+    routes.push_back({"POST", path, false, [h](const HttpRequest& q, HttpResponse& r) { h(q.body, r); }});
+  }
 
+  // Every request: CORS, preflights, routing, the API key, the content type
+  // of bodies, errors as JSON answers (server/router.cpp).
+  void dispatch(const HttpRequest& req, HttpResponse& res);
+  bool authorized(const HttpRequest& req) const;
   void setup_routes();
   // completion_routes.cpp
-  void chat_completions(const std::string& raw, httplib::Response& res);
-  void completions(const std::string& raw, httplib::Response& res);
-  void generate(const std::string& raw, httplib::Response& res);
+  void chat_completions(const std::string& raw, HttpResponse& res);
+  void completions(const std::string& raw, HttpResponse& res);
+  void generate(const std::string& raw, HttpResponse& res);
 };
 
 }  // namespace dsv4

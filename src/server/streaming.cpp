@@ -43,35 +43,32 @@ void cancel_all(ServerMetrics& metrics, Choices& choices) {
 
 }  // namespace
 
-void stream_events(httplib::Response& res, std::shared_ptr<Choices> shared, std::shared_ptr<SseFormatter> format,
+void stream_events(HttpResponse& res, std::shared_ptr<Choices> shared, std::shared_ptr<SseFormatter> format,
                    ServerMetrics& metrics, double keepalive_seconds) {
-  res.set_chunked_content_provider("text/event-stream",
-                                   [shared, format, &metrics, keepalive_seconds](size_t, httplib::DataSink& sink) {
+  res.set_stream("text/event-stream", [shared, format, &metrics, keepalive_seconds](ResponseStream& sink) {
                                      Choices& choices = *shared;
                                      double last_write = now_seconds();
                                      const SseFormatter::Send send = [&](const ojson& j) {
                                        std::string s = "data: " + dump(j) + "\n\n";
-                                       if (!sink.write(s.data(), s.size())) return false;
+                                       if (!sink.write(s)) return false;
                                        last_write = now_seconds();
                                        return true;
                                      };
-                                     if (!format->open(send)) return cancel_all(metrics, choices), false;
+                                     if (!format->open(send)) return cancel_all(metrics, choices);
                                      std::vector<std::vector<TokenEvent>> events(choices.size());
                                      while (!all_finished(choices)) {
                                        const bool got = wait_any(choices, events, 0.5);
-                                       if (!sink.is_writable()) return cancel_all(metrics, choices), false;
+                                       if (!sink.alive()) return cancel_all(metrics, choices);
                                        // An SSE comment when nothing was written for keepalive_seconds, so
                                        // that clients and proxies do not time out during a long prefill.
                                        if (!got && now_seconds() - last_write >= keepalive_seconds) {
-                                         static const char line[] = ": keep-alive\n\n";
-                                         if (!sink.write(line, sizeof line - 1))
-                                           return cancel_all(metrics, choices), false;
+                                         if (!sink.write(": keep-alive\n\n")) return cancel_all(metrics, choices);
                                          last_write = now_seconds();
                                        }
                                        for (size_t i = 0; i < choices.size(); ++i) {
                                          if (events[i].empty()) continue;
                                          if (!format->events(i, *choices[i], events[i], send))
-                                           return cancel_all(metrics, choices), false;
+                                           return cancel_all(metrics, choices);
                                          events[i].clear();
                                          // wait_any skips finished choices, so this runs once per choice.
                                          if (choices[i]->finished())
@@ -79,10 +76,7 @@ void stream_events(httplib::Response& res, std::shared_ptr<Choices> shared, std:
                                        }
                                      }
                                      format->close(send);
-                                     static const char done[] = "data: [DONE]\n\n";
-                                     sink.write(done, sizeof done - 1);
-                                     sink.done();
-                                     return true;
+                                     sink.write("data: [DONE]\n\n");
                                    });
 }
 
@@ -90,9 +84,9 @@ void stream_events(httplib::Response& res, std::shared_ptr<Choices> shared, std:
 // response: while waiting, a space (JSON whitespace) goes out every second,
 // so a client that went away is noticed by the failing write and its
 // requests are cancelled at once.
-void respond_when_done(httplib::Response& res, std::shared_ptr<Choices> shared, std::function<ojson(Choices&)> build,
+void respond_when_done(HttpResponse& res, std::shared_ptr<Choices> shared, std::function<ojson(Choices&)> build,
                        ServerMetrics& metrics) {
-  res.set_chunked_content_provider("application/json", [shared, build, &metrics](size_t, httplib::DataSink& sink) {
+  res.set_stream("application/json", [shared, build, &metrics](ResponseStream& sink) {
     Choices& choices = *shared;
     std::vector<std::vector<TokenEvent>> events(choices.size());
     double last_ping = now_seconds();
@@ -103,9 +97,9 @@ void respond_when_done(httplib::Response& res, std::shared_ptr<Choices> shared, 
         events[i].clear();
       }
       if (now_seconds() - last_ping >= 1.0 && !all_finished(choices)) {
-        if (!sink.write(" ", 1) || !sink.is_writable()) {
+        if (!sink.write(" ") || !sink.alive()) {
           for (auto& c : choices) c->handle().cancel(), record(metrics, *c, true);
-          return false;
+          return;
         }
         last_ping = now_seconds();
       }
@@ -117,9 +111,7 @@ void respond_when_done(httplib::Response& res, std::shared_ptr<Choices> shared, 
     } catch (const std::exception& e) {
       body = dump(error_body(500, e.what()));
     }
-    sink.write(body.data(), body.size());
-    sink.done();
-    return true;
+    sink.write(body);
   });
 }
 

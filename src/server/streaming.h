@@ -31,11 +31,11 @@ class SseFormatter {
   virtual void close(const Send&) {}
 };
 
-void stream_events(httplib::Response& res, std::shared_ptr<Choices> choices, std::shared_ptr<SseFormatter> format,
+void stream_events(HttpResponse& res, std::shared_ptr<Choices> choices, std::shared_ptr<SseFormatter> format,
                    ServerMetrics& metrics, double keepalive_seconds);
 
 // Non-streaming answer: build(choices) once every choice is done.
-void respond_when_done(httplib::Response& res, std::shared_ptr<Choices> choices, std::function<ojson(Choices&)> build,
+void respond_when_done(HttpResponse& res, std::shared_ptr<Choices> choices, std::function<ojson(Choices&)> build,
                        ServerMetrics& metrics);
 
 }  // namespace dsv4

@@ -45,16 +45,20 @@ check "streaming chat: chunk objects, finish_reason length, usage chunk" \
 check "streaming chat: first chunk carries the assistant role" \
   'grep "^data: " $WORK/s | head -n1 | grep -q "\"role\":\"assistant\""'
 
-code="$(curl -sS -N -o "$WORK/g" -w '%{http_code}' "$URL/generate" -d '{"text":"hi","stream":true,"sampling_params":{"max_new_tokens":4,"ignore_eos":true}}')"
+code="$(curl -sS -N -o "$WORK/g" -w '%{http_code}' "$URL/generate" -H "Content-Type: application/json" -d '{"text":"hi","stream":true,"sampling_params":{"max_new_tokens":4,"ignore_eos":true}}')"
 check "streaming /generate ends with [DONE]" '[ "$code" = 200 ] && [ "$(grep "^data: " $WORK/g | tail -n1)" = "data: [DONE]" ] &&
    [ "$(grep -c "\"output_ids\"" $WORK/g)" = 4 ]'
-code="$(curl -sS -N -o "$WORK/p" -w '%{http_code}' "$URL/v1/completions" -d '{"prompt":"hi","max_tokens":4,"stream":true}')"
+code="$(curl -sS -N -o "$WORK/p" -w '%{http_code}' "$URL/v1/completions" -H "Content-Type: application/json" -d '{"prompt":"hi","max_tokens":4,"stream":true}')"
 check "streaming /v1/completions ends with [DONE]" '[ "$code" = 200 ] && [ "$(grep "^data: " $WORK/p | tail -n1)" = "data: [DONE]" ]'
 
 check "bad JSON -> 400 with a message" \
-  '[ "$(status $WORK/e1 POST /v1/chat/completions -d "{not json")" = 400 ] && grep -q "\"message\":\"malformed JSON" $WORK/e1'
+  '[ "$(status $WORK/e1 POST /v1/chat/completions -H "Content-Type: application/json" -d "{not json")" = 400 ] && grep -q "\"message\":\"malformed JSON" $WORK/e1'
+# Without an API key only JSON bodies are taken: a web page can post
+# text/plain or form data cross-origin without asking first.
+check "form-encoded POST without a key -> 415" \
+  '[ "$(status $WORK/e4 POST /abort_request -d "{\"abort_all\":true}")" = 415 ]'
 check "unknown route -> 404" '[ "$(status $WORK/e2 GET /no/such/route)" = 404 ] && grep -q "\"error\"" $WORK/e2'
-check "empty messages -> 400" '[ "$(status $WORK/e3 POST /v1/chat/completions -d "{\"messages\":[]}")" = 400 ]'
+check "empty messages -> 400" '[ "$(status $WORK/e3 POST /v1/chat/completions -H "Content-Type: application/json" -d "{\"messages\":[]}")" = 400 ]'
 check "GET /metrics has sglang:num_requests_total" \
   '[ "$(status $WORK/mt GET /metrics)" = 200 ] && grep -q "^sglang:num_requests_total{" $WORK/mt'
 check "GET /flush_cache -> 200" '[ "$(status $WORK/f GET /flush_cache)" = 200 ]'
