@@ -4,6 +4,7 @@
 #include <malloc.h>
 #include <sys/socket.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -21,6 +22,31 @@ namespace {
 uint64_t drain_limit_bytes(const ServerOptions& opt) {
   const uint64_t limit = uint64_t(opt.max_request_bytes);
   return limit > UINT64_MAX / 4 ? UINT64_MAX : limit * 4;
+}
+
+// The command line as /get_server_info shows it: the values of secret-looking
+// options (--api-key and any option named with key, token, secret, password,
+// credential or auth as a word) replaced by "<redacted>".
+ojson redacted_server_args(const std::vector<std::string>& args) {
+  static const char* secret_words[] = {"key",    "keys",       "token",       "secret",        "secrets", "password",
+                                       "passwd", "credential", "credentials", "authorization", "auth",    "cookie"};
+  ojson out = ojson::array();
+  for (const std::string& arg : args) {
+    const size_t eq = arg.find('=');
+    const std::string name = arg.substr(0, eq);
+    bool secret = false;
+    size_t start = 0;
+    while (start <= name.size() && !secret) {
+      size_t end = name.find_first_of("-_,", start);
+      if (end == std::string::npos) end = name.size();
+      std::string word = name.substr(start, end - start);
+      for (char& c : word) c = char(std::tolower(static_cast<unsigned char>(c)));
+      for (const char* w : secret_words) secret = secret || word == w;
+      start = end + 1;
+    }
+    out.push_back(secret && eq != std::string::npos ? name + "=<redacted>" : arg);
+  }
+  return out;
 }
 
 void send_unauthorized(httplib::Response& res) {
@@ -210,7 +236,9 @@ void Server::Impl::setup_routes() {
                         {"tool_call_parser", opt.tool_call_parser},
                         {"enable_deterministic_inference", opt.deterministic},
                         {"random_seed", opt.random_seed},
-                        {"server_args", opt.server_args},
+                        {"enable_cache_report", opt.enable_cache_report},
+                        {"clamp_max_tokens", opt.clamp_max_tokens},
+                        {"server_args", redacted_server_args(opt.server_args)},
                         {"internal_states", ojson::array({{{"last_gen_throughput", m.gen_throughput},
                                                            {"num_running_reqs", m.running},
                                                            {"num_queue_reqs", m.queued},
