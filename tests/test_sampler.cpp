@@ -179,5 +179,48 @@ TEST(Sampler, GreedyDistributionIsOneHot) {
   EXPECT_EQ(d.prob(1), 0.0f);
 }
 
+// logit_bias (OpenAI): +100 forces a token, -100 bans one, greedy and sampled
+// alike; the raw-logit logprobs are unchanged; an empty bias list samples
+// exactly as before (same tokens for every seed).
+TEST(Sampler, LogitBiasForcesAndBansTokens) {
+  std::vector<float> l(64);
+  for (size_t i = 0; i < l.size(); ++i) l[i] = float(std::sin(double(i) * 1.7) * 4.0);  // in [-4, 4]
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  const int32_t argmax = draw(l, greedy).token;
+  const int32_t forced = argmax == 5 ? 6 : 5;
+  double z = 0;
+  for (float v : l) z += std::exp(double(v));
+  const double log_z = std::log(z);
+  SamplingParams g = greedy;
+  g.logit_bias = {{forced, 100.0f}};
+  EXPECT_EQ(draw(l, g).token, forced);
+  g.logit_bias = {{argmax, -100.0f}};
+  EXPECT_NE(draw(l, g).token, argmax);
+  for (uint64_t seed = 0; seed < 200; ++seed) {
+    SamplingParams p;
+    p.seed = seed;
+    p.top_logprobs = 2;
+    const SampledToken plain = draw(l, p);
+    SamplingParams empty = p;
+    empty.logit_bias = {};
+    EXPECT_EQ(draw(l, empty).token, plain.token);
+    SamplingParams f = p;
+    f.logit_bias = {{forced, 100.0f}};
+    const SampledToken t = draw(l, f);
+    EXPECT_EQ(t.token, forced);
+    EXPECT_NEAR(t.logprob, double(l[size_t(forced)]) - log_z, 1e-5);
+    EXPECT_EQ(t.top, plain.top);  // logprobs are of the raw logits
+    SamplingParams b = p;
+    b.logit_bias = {{argmax, -100.0f}, {plain.token, -100.0f}};
+    const SampledToken banned = draw(l, b);
+    EXPECT_NE(banned.token, argmax);
+    EXPECT_NE(banned.token, plain.token);
+    b.top_p = 0.9f;
+    b.top_k = 8;
+    EXPECT_NE(draw(l, b).token, plain.token);
+  }
+}
+
 }  // namespace
 }  // namespace dsv4

@@ -118,6 +118,18 @@ TEST(TextCli, ProfileFromConfig) {
   fs::remove_all(dir);
 }
 
+// Request files go through the same nesting limit as HTTP bodies: 100k
+// nested arrays are an error (exit 1), not a stack overflow.
+TEST(TextCli, DeeplyNestedRequestIsRefused) {
+  const auto dir = model_dir("deepseek_v4");
+  const fs::path req = dir / "deep.json";
+  std::ofstream(req) << R"({"messages":[{"role":"user","content":"q"}],"x":)" << std::string(100000, '[')
+                     << std::string(100000, ']') << "}";
+  EXPECT_EQ(run("render --model " + quote(dir.string()) + " --request " + quote(req.string())).rc, 1);
+  EXPECT_EQ(run("parse --model " + quote(dir.string()) + " --request " + quote(req.string())).rc, 1);
+  fs::remove_all(dir);
+}
+
 TEST(TextCli, ParseGoldenParsingCases) {
   const auto dir = model_dir("deepseek_v4");
   for (const auto& e : fs::directory_iterator(kData / "parsing" / "cases")) {

@@ -45,6 +45,7 @@ struct ServeArgs {
   int64_t max_prefill_tokens = 0, max_queued_requests = 1024;
   std::string reasoning_parser, tool_call_parser, log_level = "info", schedule_policy = "fcfs";
   bool deterministic = false, disable_radix_cache = false, hierarchical_cache = false, no_mmap = false;
+  bool enable_cache_report = false, clamp_max_tokens = false;
   double hicache_size_gb = 0, hicache_ratio = 0;
   uint64_t random_seed = 0;
   int threads = 0;
@@ -205,6 +206,8 @@ int run_serve(ServeArgs& a) {
   so.random_seed = a.random_seed;
   so.deterministic = a.deterministic;
   so.log_level = a.log_level;
+  so.enable_cache_report = a.enable_cache_report;
+  so.clamp_max_tokens = a.clamp_max_tokens;
   so.server_args = a.argv;
   Server server(engine, tokenizer, profile, so);
   std::signal(SIGINT, on_signal);
@@ -264,6 +267,12 @@ void register_serve_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--random-seed", a->random_seed, "Base of the per-request seeds");
   cmd->add_option("--log-level", a->log_level, "debug | info | warning | error")
       ->check(CLI::IsMember({"debug", "info", "warning", "error"}));
+  cmd->add_flag("--enable-cache-report", a->enable_cache_report,
+                "Report usage.prompt_tokens_details.cached_tokens (and /generate's cached_tokens); off by default, "
+                "as the count tells a client whether others recently sent the same prompt prefix");
+  cmd->add_flag("--clamp-max-tokens", a->clamp_max_tokens,
+                "Restore the old clamping: a max_tokens that does not fit in the context after the prompt is cut "
+                "to fit instead of answering 400 (as SGLang and vLLM do)");
   cmd->add_option("--schedule-policy", a->schedule_policy, "fcfs");
   cmd->add_flag("--disable-radix-cache", a->disable_radix_cache, "Disable prefix reuse");
   cmd->add_flag("--no-mmap", a->no_mmap,
@@ -315,9 +324,9 @@ void register_serve_command(CLI::App& app, int& exit_code) {
         ->group("GPU-only (no effect)")
         ->each([gpu_flags, n = std::string(name)](const std::string&) { gpu_flags->push_back(n); });
   }
-  for (const char* name : {"--disable-cuda-graph", "--enable-dp-attention", "--enable-dp-lm-head",
-                           "--trust-remote-code", "--enable-metrics", "--enable-cache-report",
-                           "--enable-prefill-delayer", "--enable-mixed-chunk", "--disable-overlap-schedule"}) {
+  for (const char* name :
+       {"--disable-cuda-graph", "--enable-dp-attention", "--enable-dp-lm-head", "--trust-remote-code",
+        "--enable-metrics", "--enable-prefill-delayer", "--enable-mixed-chunk", "--disable-overlap-schedule"}) {
     cmd->add_flag_callback(
            name, [gpu_flags, n = std::string(name)] { gpu_flags->push_back(n); }, "accepted; no effect here")
         ->group("Accepted (no effect)");

@@ -11,6 +11,7 @@
 
 #include "commands.h"
 #include "text/chat_encoder.h"
+#include "text/json_limits.h"
 #include "text/output_parser.h"
 #include "text/request_parsing.h"
 #include "text/tokenizer.h"
@@ -125,9 +126,11 @@ text::RenderOptions options_for(const std::string& semantics, text::EncoderProfi
 ojson load_request(const std::string& path) {
   ojson j;
   try {
-    j = ojson::parse(read_file(path));
+    j = text::parse_json_limited(read_file(path));
   } catch (const ojson::parse_error& e) {
     throw std::runtime_error(path + ": invalid JSON: " + e.what());
+  } catch (const text::JsonDepthError& e) {
+    throw std::runtime_error(path + ": " + e.what());
   }
   if (j.is_object() && !j.contains("messages") && j.contains("request") && j["request"].is_object())
     return j["request"];
@@ -253,9 +256,11 @@ void register_text_commands(CLI::App& app, int& exit_code) {
       guarded("parse", exit_code, [&] {
         ojson req;
         try {
-          req = ojson::parse(read_file(*request));
+          req = text::parse_json_limited(read_file(*request));
         } catch (const ojson::parse_error& e) {
           throw std::runtime_error(*request + ": invalid JSON: " + e.what());
+        } catch (const text::JsonDepthError& e) {
+          throw std::runtime_error(*request + ": " + e.what());
         }
         text::ParserConfig cfg;
         std::string raw;

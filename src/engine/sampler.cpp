@@ -47,8 +47,10 @@ SampledToken sample_token(const float* logits, int64_t vocab, const SamplingPara
   for (int64_t v = 0; v < vocab; ++v) sum += std::exp(double(logits[v]) - mx);
   const double log_z = mx + std::log(sum);
 
-  // Processed scores: penalties, blocked tokens, temperature.
+  // Processed scores: logit_bias, penalties, blocked tokens, temperature.
   std::vector<float> s(logits, logits + vocab);
+  for (auto& [tok, bias] : p.logit_bias)
+    if (tok >= 0 && tok < vocab) s[size_t(tok)] += bias;
   if (p.repetition_penalty != 1.0f) {
     std::vector<int32_t> seen = prompt;
     for (auto& [tok, n] : penalties.counts) seen.push_back(tok);

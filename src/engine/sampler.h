@@ -23,6 +23,11 @@ struct SamplingParams {
   bool ignore_eos = false;
   uint64_t seed = 0;
   int64_t top_logprobs = 0;  // alternatives to report per token (0..20)
+  // OpenAI's logit_bias: (token, bias) pairs added to the raw logits before
+  // the penalties, temperature and truncation (greedy included). Token ids
+  // inside the vocabulary; the server takes biases in [-100, 100]. Empty:
+  // sampling is exactly as without it. Logprobs stay those of the raw logits.
+  std::vector<std::pair<int32_t, float>> logit_bias;
 };
 
 struct SampledToken {
@@ -38,7 +43,7 @@ struct PenaltyState {
   int32_t count(int32_t token) const;
 };
 
-// The distribution a token was drawn from: the raw logits after penalties,
+// The distribution a token was drawn from: the raw logits after logit_bias, penalties,
 // blocked tokens, temperature and top-k / top-p / min-p, renormalized. Every
 // token that could have been drawn, with its probability, sorted by token id
 // (tokens not listed had probability 0). Greedy decoding draws from a one-hot

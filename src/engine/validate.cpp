@@ -15,6 +15,9 @@ SamplingParams validate_request(const RequestLimits& limits, const std::vector<i
   for (int32_t t : params.stop_token_ids)
     if (t < 0 || t >= limits.vocab_size)
       throw Error("stop token id " + std::to_string(t) + " is outside the vocabulary");
+  for (auto& [t, bias] : params.logit_bias)
+    if (t < 0 || t >= limits.vocab_size)
+      throw Error("logit_bias token id " + std::to_string(t) + " is outside the vocabulary");
   const int64_t n = int64_t(prompt.size());
   if (n >= limits.context_length)
     throw Error("The input (" + std::to_string(n) + " tokens) is longer than the model's context length (" +

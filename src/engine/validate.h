@@ -15,7 +15,7 @@ struct RequestLimits {
 };
 
 // Throws dsv4::Error for a request that can never run: an empty prompt, a
-// prompt or stop token id outside the vocabulary, a prompt that fills the
+// prompt, stop or logit_bias token id outside the vocabulary, a prompt that fills the
 // context. Returns `params` with max_new_tokens lowered to the room the
 // context leaves after the prompt, so that a sequence can end by its
 // max_new_tokens alone and never outgrow its context.

@@ -43,11 +43,12 @@ ojson matched_stop(const ChoiceStream& c) {
   return nullptr;
 }
 
-ojson usage_json(int64_t prompt, int64_t completion, int64_t cached) {
-  return {{"prompt_tokens", prompt},
-          {"completion_tokens", completion},
-          {"total_tokens", prompt + completion},
-          {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+// prompt_tokens_details.cached_tokens only with --enable-cache-report: it
+// tells a client whether anyone recently sent the same prompt prefix.
+ojson usage_json(int64_t prompt, int64_t completion, int64_t cached, bool report_cached) {
+  ojson u = {{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
+  if (report_cached) u["prompt_tokens_details"] = {{"cached_tokens", cached}};
+  return u;
 }
 
 // Chat logprobs: per token its text, logprob, bytes and alternatives.
@@ -97,7 +98,7 @@ class ChatFormat : public SseFormatter {
   std::vector<text::OutputParser> parsers;
   std::string id, model;
   int64_t created = 0, n = 1, prompt_tokens = 0;
-  bool include_usage = false, want_logprobs = false;
+  bool include_usage = false, want_logprobs = false, report_cached = false;
 
   ojson chunk(int64_t index, ojson delta, ojson finish, ojson logprobs = ojson()) const {
     ojson choice = {{"index", index},
@@ -171,7 +172,7 @@ class ChatFormat : public SseFormatter {
           {"created", created},
           {"model", model},
           {"choices", ojson::array()},
-          {"usage", usage_json(prompt_tokens, completion, cached)}});
+          {"usage", usage_json(prompt_tokens, completion, cached, report_cached)}});
   }
 };
 
@@ -185,7 +186,7 @@ class CompletionFormat : public SseFormatter {
   std::vector<bool> echoed;
   std::string id, model;
   int64_t created = 0, prompt_tokens = 0, logprobs_k = -1;
-  bool include_usage = false;
+  bool include_usage = false, report_cached = false;
 
   ojson chunk(ojson choices_json) const {
     return {{"id", id},
@@ -219,7 +220,7 @@ class CompletionFormat : public SseFormatter {
     int64_t completion = 0, cached = 0;
     for (auto& c : *choices) completion += c->completion_tokens(), cached += c->handle().cached_tokens();
     ojson usage_chunk = chunk(ojson::array());
-    usage_chunk["usage"] = usage_json(prompt_tokens, completion, cached);
+    usage_chunk["usage"] = usage_json(prompt_tokens, completion, cached, report_cached);
     send(usage_chunk);
   }
 };
@@ -246,18 +247,22 @@ class GenerateFormat : public SseFormatter {
 void Server::Impl::chat_completions(const std::string& raw, HttpResponse& res) {
   ojson body = parse_body(raw);
   check_chat_request(body);
-  const std::string model = body.value("model", model_name());
+  const std::string model = string_field(body, "model", model_name());
   const int64_t n = int_field(body, "n", 1, 1, 16);
   const bool stream = bool_field(body, "stream", false);
-  bool include_usage = false;
-  if (body.contains("stream_options") && body["stream_options"].is_object())
-    include_usage = bool_field(body["stream_options"], "include_usage", false);
+  const bool include_usage = include_usage_field(body);
   const bool want_logprobs = bool_field(body, "logprobs", false);
   const int64_t top_logprobs = int_field(body, "top_logprobs", 0, 0, 20);
   if (top_logprobs > 0 && !want_logprobs) throw BadRequest("'top_logprobs' requires 'logprobs': true");
   check_tool_choice(body);
 
-  text::RenderedPrompt rendered = text::render_chat_request(body, profile, render_options);
+  text::RenderedPrompt rendered;
+  try {
+    rendered = text::render_chat_request(body, profile, render_options);
+  } catch (const nlohmann::json::exception& e) {
+    // A field of a type the checks above let through: still the client's.
+    throw BadRequest(std::string("invalid chat request: ") + e.what());
+  }
   for (auto& w : rendered.warnings) log("warning", w);
   std::vector<int32_t> prompt = tokenizer->encode(rendered.prompt);
   const int64_t ctx = engine->context_length();
@@ -266,13 +271,14 @@ void Server::Impl::chat_completions(const std::string& raw, HttpResponse& res) {
                             ? "max_completion_tokens"
                             : "max_tokens";
   SamplingParams params =
-      sampling_field(body, max_tokens_field(body, max_key, int64_t(prompt.size()), ctx, ctx), vocab_size(), seeds);
+      sampling_field(body, max_tokens_field(body, max_key, int64_t(prompt.size()), ctx, ctx, opt.clamp_max_tokens),
+                     vocab_size(), seeds);
   params.top_logprobs = want_logprobs ? top_logprobs : 0;
   const std::vector<std::string> stops = stop_field(body);
   text::ParserConfig parser_cfg = text::parser_config_for_request(body, profile, rendered.starts_in_reasoning,
                                                                   opt.reasoning_parser, opt.tool_call_parser);
 
-  const std::string id = string_or(body, "rid", "chatcmpl-" + random_hex(24));
+  const std::string id = rid_field(body, 1, "chatcmpl-" + random_hex(24), false)[0];
   auto choices = std::make_shared<Choices>();
   std::vector<text::OutputParser> parsers;
   for (int64_t i = 0; i < n; ++i) {
@@ -297,12 +303,14 @@ void Server::Impl::chat_completions(const std::string& raw, HttpResponse& res) {
     format->prompt_tokens = prompt_tokens;
     format->include_usage = include_usage;
     format->want_logprobs = want_logprobs;
+    format->report_cached = opt.enable_cache_report;
     res.set_header("Cache-Control", "no-cache");
     res.set_header("X-Accel-Buffering", "no");
     stream_events(res, choices, format, metrics, opt.keepalive_seconds);
     return;
   }
-  auto build = [tok = tokenizer, parser_cfg, want_logprobs, id, created, model, prompt_tokens](Choices& choices) {
+  auto build = [tok = tokenizer, parser_cfg, want_logprobs, id, created, model, prompt_tokens,
+                report_cached = opt.enable_cache_report](Choices& choices) {
     ojson out_choices = ojson::array();
     int64_t completion = 0, cached = 0;
     for (size_t i = 0; i < choices.size(); ++i) {
@@ -332,9 +340,12 @@ void Server::Impl::chat_completions(const std::string& raw, HttpResponse& res) {
                              {"finish_reason", finish_reason_for(c, msg.finish_reason)},
                              {"matched_stop", matched_stop(c)}});
     }
-    return ojson{
-        {"id", id},       {"object", "chat.completion"}, {"created", created},
-        {"model", model}, {"choices", out_choices},      {"usage", usage_json(prompt_tokens, completion, cached)}};
+    return ojson{{"id", id},
+                 {"object", "chat.completion"},
+                 {"created", created},
+                 {"model", model},
+                 {"choices", out_choices},
+                 {"usage", usage_json(prompt_tokens, completion, cached, report_cached)}};
   };
   respond_when_done(res, choices, build, metrics);
 }
@@ -344,26 +355,33 @@ void Server::Impl::chat_completions(const std::string& raw, HttpResponse& res) {
 void Server::Impl::completions(const std::string& raw, HttpResponse& res) {
   ojson body = parse_body(raw);
   if (!body.contains("prompt")) throw BadRequest("'prompt' is required");
-  const std::string model = string_or(body, "model", model_name());
+  const std::string model = string_field(body, "model", model_name());
   std::vector<std::vector<int32_t>> prompts = prompts_field(body["prompt"], "prompt", *tokenizer, vocab_size());
   const int64_t n = int_field(body, "n", 1, 1, 16);
   const bool stream = bool_field(body, "stream", false);
   const bool echo = bool_field(body, "echo", false);
   const int64_t logprobs_k =
       body.contains("logprobs") && !body["logprobs"].is_null() ? int_field(body, "logprobs", 0, 0, 20) : -1;
-  bool include_usage = body.contains("stream_options") && body["stream_options"].is_object() &&
-                       bool_field(body["stream_options"], "include_usage", false);
+  const bool include_usage = include_usage_field(body);
+  check_response_format(body);
   const std::vector<std::string> stops = stop_field(body);
-  const std::string id = "cmpl-" + random_hex(24);
-  auto choices = std::make_shared<Choices>();
-  std::vector<std::string> echoes;
-  int64_t prompt_tokens = 0;
+  const std::string id = string_field(body, "rid", "cmpl-" + random_hex(24));
+  // Every prompt is checked before the first one is submitted.
+  std::vector<SamplingParams> params;
   for (auto& prompt : prompts) {
     const int64_t ctx = engine->context_length();
     check_prompt_fits(prompt.size(), ctx);
-    SamplingParams p = sampling_field(body, max_tokens_field(body, "max_tokens", int64_t(prompt.size()), 16, ctx),
-                                      vocab_size(), seeds);
-    p.top_logprobs = std::max<int64_t>(logprobs_k, 0);
+    params.push_back(sampling_field(
+        body, max_tokens_field(body, "max_tokens", int64_t(prompt.size()), 16, ctx, opt.clamp_max_tokens), vocab_size(),
+        seeds));
+    params.back().top_logprobs = std::max<int64_t>(logprobs_k, 0);
+  }
+  auto choices = std::make_shared<Choices>();
+  std::vector<std::string> echoes;
+  int64_t prompt_tokens = 0;
+  for (size_t k = 0; k < prompts.size(); ++k) {
+    const std::vector<int32_t>& prompt = prompts[k];
+    const SamplingParams& p = params[k];
     prompt_tokens += int64_t(prompt.size());
     for (int64_t i = 0; i < n; ++i) {
       SamplingParams pi = p;
@@ -386,11 +404,13 @@ void Server::Impl::completions(const std::string& raw, HttpResponse& res) {
     format->prompt_tokens = prompt_tokens;
     format->logprobs_k = logprobs_k;
     format->include_usage = include_usage;
+    format->report_cached = opt.enable_cache_report;
     res.set_header("Cache-Control", "no-cache");
     stream_events(res, choices, format, metrics, opt.keepalive_seconds);
     return;
   }
-  auto build = [tok = tokenizer, echoes, logprobs_k, id, created, model, prompt_tokens](Choices& choices) {
+  auto build = [tok = tokenizer, echoes, logprobs_k, id, created, model, prompt_tokens,
+                report_cached = opt.enable_cache_report](Choices& choices) {
     ojson out = ojson::array();
     int64_t completion = 0, cached = 0;
     for (size_t i = 0; i < choices.size(); ++i) {
@@ -406,7 +426,7 @@ void Server::Impl::completions(const std::string& raw, HttpResponse& res) {
     }
     return ojson{{"id", id},           {"object", "text_completion"},
                  {"created", created}, {"model", model},
-                 {"choices", out},     {"usage", usage_json(prompt_tokens, completion, cached)}};
+                 {"choices", out},     {"usage", usage_json(prompt_tokens, completion, cached, report_cached)}};
   };
   respond_when_done(res, choices, build, metrics);
 }
@@ -426,27 +446,34 @@ void Server::Impl::generate(const std::string& raw, HttpResponse& res) {
   } else {
     throw BadRequest("either 'text' or 'input_ids' is required");
   }
-  ojson sp = body.contains("sampling_params") && body["sampling_params"].is_object() ? body["sampling_params"]
-                                                                                     : ojson::object();
+  const ojson* sp_field = object_field(body, "sampling_params");
+  ojson sp = sp_field ? *sp_field : ojson::object();
+  if (sp.contains("sampling_seed") && !sp["sampling_seed"].is_null() && !sp["sampling_seed"].is_number_integer())
+    throw BadRequest("'sampling_params.sampling_seed' must be an integer");
   if (sp.contains("sampling_seed") && !sp.contains("seed")) sp["seed"] = sp["sampling_seed"];
   const bool stream = bool_field(body, "stream", false);
   const bool return_logprob = bool_field(body, "return_logprob", false);
   const int64_t top_n = int_field(body, "top_logprobs_num", 0, 0, 20);
   const bool skip_special = bool_field(sp, "skip_special_tokens", true);
   const std::vector<std::string> stops = stop_field(sp);
-  const std::string base_id = string_or(body, "rid", random_hex(32));
-  auto choices = std::make_shared<Choices>();
+  const std::vector<std::string> rids = rid_field(body, prompts.size(), random_hex(32), true);
+  // Every prompt is checked before the first one is submitted.
+  std::vector<SamplingParams> params;
   for (size_t k = 0; k < prompts.size(); ++k) {
     const int64_t ctx = engine->context_length();
     check_prompt_fits(prompts[k].size(), ctx);
-    SamplingParams p = sampling_field(sp, max_tokens_field(sp, "max_new_tokens", int64_t(prompts[k].size()), 128, ctx),
-                                      vocab_size(), seeds);
+    SamplingParams p = sampling_field(
+        sp, max_tokens_field(sp, "max_new_tokens", int64_t(prompts[k].size()), 128, ctx, opt.clamp_max_tokens),
+        vocab_size(), seeds);
     p.min_new_tokens = int_field(sp, "min_new_tokens", 0, 0, int64_t(1) << 40);
     p.top_logprobs = return_logprob ? top_n : 0;
-    std::string rid = prompts.size() == 1 ? base_id : base_id + "-" + std::to_string(k);
-    choices->push_back(std::make_unique<ChoiceStream>(submit(rid, prompts[k], p), tokenizer, stops, skip_special));
+    params.push_back(p);
   }
-  auto result = [return_logprob, top_n](ChoiceStream& c) {
+  auto choices = std::make_shared<Choices>();
+  for (size_t k = 0; k < prompts.size(); ++k)
+    choices->push_back(
+        std::make_unique<ChoiceStream>(submit(rids[k], prompts[k], params[k]), tokenizer, stops, skip_special));
+  auto result = [return_logprob, top_n, report_cached = opt.enable_cache_report](ChoiceStream& c) {
     RequestTimes t = c.handle().times();
     ojson finish = nullptr;
     if (c.finished()) {
@@ -458,8 +485,8 @@ void Server::Impl::generate(const std::string& raw, HttpResponse& res) {
                   {"finish_reason", finish},
                   {"prompt_tokens", c.handle().prompt_tokens()},
                   {"completion_tokens", c.completion_tokens()},
-                  {"cached_tokens", c.handle().cached_tokens()},
                   {"e2e_latency", (t.finished > 0 ? t.finished : now_seconds()) - t.submitted}};
+    if (report_cached) meta["cached_tokens"] = c.handle().cached_tokens();
     if (return_logprob) {
       ojson lp = ojson::array(), top = ojson::array();
       for (auto& s : c.sampled()) {

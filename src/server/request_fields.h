@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/engine.h"
@@ -22,8 +23,26 @@ ojson parse_body(const std::string& body);
 double number_field(const ojson& j, const char* key, double fallback, double lo, double hi);
 int64_t int_field(const ojson& j, const char* key, int64_t fallback, int64_t lo, int64_t hi);
 bool bool_field(const ojson& j, const char* key, bool fallback);
-// j[key] if it is a string, else `fallback` (request ids: any other type is ignored).
-std::string string_or(const ojson& j, const char* key, const std::string& fallback);
+// j[key] as a string; absent or null: `fallback`; any other type: 400.
+std::string string_field(const ojson& j, const char* key, const std::string& fallback);
+// j[key] when it is an object; nullptr when absent or null; any other type: 400.
+const ojson* object_field(const ojson& j, const char* key);
+
+// "stream_options": an object or null; returns its include_usage.
+bool include_usage_field(const ojson& body);
+
+// "logit_bias" (OpenAI): {token id as a decimal string: bias in [-100, 100]},
+// ids inside the vocabulary; returned sorted by token id.
+std::vector<std::pair<int32_t, float>> logit_bias_field(const ojson& j, int64_t vocab);
+
+// "response_format": null or an object whose "type" is text, json_object,
+// json_schema (with a "json_schema" object) or structural_tag.
+void check_response_format(const ojson& body);
+
+// The ids of `count` engine requests from "rid": a string (suffixed -0, -1, ...
+// when count > 1), or a list of one string per request; absent or null:
+// `fallback` likewise. Any other type, or a list of the wrong length: 400.
+std::vector<std::string> rid_field(const ojson& body, size_t count, const std::string& fallback, bool allow_list);
 
 // "stop": a string or a list of at most 16 strings.
 std::vector<std::string> stop_field(const ojson& j);
@@ -39,11 +58,19 @@ std::vector<std::vector<int32_t>> prompts_field(const ojson& p, const char* key,
 // 400 when a prompt leaves no room to generate in a context of `ctx` tokens.
 void check_prompt_fits(size_t prompt_tokens, int64_t ctx);
 
-// The completion length asked in j[key] (or `fallback`), refused when above
-// the context length and cut to what the context leaves after the prompt.
-int64_t max_tokens_field(const ojson& j, const char* key, int64_t prompt_len, int64_t fallback, int64_t ctx);
+// The completion length asked in j[key]. Absent or null: `fallback` cut to
+// what the context leaves after the prompt. Asked for: a prompt + max_tokens
+// past the context length `ctx` is a 400 (as SGLang and vLLM answer), unless
+// `clamp` (--clamp-max-tokens): then only a value above `ctx` is refused and
+// the rest is cut to what the context leaves.
+int64_t max_tokens_field(const ojson& j, const char* key, int64_t prompt_len, int64_t fallback, int64_t ctx,
+                         bool clamp);
 
-// "messages" and "model" of a chat request.
+// The types of everything a chat request's rendering and parsing read:
+// "messages" (roles, content and its parts, name, tool_calls, tool_call_id,
+// reasoning_content), "model", "tools", "chat_template_kwargs",
+// "add_generation_prompt", "continue_final_message", "separate_reasoning",
+// "response_format". A wrong type is a 400 naming the field.
 void check_chat_request(const ojson& body);
 // "tools" and "tool_choice": a forced function must be one of the tools.
 void check_tool_choice(const ojson& body);
@@ -61,7 +88,7 @@ class SeedSource {
 };
 
 // Sampling parameters common to the OpenAI routes (SGLang's sampling_params
-// use the same names).
+// use the same names), logit_bias included.
 SamplingParams sampling_field(const ojson& j, int64_t max_new_tokens, int64_t vocab, SeedSource& seeds);
 
 }  // namespace dsv4

@@ -2,6 +2,7 @@
 
 #include <malloc.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -11,6 +12,35 @@
 #include "server/server_impl.h"
 
 namespace dsv4 {
+
+namespace {
+
+// The command line as /get_server_info shows it: the values of secret-looking
+// options (--api-key and any option named with key, token, secret, password,
+// credential or auth as a word) replaced by "<redacted>".
+ojson redacted_server_args(const std::vector<std::string>& args) {
+  static const char* secret_words[] = {"key",    "keys",       "token",       "secret",        "secrets", "password",
+                                       "passwd", "credential", "credentials", "authorization", "auth",    "cookie"};
+  ojson out = ojson::array();
+  for (const std::string& arg : args) {
+    const size_t eq = arg.find('=');
+    const std::string name = arg.substr(0, eq);
+    bool secret = false;
+    size_t start = 0;
+    while (start <= name.size() && !secret) {
+      size_t end = name.find_first_of("-_,", start);
+      if (end == std::string::npos) end = name.size();
+      std::string word = name.substr(start, end - start);
+      for (char& c : word) c = char(std::tolower(static_cast<unsigned char>(c)));
+      for (const char* w : secret_words) secret = secret || word == w;
+      start = end + 1;
+    }
+    out.push_back(secret && eq != std::string::npos ? name + "=<redacted>" : arg);
+  }
+  return out;
+}
+
+}  // namespace
 
 Server::Impl::Impl(std::shared_ptr<Engine> e, std::shared_ptr<const text::Tokenizer> t, text::EncoderProfile p,
                    ServerOptions o)
@@ -112,7 +142,9 @@ void Server::Impl::setup_routes() {
                         {"tool_call_parser", opt.tool_call_parser},
                         {"enable_deterministic_inference", opt.deterministic},
                         {"random_seed", opt.random_seed},
-                        {"server_args", opt.server_args},
+                        {"enable_cache_report", opt.enable_cache_report},
+                        {"clamp_max_tokens", opt.clamp_max_tokens},
+                        {"server_args", redacted_server_args(opt.server_args)},
                         {"internal_states", ojson::array({{{"last_gen_throughput", m.gen_throughput},
                                                            {"num_running_reqs", m.running},
                                                            {"num_queue_reqs", m.queued},

@@ -32,7 +32,14 @@ struct ServerOptions {
   std::vector<std::string> allowed_origins;
   double keepalive_seconds = 15.0;  // SSE comment during long silences
   std::string log_level = "info";
-  std::vector<std::string> server_args;  // the command line, for /get_server_info
+  // usage.prompt_tokens_details.cached_tokens and /generate's cached_tokens
+  // (SGLang's --enable-cache-report). Off by default: the count tells a client
+  // whether another one recently sent the same prompt prefix.
+  bool enable_cache_report = false;
+  // A prompt + max_tokens past the context length: cut max_tokens to fit
+  // (--clamp-max-tokens) instead of answering 400.
+  bool clamp_max_tokens = false;
+  std::vector<std::string> server_args;  // the command line ("--name=value"), for /get_server_info (secrets redacted)
 };
 
 class Server {

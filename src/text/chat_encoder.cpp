@@ -8,6 +8,8 @@
 #include <map>
 #include <sstream>
 
+#include "text/json_limits.h"
+
 namespace dsv4::text {
 
 namespace {
@@ -159,7 +161,7 @@ std::string encode_arguments_to_dsml(EncoderProfile profile, const ojson& tc, co
     if (!args.is_object()) {
       for (int i = 0; i < 2 && args.is_string(); ++i) {
         try {
-          args = ojson::parse(args.get<std::string>());
+          args = parse_json_limited(args.get<std::string>());
         } catch (const std::exception&) {
           break;
         }
@@ -169,7 +171,7 @@ std::string encode_arguments_to_dsml(EncoderProfile profile, const ojson& tc, co
   } else {
     if (raw.is_string()) {
       try {
-        args = ojson::parse(raw.get<std::string>());
+        args = parse_json_limited(raw.get<std::string>());
         if (!args.is_object()) {
           // json.loads succeeded but `.items()` does not exist on the result.
           throw EncoderError("tool call arguments must be a JSON object, got: " + raw.get<std::string>());
@@ -177,6 +179,8 @@ std::string encode_arguments_to_dsml(EncoderProfile profile, const ojson& tc, co
         ok = true;
       } catch (const ojson::exception&) {
         ok = false;
+      } catch (const JsonDepthError&) {
+        ok = false;  // too deep to walk: kept as the string it came as
       }
     }
   }

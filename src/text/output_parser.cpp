@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <random>
 
+#include "text/json_limits.h"
 #include "text/pyjson.h"
 #include "text/utf8.h"
 
@@ -549,7 +550,7 @@ struct OutputParser::Impl {
       if (keys.empty() && rest[0] == '{') {
         // A JSON object body instead of parameter tags (SGLang V4.1 grammar mode).
         try {
-          auto obj = ojson::parse(rest);
+          auto obj = parse_json_limited(rest);
           if (!obj.is_object()) throw std::runtime_error("not an object");
           args = python_json_dumps(obj);
           args = args.substr(1, args.size() - 2);

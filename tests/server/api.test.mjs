@@ -125,7 +125,8 @@ describe('chat completions', () => {
     assert.equal(r.usage.completion_tokens, 12);
     assert.ok(r.usage.prompt_tokens > 3);
     assert.equal(r.usage.total_tokens, r.usage.prompt_tokens + r.usage.completion_tokens);
-    assert.equal(typeof r.usage.prompt_tokens_details.cached_tokens, 'number');
+    // cached_tokens is a prefix-cache oracle: only with --enable-cache-report.
+    assert.equal(r.usage.prompt_tokens_details, undefined);
   });
 
   test('streaming: deltas concatenate to the non-streamed content (same seed), usage chunk', async () => {
@@ -141,6 +142,7 @@ describe('chat completions', () => {
     assert.ok(got.usage, 'include_usage: a usage chunk');
     assert.equal(got.usage.completion_tokens, 12);
     assert.equal(got.usage.prompt_tokens, full.usage.prompt_tokens);
+    assert.equal(got.usage.prompt_tokens_details, undefined);
   });
 
   test('streaming over raw SSE ends with data: [DONE]', async () => {
@@ -407,6 +409,36 @@ describe('/generate (SGLang native)', () => {
   });
 });
 
+describe('logit_bias', () => {
+  test('+100 forces a token, -100 bans one (greedy and sampled; /generate, completions, chat)', async () => {
+    const tok = await postJSON(server.origin, '/tokenize', { prompt: ' banana' });
+    const T = tok.json.tokens.at(-1);
+    const sp = { max_new_tokens: 4, ignore_eos: true };
+    for (const extra of [{ temperature: 0 }, { temperature: 1, seed: 5 }, { temperature: 0.7, top_p: 0.9, seed: 6 }]) {
+      const r = await postJSON(server.origin, '/generate', { text: 'hello', sampling_params: { ...sp, ...extra, logit_bias: { [T]: 100 } } });
+      assert.equal(r.status, 200, r.text);
+      assert.deepEqual(r.json.output_ids, [T, T, T, T]);
+    }
+    const plain = await postJSON(server.origin, '/generate', { text: 'hello', sampling_params: { ...sp, temperature: 0 } });
+    const G = plain.json.output_ids[0];
+    const banned = await postJSON(server.origin, '/generate',
+      { text: 'hello', sampling_params: { ...sp, temperature: 0, logit_bias: { [G]: -100 } } });
+    assert.equal(banned.status, 200, banned.text);
+    assert.ok(!banned.json.output_ids.includes(G), `${G} banned: ${banned.json.output_ids}`);
+    // An empty map changes nothing.
+    const empty = await postJSON(server.origin, '/generate', { text: 'hello', sampling_params: { ...sp, temperature: 0, logit_bias: {} } });
+    assert.deepEqual(empty.json.output_ids, plain.json.output_ids);
+    // The OpenAI routes: top-level logit_bias.
+    const text = (await postJSON(server.origin, '/detokenize', { tokens: [T, T, T] })).json.text;
+    const c = await client.completions.create({ model: 'dsv4-test', prompt: 'hello', max_tokens: 3, seed: 1, ignore_eos: true, logit_bias: { [T]: 100 } });
+    assert.equal(c.choices[0].text, text);
+    const chat = await client.chat.completions.create({ model: 'dsv4-test', messages: user('hi'), max_tokens: 3, seed: 1, ignore_eos: true,
+      logit_bias: { [T]: 100 }, chat_template_kwargs: { thinking: false } });
+    const m = chat.choices[0].message;
+    assert.ok(((m.content ?? '') + (m.reasoning_content ?? '')).includes(text.trim()), JSON.stringify(m));
+  });
+});
+
 describe('errors', () => {
   test('malformed JSON -> 400 with a message', async () => {
     for (const p of ['/v1/chat/completions', '/v1/completions', '/generate']) {
@@ -436,6 +468,130 @@ describe('errors', () => {
     // Through the client: a typed BadRequestError.
     const e = await expectStatus(client.chat.completions.create({ model: 'dsv4-test', messages: user('x'), max_tokens: -3 }), 400, /max_tokens/);
     assert.ok(e instanceof OpenAI.BadRequestError);
+  });
+
+  test('wrong types in tool_choice, tool_calls, name, stream_options, logit_bias, response_format, ... -> 400', async () => {
+    const tools = [{ type: 'function', function: { name: 'f', parameters: { type: 'object' } } }];
+    const call = { id: 'c1', type: 'function', function: { name: 'f', arguments: '{}' } };
+    const chat = [
+      [{ tools, tool_choice: { type: 'function', function: { name: 5 } } }, /tool_choice\.function\.name/],
+      [{ tools, tool_choice: { type: 'function', function: 'f' } }, /tool_choice\.function/],
+      [{ tools, tool_choice: 7 }, /tool_choice/],
+      [{ tools: [{ type: 'function', function: { name: 3 } }] }, /tools\[0\]\.function\.name/],
+      [{ tools: [{ type: 'function', function: { name: 'f', parameters: 'x' } }] }, /parameters/],
+      [{ tools: [{ type: 'function' }] }, /tools\[0\]\.function/],
+      [{ messages: [{ role: 'assistant', content: null, tool_calls: 'x' }, ...user('x')] }, /messages\[0\]\.tool_calls/],
+      [{ messages: [{ role: 'assistant', tool_calls: [5] }, ...user('x')] }, /tool_calls\[0\]/],
+      [{ messages: [{ role: 'assistant', tool_calls: [{ ...call, function: { name: 1, arguments: '{}' } }] }, ...user('x')] },
+        /tool_calls\[0\]\.function\.name/],
+      [{ messages: [{ role: 'assistant', tool_calls: [{ ...call, function: { name: 'f', arguments: 12 } }] }, ...user('x')] },
+        /arguments/],
+      [{ messages: [{ role: 'user', content: 'x', name: 5 }] }, /messages\[0\]\.name/],
+      [{ messages: [{ role: 'tool', content: 'x', tool_call_id: 5 }, ...user('x')] }, /tool_call_id/],
+      [{ messages: [{ role: 'user', content: 5 }] }, /messages\[0\]\.content/],
+      [{ messages: [{ role: 'user', content: [{ type: 'text', text: 5 }] }] }, /content\[0\]\.text/],
+      [{ messages: [{ role: 'user', content: ['x'] }] }, /content\[0\]/],
+      [{ messages: [{ role: 'assistant', content: 'x', reasoning_content: 5 }, ...user('x')] }, /reasoning_content/],
+      [{ stream_options: 'yes' }, /stream_options/],
+      [{ stream: true, stream_options: { include_usage: 'yes' } }, /include_usage/],
+      [{ logit_bias: [1, 2] }, /logit_bias/],
+      [{ logit_bias: { abc: 1 } }, /logit_bias/],
+      [{ logit_bias: { 10: 'x' } }, /logit_bias/],
+      [{ logit_bias: { 10: 101 } }, /logit_bias.*-100 and 100/],
+      [{ logit_bias: { 10: -100.5 } }, /logit_bias/],
+      [{ logit_bias: { 999999999: 1 } }, /vocabulary/],
+      [{ response_format: 'json' }, /response_format/],
+      [{ response_format: { type: 5 } }, /response_format\.type/],
+      [{ response_format: { type: 'yaml' } }, /response_format\.type/],
+      [{ response_format: { type: 'json_schema', json_schema: 'x' } }, /json_schema/],
+      [{ separate_reasoning: 'no' }, /separate_reasoning/],
+      [{ rid: 5 }, /rid/],
+      [{ rid: ['a'] }, /rid/],
+      [{ model: 5 }, /model/],
+      [{ chat_template_kwargs: 'thinking' }, /chat_template_kwargs/],
+      [{ continue_final_message: 'yes' }, /continue_final_message/],
+      [{ seed: 'x' }, /seed/],
+    ];
+    for (const [extra, re] of chat) {
+      const r = await postJSON(server.origin, '/v1/chat/completions', { messages: user('x'), max_tokens: 1, ...extra });
+      assertErrorShape(r, 400, re);
+    }
+    const completions = [
+      [{ rid: 5 }, /rid/], [{ model: 5 }, /model/], [{ stream_options: 1 }, /stream_options/],
+      [{ logit_bias: { '-1': 5 } }, /logit_bias/], [{ logit_bias: 'x' }, /logit_bias/],
+      [{ response_format: 5 }, /response_format/], [{ echo: 'x' }, /echo/],
+    ];
+    for (const [extra, re] of completions) {
+      const r = await postJSON(server.origin, '/v1/completions', { prompt: 'x', max_tokens: 1, ...extra });
+      assertErrorShape(r, 400, re);
+    }
+    const generate = [
+      [{ rid: 5 }, /rid/], [{ rid: ['a', 'b', 'c'], text: ['x', 'y'] }, /rid/], [{ rid: ['a', 5], text: ['x', 'y'] }, /rid/],
+      [{ rid: ['a', 'b'] }, /rid/], [{ sampling_params: 'x' }, /sampling_params/],
+      [{ sampling_params: { logit_bias: [1] } }, /logit_bias/], [{ sampling_params: { sampling_seed: 'x' } }, /sampling_seed/],
+      [{ return_logprob: 'yes' }, /return_logprob/],
+    ];
+    for (const [extra, re] of generate) {
+      const r = await postJSON(server.origin, '/generate', { text: 'x', ...extra });
+      assertErrorShape(r, 400, re);
+    }
+    // A list of rids names the requests of a batch.
+    const ok = await postJSON(server.origin, '/generate',
+      { text: ['x', 'y'], rid: ['rid-a', 'rid-b'], sampling_params: { max_new_tokens: 1 } });
+    assert.equal(ok.status, 200, ok.text);
+    assert.deepEqual(ok.json.map((r) => r.meta_info.id), ['rid-a', 'rid-b']);
+    assert.equal((await getPath(server.origin, '/health')).status, 200);
+  });
+
+  test('JSON nested deeper than 128 levels -> 400 anywhere in a body; the server lives', async () => {
+    const D = 100000;
+    const deepObj = '{"a":'.repeat(D) + '1' + '}'.repeat(D);
+    const deepArr = '['.repeat(D) + ']'.repeat(D);
+    const bodies = [
+      ['/v1/chat/completions', `{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f","parameters":${deepObj}}}]}`],
+      ['/v1/chat/completions', `{"messages":[{"role":"user","content":[{"type":"text","text":"x","extra":${deepArr}}]}]}`],
+      ['/v1/chat/completions', `{"messages":[{"role":"user","content":"x","extra":${deepArr}}]}`],
+      ['/v1/chat/completions', deepArr],
+      ['/v1/completions', `{"prompt":"x","max_tokens":1,"x":${deepObj}}`],
+      ['/generate', `{"text":"x","sampling_params":{"max_new_tokens":1,"x":${deepArr}}}`],
+      ['/tokenize', `{"prompt":"x","x":${deepArr}}`],
+      ['/abort_request', `{"rid":"x","x":${deepArr}}`],
+    ];
+    for (const [p, body] of bodies) assertErrorShape(await postJSON(server.origin, p, body), 400, /JSON nesting deeper than 128 levels/);
+    // 128 levels are fine; 129 are not.
+    const at = (n) => `{"prompt":"x","max_tokens":1,"x":${'['.repeat(n - 1)}${']'.repeat(n - 1)}}`;
+    assert.equal((await postJSON(server.origin, '/v1/completions', at(128))).status, 200);
+    assertErrorShape(await postJSON(server.origin, '/v1/completions', at(129)), 400, /nesting/);
+    // Deep nesting inside a JSON string (tool-call arguments) is text, and is
+    // not parsed into a deep value when rendered.
+    const args = JSON.stringify('['.repeat(1000) + ']'.repeat(1000));
+    const conv = `{"max_tokens":1,"messages":[{"role":"user","content":"x"},{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":${args}}}]},{"role":"tool","tool_call_id":"c","content":"ok"}],"tools":[{"type":"function","function":{"name":"f"}}]}`;
+    const r = await postJSON(server.origin, '/v1/chat/completions', conv);
+    assert.ok(r.status === 200 || r.status === 400, `status ${r.status}: ${r.text.slice(0, 200)}`);
+    assert.equal((await getPath(server.origin, '/health')).status, 200);
+    assert.equal((await postJSON(server.origin, '/tokenize', { prompt: 'still alive' })).status, 200);
+  });
+
+  test('max_tokens past the context -> 400 with the lengths; absent max_tokens takes what the context leaves', async () => {
+    const ids = Array.from({ length: CONTEXT - 4 }, (_, i) => 1000 + (i % 500));
+    const over = await postJSON(server.origin, '/v1/completions', { prompt: ids, max_tokens: 10 });
+    assertErrorShape(over, 400, new RegExp(`maximum context length of ${CONTEXT} tokens: prompt has ${CONTEXT - 4} tokens, max_tokens 10`));
+    assertErrorShape(await postJSON(server.origin, '/generate', { input_ids: ids, sampling_params: { max_new_tokens: 5 } }), 400,
+      /max_new_tokens 5/);
+    const chat = await postJSON(server.origin, '/v1/chat/completions',
+      { messages: user('hello'), max_completion_tokens: CONTEXT });
+    assertErrorShape(chat, 400, /maximum context length.*max_completion_tokens 1024/);
+    // Exactly filling the context is fine.
+    const fits = await postJSON(server.origin, '/v1/completions', { prompt: ids, max_tokens: 4, ignore_eos: true });
+    assert.equal(fits.status, 200, fits.text);
+    assert.equal(fits.json.usage.completion_tokens, 4);
+    // No max_tokens: the default (16 here, 128 for /generate) is cut to the room left.
+    const dflt = await postJSON(server.origin, '/v1/completions', { prompt: ids, ignore_eos: true });
+    assert.equal(dflt.status, 200, dflt.text);
+    assert.equal(dflt.json.usage.completion_tokens, 4);
+    const g = await postJSON(server.origin, '/generate', { input_ids: ids, sampling_params: { ignore_eos: true } });
+    assert.equal(g.status, 200, g.text);
+    assert.equal(g.json.meta_info.completion_tokens, 4);
   });
 
   test('empty messages -> 400; empty body -> 400', async () => {
@@ -534,20 +690,46 @@ describe('metrics and cache', () => {
   test('/flush_cache empties the prefix cache', async () => {
     await client.completions.create({ model: 'dsv4-test', prompt: 'cache me please', max_tokens: 2 });
     const again = await client.completions.create({ model: 'dsv4-test', prompt: 'cache me please', max_tokens: 2 });
-    assert.ok(again.usage.prompt_tokens_details.cached_tokens > 0, 'second identical prompt hits the prefix cache');
+    // Without --enable-cache-report the hit is not reported to the client.
+    assert.equal(again.usage.prompt_tokens_details, undefined);
+    const before = await getPath(server.origin, '/get_server_info');
+    assert.ok(before.json.internal_states[0].prefix_cache_entries > 0, 'the prompts were cached');
     const f = await getPath(server.origin, '/flush_cache');
     assert.equal(f.status, 200, f.text);
     const info = await getPath(server.origin, '/get_server_info');
     assert.equal(info.json.internal_states[0].prefix_cache_entries, 0);
-    const after = await client.completions.create({ model: 'dsv4-test', prompt: 'cache me please', max_tokens: 2 });
-    assert.equal(after.usage.prompt_tokens_details.cached_tokens, 0);
     assert.equal((await postJSON(server.origin, '/flush_cache', {})).status, 200);
+  });
+
+  test('no cached_tokens anywhere without --enable-cache-report', async () => {
+    const body = { prompt: 'cache report off', max_tokens: 2 };
+    await postJSON(server.origin, '/v1/completions', body);
+    const r = await postJSON(server.origin, '/v1/completions', body);
+    assert.equal(r.status, 200, r.text);
+    assert.ok(!r.text.includes('cached_tokens'), r.text);
+    const s = await sse(server.origin, '/v1/completions', { ...body, stream: true, stream_options: { include_usage: true } });
+    assert.ok(s.events.at(-1).usage);
+    assert.ok(!s.raw.includes('cached_tokens'));
+    const c = await sse(server.origin, '/v1/chat/completions',
+      { messages: user('cache report off'), max_tokens: 2, stream: true, stream_options: { include_usage: true } });
+    assert.ok(c.events.at(-1).usage);
+    assert.ok(!c.raw.includes('cached_tokens'));
+    const g = await postJSON(server.origin, '/generate', { text: 'cache report off', sampling_params: { max_new_tokens: 2 } });
+    assert.equal(g.status, 200, g.text);
+    assert.equal(g.json.meta_info.cached_tokens, undefined);
+    assert.equal(g.json.meta_info.prompt_tokens > 0, true);
+    assert.equal((await getPath(server.origin, '/get_server_info')).json.enable_cache_report, false);
   });
 });
 
 describe('--api-key', () => {
   let secured;
-  before(async () => { secured = await startServer(['--api-key', 'sk-test-123', '--context-length', '512']); });
+  // Also the opt-in flags: --clamp-max-tokens and --enable-cache-report.
+  before(async () => {
+    secured = await startServer(['--api-key', 'sk-test-123', '--context-length', '512', '--clamp-max-tokens',
+      '--enable-cache-report']);
+  });
+  const auth = { Authorization: 'Bearer sk-test-123' };
   after(async () => { await secured?.stop(); });
 
   test('missing or wrong key -> 401; right key works; /health stays open', async () => {
@@ -585,5 +767,41 @@ describe('--api-key', () => {
     await waitFor(() => responses().length >= 2 && /"tokens"|"error"/.test(responses()[1]), { what: 'the second response' });
     sock.destroy();
     assert.match(responses()[1], /^HTTP\/1\.1 200 /, responses()[1]);
+  });
+
+  test('/get_server_info redacts the API key', async () => {
+    const r = await getPath(secured.origin, '/get_server_info', auth);
+    assert.equal(r.status, 200, r.text);
+    assert.ok(!r.text.includes('sk-test-123'), 'the key is not shown');
+    assert.ok(r.json.server_args.includes('--api-key=<redacted>'), JSON.stringify(r.json.server_args));
+    assert.ok(r.json.server_args.includes('--context-length=512'), JSON.stringify(r.json.server_args));
+    assert.equal(r.json.enable_cache_report, true);
+    assert.equal(r.json.clamp_max_tokens, true);
+  });
+
+  test('--clamp-max-tokens cuts max_tokens to the context instead of a 400', async () => {
+    const ids = Array.from({ length: 508 }, (_, i) => 1000 + i);
+    const r = await postJSON(secured.origin, '/v1/completions', { prompt: ids, max_tokens: 100, ignore_eos: true }, auth);
+    assert.equal(r.status, 200, r.text);
+    assert.equal(r.json.usage.completion_tokens, 4);
+    assert.equal(r.json.choices[0].finish_reason, 'length');
+    // Past the context length itself it is still refused.
+    assertErrorShape(await postJSON(secured.origin, '/v1/completions', { prompt: 'x', max_tokens: 10000 }, auth), 400, /context/);
+  });
+
+  test('--enable-cache-report: cached_tokens in usage (also streamed) and /generate meta_info', async () => {
+    const body = { prompt: 'cache report on, a longer prompt to cache', max_tokens: 2 };
+    await postJSON(secured.origin, '/v1/completions', body, auth);
+    const r = await postJSON(secured.origin, '/v1/completions', body, auth);
+    assert.ok(r.json.usage.prompt_tokens_details.cached_tokens > 0, r.text);
+    const s = await sse(secured.origin, '/v1/completions', { ...body, stream: true, stream_options: { include_usage: true } },
+      { headers: auth });
+    assert.ok(s.events.at(-1).usage.prompt_tokens_details.cached_tokens > 0, s.raw.slice(-400));
+    const chat = { messages: user('cache report on'), max_tokens: 2 };
+    await postJSON(secured.origin, '/v1/chat/completions', chat, auth);
+    const c = await postJSON(secured.origin, '/v1/chat/completions', chat, auth);
+    assert.ok(c.json.usage.prompt_tokens_details.cached_tokens > 0, c.text);
+    const g = await postJSON(secured.origin, '/generate', { text: body.prompt, sampling_params: { max_new_tokens: 1 } }, auth);
+    assert.equal(typeof g.json.meta_info.cached_tokens, 'number', g.text);
   });
 });
