@@ -170,3 +170,45 @@ TEST(TextCli, ParseGoldenParsingCases) {
   EXPECT_EQ(got["finish_reason"], "tool_calls");
   fs::remove_all(dir);
 }
+
+// `render --ids` keeps the reference ids by default (special-token text in user
+// content becomes control tokens, as in the golden data); the opt-in
+// --no-special-tokens-in-content gives the server's default ids instead.
+TEST(TextCli, RenderIdsWithSpecialTokenTextInContent) {
+  const auto dir = model_dir("deepseek_v4");
+  const fs::path file = kData / "encoding" / "generated" / "enc_unicode_special_strings_in_user_text__v4_preview.json";
+  std::ifstream in(file);
+  const json c = json::parse(in);
+  const std::string base =
+      "render --model " + quote(dir.string()) + " --request " + quote(file.string()) + " --profile v4";
+
+  const auto ref = run(base + " --ids");
+  ASSERT_EQ(ref.rc, 0);
+  EXPECT_EQ(json::parse(ref.out), c["expected"]["token_ids"]);
+
+  const auto safe = run(base + " --ids --no-special-tokens-in-content");
+  ASSERT_EQ(safe.rc, 0);
+  const auto ids = json::parse(safe.out).get<std::vector<int>>();
+  EXPECT_NE(json(ids), c["expected"]["token_ids"]);
+  // Only the template's markers are control tokens: <bos><｜User｜> ... <｜Assistant｜></think>.
+  ASSERT_GT(ids.size(), 4u);
+  EXPECT_EQ(ids[0], 0);
+  EXPECT_EQ(ids[1], 128803);
+  EXPECT_EQ(ids[ids.size() - 2], 128804);
+  EXPECT_EQ(ids.back(), 128822);
+  for (size_t i = 2; i + 2 < ids.size(); ++i) EXPECT_TRUE(ids[i] > 2 && ids[i] < 128000) << i << ": " << ids[i];
+  std::string spec;
+  for (int id : ids) spec += std::to_string(id) + ",";
+  spec.pop_back();
+  const auto text = run("detokenize --tokenizer " + quote(kTokenizer) + " --ids " + spec);
+  ASSERT_EQ(text.rc, 0);
+  EXPECT_EQ(text.out, c["expected"]["prompt"].get<std::string>());
+
+  // The prompt string itself does not depend on the flag.
+  const auto p1 = run(base);
+  const auto p2 = run(base + " --no-special-tokens-in-content");
+  ASSERT_EQ(p1.rc, 0);
+  EXPECT_EQ(p1.out, c["expected"]["prompt"].get<std::string>());
+  EXPECT_EQ(p2.out, p1.out);
+  fs::remove_all(dir);
+}

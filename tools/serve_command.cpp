@@ -46,6 +46,7 @@ struct ServeArgs {
   std::string reasoning_parser, tool_call_parser, log_level = "info", schedule_policy = "fcfs";
   bool deterministic = false, disable_radix_cache = false, hierarchical_cache = false, no_mmap = false;
   bool enable_cache_report = false, clamp_max_tokens = false;
+  bool allow_special_tokens_in_content = false;
   double hicache_size_gb = 0, hicache_ratio = 0;
   uint64_t random_seed = 0;
   int threads = 0;
@@ -205,6 +206,7 @@ int run_serve(ServeArgs& a) {
   so.tool_call_parser = a.tool_call_parser;
   so.random_seed = a.random_seed;
   so.deterministic = a.deterministic;
+  so.allow_special_tokens_in_content = a.allow_special_tokens_in_content;
   so.log_level = a.log_level;
   so.enable_cache_report = a.enable_cache_report;
   so.clamp_max_tokens = a.clamp_max_tokens;
@@ -265,6 +267,11 @@ void register_serve_command(CLI::App& app, int& exit_code) {
   cmd->add_flag("--enable-deterministic-inference", a->deterministic,
                 "Requests without a seed use seed 42 (outputs are batch-invariant in any case)");
   cmd->add_option("--random-seed", a->random_seed, "Base of the per-request seeds");
+  cmd->add_flag("--allow-special-tokens-in-content", a->allow_special_tokens_in_content,
+                "Tokenize special-token text (<｜end▁of▁sentence｜>, <｜User｜>, <think>, ｜DSML｜...) inside user, "
+                "tool and assistant-history content as control tokens, as SGLang does. Default: such text is "
+                "encoded as plain text, so message content cannot forge turns or tool calls "
+                "(docs/security-special-tokens.md)");
   cmd->add_option("--log-level", a->log_level, "debug | info | warning | error")
       ->check(CLI::IsMember({"debug", "info", "warning", "error"}));
   cmd->add_flag("--enable-cache-report", a->enable_cache_report,

@@ -199,6 +199,7 @@ void register_text_commands(CLI::App& app, int& exit_code) {
     auto semantics = std::make_shared<std::string>("reference");
     auto tool_parser = std::make_shared<std::string>();
     auto as_ids = std::make_shared<bool>(false);
+    auto content_as_text = std::make_shared<bool>(false);
     cmd->add_option("--model", *model, "model directory (config.json; tokenizer.json for --ids)")->required();
     cmd->add_option("--request", *request, "request JSON (or a golden encoding case)")->required();
     cmd->add_option("--profile", *profile, "encoder profile: v4 | v4-0731 | v41 | v41-tiers");
@@ -206,6 +207,10 @@ void register_text_commands(CLI::App& app, int& exit_code) {
     cmd->add_option("--semantics", *semantics,
                     "reference (encoder bytes, default) | sglang (the server's choices) | vllm");
     cmd->add_flag("--ids", *as_ids, "print token ids as a JSON array instead of the prompt");
+    cmd->add_flag("--no-special-tokens-in-content", *content_as_text,
+                  "with --ids: encode special-token text inside user-controlled content (user, tool, assistant "
+                  "history, tool schemas) as plain text, as `dsv4 serve` does by default; the prompt string is "
+                  "the same either way (docs/security-special-tokens.md)");
     cmd->callback([=, &exit_code] {
       guarded("render", exit_code, [&] {
         const auto prof = choose_profile(*model, *profile, *tool_parser);
@@ -214,7 +219,9 @@ void register_text_commands(CLI::App& app, int& exit_code) {
         for (const auto& w : rendered.warnings) std::fprintf(stderr, "dsv4 render: warning: %s\n", w.c_str());
         if (*as_ids) {
           const auto tok = text::Tokenizer::from_file(model_tokenizer(*model));
-          write_raw(ids_json(tok->encode(rendered.prompt)) + "\n");
+          write_raw(ids_json(*content_as_text ? tok->encode(rendered.prompt, rendered.content_spans)
+                                              : tok->encode(rendered.prompt)) +
+                    "\n");
         } else {
           write_raw(rendered.prompt);
         }

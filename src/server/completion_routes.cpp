@@ -264,7 +264,9 @@ void Server::Impl::chat_completions(const std::string& raw, HttpResponse& res) {
     throw BadRequest(std::string("invalid chat request: ") + e.what());
   }
   for (auto& w : rendered.warnings) log("warning", w);
-  std::vector<int32_t> prompt = tokenizer->encode(rendered.prompt);
+  std::vector<int32_t> prompt = opt.allow_special_tokens_in_content
+                                    ? tokenizer->encode(rendered.prompt)
+                                    : tokenizer->encode(rendered.prompt, rendered.content_spans);
   const int64_t ctx = engine->context_length();
   check_prompt_fits(prompt.size(), ctx);
   const char* max_key = body.contains("max_completion_tokens") && !body["max_completion_tokens"].is_null()

@@ -23,6 +23,10 @@ struct ServerOptions {
   std::string tool_call_parser;
   uint64_t random_seed = 0;
   bool deterministic = true;
+  // Chat prompts: special-token text inside user-controlled content (user and
+  // tool messages, assistant history, tool schemas) is encoded as plain text
+  // unless this is set (SGLang's behaviour). docs/security-special-tokens.md.
+  bool allow_special_tokens_in_content = false;
   int64_t max_request_bytes = 32 << 20;
   // Connections, deadlines and caps of the HTTP transport (its
   // max_body_bytes is max_request_bytes).

@@ -57,6 +57,41 @@ std::string replace_all(std::string s, std::string_view from, std::string_view t
   return s;
 }
 
+// Prompt text plus the byte ranges of it that were copied from user-controlled
+// request fields (see chat_encoder.h, RenderedPrompt::content_spans).
+struct Rendered {
+  std::string text;
+  std::vector<TextSpan> spans;
+
+  Rendered& operator+=(std::string_view s) {
+    text += s;
+    return *this;
+  }
+  Rendered& operator+=(const Rendered& r) {
+    for (const auto& sp : r.spans) spans.push_back({sp.begin + text.size(), sp.end + text.size()});
+    text += r.text;
+    return *this;
+  }
+  // Text from a user-controlled field.
+  void content(std::string_view s) {
+    if (!s.empty()) spans.push_back({text.size(), text.size() + s.size()});
+    text += s;
+  }
+  // Message text that may hold image placeholders the encoder inserted for
+  // image parts. V4.1 refuses a literal placeholder in message text, so there
+  // every placeholder is an image and stays template text; V4 cannot tell.
+  void content_with_images(std::string_view s, bool v41) {
+    if (!v41) return content(s);
+    size_t at;
+    while ((at = s.find(kImagePlaceholder)) != std::string_view::npos) {
+      content(s.substr(0, at));
+      text += kImagePlaceholder;
+      s.remove_prefix(at + kImagePlaceholder.size());
+    }
+    content(s);
+  }
+};
+
 // DSML tag names differ between V4 (`tool_calls`, `invoke`, `parameter`) and
 // V4.1 (` calls`, ` invoke`, ` parameter`).
 struct Dialect {
@@ -110,25 +145,37 @@ std::string content_or_empty(const ojson& msg) {
   throw EncoderError("message content must be a string");
 }
 
-std::string render_tools(const ojson& tools, const Dialect& d) {
-  std::string schemas;
+// The schemas are content: tool definitions are data, often from third-party
+// (MCP) servers; the template's own markers around them stay special.
+Rendered render_tools(const ojson& tools, const Dialect& d) {
+  Rendered schemas;
   bool first = true;
   for (const auto& tool : tools) {
     if (!tool.is_object() || !tool.contains("function")) throw EncoderError("each tool must have a 'function' object");
     if (!first) schemas += "\n";
     first = false;
-    schemas += python_json_dumps(tool["function"]);
+    schemas.content(python_json_dumps(tool["function"]));
   }
-  return replace_all(tools_template(d), "@@SCHEMAS", schemas);
+  // replace_all(template, "@@SCHEMAS", schemas): the template has it once.
+  const std::string t = tools_template(d);
+  const size_t at = t.find("@@SCHEMAS");
+  Rendered out;
+  out += std::string_view(t).substr(0, at);
+  out += schemas;
+  out += std::string_view(t).substr(at + std::string_view("@@SCHEMAS").size());
+  return out;
 }
 
-std::string render_response_format(const ojson& rf) {
-  return "## Response Format:\n\nYou MUST strictly adhere to the following schema to reply:\n" + python_json_dumps(rf);
+Rendered render_response_format(const ojson& rf) {
+  Rendered out;
+  out += "## Response Format:\n\nYou MUST strictly adhere to the following schema to reply:\n";
+  out.content(python_json_dumps(rf));
+  return out;
 }
 
-std::string render_tool_result_content(const ojson& content) {
+Rendered render_tool_result_content(const ojson& content, bool v41) {
+  Rendered out;
   if (content.is_array()) {
-    std::string out;
     bool first = true;
     for (const auto& b : content) {
       if (!first) out += "\n\n";
@@ -136,14 +183,17 @@ std::string render_tool_result_content(const ojson& content) {
       const ojson& type = get_or_null(b, "type");
       if (type.is_string() && type.get<std::string>() == "text") {
         const ojson& t = get_or_null(b, "text");
-        out += t.is_null() ? "" : str_of(t, "tool result text");
+        out.content_with_images(t.is_null() ? "" : str_of(t, "tool result text"), v41);
       } else {
-        out += "[Unsupported " + python_str(type) + "]";
+        out += "[Unsupported ";
+        out.content(python_str(type));
+        out += "]";
       }
     }
     return out;
   }
-  return python_str(content);
+  out.content_with_images(python_str(content), v41);
+  return out;
 }
 
 // The reference's `msg.get("content", "")`: "" only when the key is absent.
@@ -152,7 +202,7 @@ ojson get_with_default_empty(const ojson& msg, const char* key) {
   return it == msg.end() ? ojson("") : *it;
 }
 
-std::string encode_arguments_to_dsml(EncoderProfile profile, const ojson& tc, const Dialect& d) {
+Rendered encode_arguments_to_dsml(EncoderProfile profile, const ojson& tc, const Dialect& d) {
   const ojson raw = get_with_default_empty(tc, "arguments");
   ojson args;
   bool ok = false;
@@ -188,15 +238,17 @@ std::string encode_arguments_to_dsml(EncoderProfile profile, const ojson& tc, co
     args = ojson::object();
     args["arguments"] = raw;
   }
-  std::string out;
+  Rendered out;
   bool first = true;
   const std::string dsml(kDsml);
   for (auto it = args.begin(); it != args.end(); ++it) {
     if (!first) out += "\n";
     first = false;
     const bool is_str = it.value().is_string();
-    out += "<" + dsml + d.param + " name=\"" + it.key() + "\" string=\"" + (is_str ? "true" : "false") + "\">";
-    out += is_str ? it.value().get<std::string>() : python_json_dumps(it.value());
+    out += "<" + dsml + d.param + " name=\"";
+    out.content(it.key());
+    out += std::string("\" string=\"") + (is_str ? "true" : "false") + "\">";
+    out.content(is_str ? it.value().get<std::string>() : python_json_dumps(it.value()));
     out += "</" + dsml + d.param + ">";
   }
   return out;
@@ -270,8 +322,8 @@ std::string effort_prefix(EncoderProfile profile, size_t index, bool thinking, c
   return "";
 }
 
-std::string render_user_blocks(const ojson& blocks) {
-  std::string out;
+Rendered render_user_blocks(const ojson& blocks, bool v41) {
+  Rendered out;
   bool first = true;
   for (const auto& block : blocks) {
     if (!first) out += "\n\n";
@@ -280,19 +332,23 @@ std::string render_user_blocks(const ojson& blocks) {
     const std::string t = type.is_string() ? type.get<std::string>() : python_str(type);
     if (t == "text") {
       const ojson text = block.is_object() && block.contains("text") ? block["text"] : ojson("");
-      out += str_of(text, "text content");
+      out.content_with_images(str_of(text, "text content"), v41);
     } else if (t == "tool_result") {
       const ojson content = get_with_default_empty(block, "content");
-      out += "<tool_result>" + render_tool_result_content(content) + "</tool_result>";
+      out += "<tool_result>";
+      out += render_tool_result_content(content, v41);
+      out += "</tool_result>";
     } else {
-      out += "[Unsupported " + t + "]";
+      out += "[Unsupported ";
+      out.content(t);
+      out += "]";
     }
   }
   return out;
 }
 
-std::string render_message(EncoderProfile profile, size_t index, const ojson& messages, bool thinking,
-                           bool drop_thinking, const ojson& effort) {
+Rendered render_message(EncoderProfile profile, size_t index, const ojson& messages, bool thinking, bool drop_thinking,
+                        const ojson& effort) {
   const Dialect d = dialect_for(profile);
   const ojson& msg = messages[index];
   if (!msg.is_object()) throw EncoderError("each message must be an object");
@@ -305,60 +361,83 @@ std::string render_message(EncoderProfile profile, size_t index, const ojson& me
   const bool wo_eos = python_truthy(get_or_null(msg, "wo_eos"));
   const bool v41 = is_v41(profile);
 
-  std::string prompt;
+  Rendered prompt;
   const std::string effort_text = effort_prefix(profile, index, thinking, effort);
   if (v41) {
     if (index == 0 && (!effort_text.empty() || role == "system")) prompt += kSystem;
   }
   prompt += effort_text;
 
+  // System / developer content is the deployer's instructions: not a content span.
   if (role == "system") {
     if (v41 && index > 0) prompt += kSystem;
     prompt += content_or_empty(msg);
-    if (python_truthy(tools)) prompt += "\n\n" + render_tools(tools, d);
-    if (python_truthy(response_format)) prompt += "\n\n" + render_response_format(response_format);
+    if (python_truthy(tools)) {
+      prompt += "\n\n";
+      prompt += render_tools(tools, d);
+    }
+    if (python_truthy(response_format)) {
+      prompt += "\n\n";
+      prompt += render_response_format(response_format);
+    }
   } else if (role == "developer" && !v41) {
     if (!python_truthy(get_or_null(msg, "content"))) throw EncoderError("Invalid message for role `developer`");
     prompt += kUser;
     prompt += content_or_empty(msg);
-    if (python_truthy(tools)) prompt += "\n\n" + render_tools(tools, d);
-    if (python_truthy(response_format)) prompt += "\n\n" + render_response_format(response_format);
+    if (python_truthy(tools)) {
+      prompt += "\n\n";
+      prompt += render_tools(tools, d);
+    }
+    if (python_truthy(response_format)) {
+      prompt += "\n\n";
+      prompt += render_response_format(response_format);
+    }
   } else if (role == "user") {
     prompt += kUser;
     const ojson& blocks = get_or_null(msg, "content_blocks");
     if (python_truthy(blocks)) {
-      prompt += render_user_blocks(blocks);
+      prompt += render_user_blocks(blocks, v41);
     } else {
-      prompt += content_or_empty(msg);
+      prompt.content_with_images(content_or_empty(msg), v41);
     }
   } else if (role == "latest_reminder") {
     prompt += kLatestReminder;
     prompt += python_str(get_or_null(msg, "content"));
   } else if (role == "assistant") {
-    std::string tc_content;
+    // Assistant history is model output the client sends back (and may have
+    // edited): reasoning, content and tool calls are content spans.
+    Rendered tc_content;
     if (python_truthy(tool_calls)) {
       const std::string dsml(kDsml);
-      std::string list;
+      Rendered list;
       bool first = true;
       for (const auto& tc : tool_calls) {
         const ojson& fn = get_or_null(tc, "function");
         if (!fn.is_object()) throw EncoderError("tool_calls[].function must be an object");
         if (!first) list += "\n";
         first = false;
-        list += "<" + dsml + d.invoke + " name=\"" + python_str(get_or_null(fn, "name")) + "\">\n" +
-                encode_arguments_to_dsml(profile, fn, d) + "\n</" + dsml + d.invoke + ">";
+        list += "<" + dsml + d.invoke + " name=\"";
+        list.content(python_str(get_or_null(fn, "name")));
+        list += "\">\n";
+        list += encode_arguments_to_dsml(profile, fn, d);
+        list += "\n</" + dsml + d.invoke + ">";
       }
-      tc_content = "\n\n<" + dsml + d.block + ">\n" + list + "\n</" + dsml + d.block + ">";
+      tc_content += "\n\n<" + dsml + d.block + ">\n";
+      tc_content += list;
+      tc_content += "\n</" + dsml + d.block + ">";
     }
-    std::string thinking_part;
+    Rendered thinking_part;
     const bool prev_has_task = index >= 1 && has_non_null(messages[index - 1], "task");
     if (thinking && !prev_has_task) {
       if (!drop_thinking || static_cast<int>(index) > last_user) {
         const ojson& rc = get_or_null(msg, "reasoning_content");
-        thinking_part = (python_truthy(rc) ? str_of(rc, "reasoning_content") : std::string()) + std::string(kThinkEnd);
+        thinking_part.content(python_truthy(rc) ? str_of(rc, "reasoning_content") : std::string());
+        thinking_part += kThinkEnd;
       }
     }
-    prompt += thinking_part + content_or_empty(msg) + tc_content;
+    prompt += thinking_part;
+    prompt.content_with_images(content_or_empty(msg), v41);
+    prompt += tc_content;
     if (!wo_eos) prompt += kEos;
   } else if (role == "tool") {
     throw EncoderError("tool messages must be merged into user messages");
@@ -654,6 +733,10 @@ EncoderProfile select_profile(const ojson& config, std::string_view tool_call_pa
 }
 
 std::string encode_messages(EncoderProfile profile, const EncoderInput& input) {
+  return encode_messages(profile, input, nullptr);
+}
+
+std::string encode_messages(EncoderProfile profile, const EncoderInput& input, std::vector<TextSpan>* content_spans) {
   if (!input.messages.is_array()) throw EncoderError("messages must be an array");
   ojson context = input.context.is_array() ? input.context : ojson::array();
   ojson messages = input.messages;
@@ -677,7 +760,8 @@ std::string encode_messages(EncoderProfile profile, const EncoderInput& input) {
   ojson full = context;
   for (const auto& m : messages) full.push_back(m);
 
-  std::string prompt = (input.add_bos && context.empty()) ? std::string(kBos) : std::string();
+  Rendered prompt;
+  if (input.add_bos && context.empty()) prompt += kBos;
   bool drop = input.drop_thinking;
   for (const auto& m : full) {
     if (python_truthy(get_or_null(m, "tools"))) drop = false;
@@ -694,7 +778,8 @@ std::string encode_messages(EncoderProfile profile, const EncoderInput& input) {
   for (size_t i = 0; i < num_to_render; ++i) {
     prompt += render_message(profile, i + context_len, full, input.thinking, drop, input.reasoning_effort);
   }
-  return prompt;
+  if (content_spans) *content_spans = std::move(prompt.spans);
+  return std::move(prompt.text);
 }
 
 // ---------------------------------------------------------------------------
@@ -1065,7 +1150,7 @@ RenderedPrompt render_chat_request(const ojson& request, EncoderProfile profile,
   out.encoder_input.reasoning_effort = mode.reasoning_effort;
   out.encoder_input.drop_thinking = options.drop_thinking;
   if (request.contains("context") && request["context"].is_array()) out.encoder_input.context = request["context"];
-  out.prompt = encode_messages(profile, out.encoder_input);
+  out.prompt = encode_messages(profile, out.encoder_input, &out.content_spans);
 
   if (continuing && vllm) {
     const ojson& last = out.encoder_input.messages.back();
@@ -1092,6 +1177,11 @@ RenderedPrompt render_chat_request(const ojson& request, EncoderProfile profile,
       out.prompt += kAssistant;
       out.prompt += mode.thinking ? kThinkBegin : kThinkEnd;
     }
+  }
+  // The vLLM cue handling above only cut template text; keep spans in range.
+  for (auto& sp : out.content_spans) {
+    sp.end = std::min(sp.end, out.prompt.size());
+    sp.begin = std::min(sp.begin, sp.end);
   }
   out.thinking = mode.thinking;
   out.warnings = std::move(mode.warnings);

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "text/pyjson.h"
+#include "text/tokenizer.h"
 
 namespace dsv4::text {
 
@@ -60,6 +61,23 @@ struct EncoderInput {
 
 // Byte-exact port of the reference encoder for `profile`. Throws EncoderError.
 std::string encode_messages(EncoderProfile profile, const EncoderInput& input);
+
+// The same prompt; also sets `content_spans` (when not null) to the byte ranges
+// of the prompt copied from user-controlled fields, in prompt order:
+//   * user message content (text, text blocks) and tool results (role `tool`,
+//     tool_result blocks), including "[Unsupported <type>]"'s type;
+//   * assistant history: reasoning_content, content, tool-call names and
+//     argument names and values (model output the client sends back, and may
+//     have edited);
+//   * tool schemas (tools[].function as JSON) and response_format (data, often
+//     from third parties such as MCP servers).
+// Not spans: the template's own text and markers, and system / developer /
+// latest_reminder content (the deployer's instructions; the model was trained
+// with their control tokens matched). V4.1 image placeholders that stand for
+// image parts are template text. docs/security-special-tokens.md says why.
+// Tokenizer::encode(prompt, content_spans) then keeps control-token strings in
+// these ranges as plain text.
+std::string encode_messages(EncoderProfile profile, const EncoderInput& input, std::vector<TextSpan>* content_spans);
 
 enum class ServingFlavor {
   SGLang,  // default: thinking off unless asked, lenient effort fallback
@@ -109,6 +127,10 @@ ModeDecision resolve_mode(const ojson& request, EncoderProfile profile, const Re
 
 struct RenderedPrompt {
   std::string prompt;
+  // Byte ranges of `prompt` that hold user-controlled content (see
+  // encode_messages); give them to Tokenizer::encode(prompt, content_spans) so
+  // that special-token text inside them is not tokenized as control tokens.
+  std::vector<TextSpan> content_spans;
   EncoderInput encoder_input;
   bool thinking = false;
   // True when the prompt leaves the model inside a think block, i.e. the

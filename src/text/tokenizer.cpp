@@ -517,10 +517,60 @@ std::shared_ptr<const Tokenizer> Tokenizer::from_json_text(std::string_view text
   return std::shared_ptr<const Tokenizer>(new Tokenizer(std::move(impl)));
 }
 
-std::vector<TokenId> Tokenizer::encode(std::string_view text) const {
+std::vector<TokenId> Tokenizer::encode(std::string_view text) const { return encode(text, {}); }
+
+std::vector<TokenId> Tokenizer::encode_ordinary(std::string_view text) const {
+  return encode(text, {TextSpan{0, text.size()}});
+}
+
+namespace {
+
+// Sorted, clamped, with overlapping and touching spans merged, empty ones dropped.
+std::vector<TextSpan> normalize_spans(std::vector<TextSpan> spans, size_t size) {
+  for (auto& s : spans) {
+    s.end = std::min(s.end, size);
+    s.begin = std::min(s.begin, s.end);
+  }
+  std::erase_if(spans, [](const TextSpan& s) { return s.begin == s.end; });
+  std::sort(spans.begin(), spans.end(), [](const TextSpan& a, const TextSpan& b) { return a.begin < b.begin; });
+  std::vector<TextSpan> out;
+  for (const auto& s : spans) {
+    if (!out.empty() && s.begin <= out.back().end) {
+      out.back().end = std::max(out.back().end, s.end);
+    } else {
+      out.push_back(s);
+    }
+  }
+  return out;
+}
+
+// Repairs invalid UTF-8 piece by piece (pieces cut at span boundaries) and
+// moves the spans onto the repaired text.
+std::string repair_with_spans(std::string_view text, std::vector<TextSpan>& spans) {
+  std::string out;
+  size_t pos = 0;
+  auto piece = [&](size_t end) {
+    const std::string_view p = text.substr(pos, end - pos);
+    out += utf8::is_valid(p) ? std::string(p) : utf8::to_valid_lossy(p);
+    pos = end;
+  };
+  for (auto& s : spans) {
+    piece(s.begin);
+    s.begin = out.size();
+    piece(s.end);
+    s.end = out.size();
+  }
+  piece(text.size());
+  return out;
+}
+
+}  // namespace
+
+std::vector<TokenId> Tokenizer::encode(std::string_view text, const std::vector<TextSpan>& plain_spans) const {
+  std::vector<TextSpan> spans = normalize_spans(plain_spans, text.size());
   std::string repaired;
   if (!utf8::is_valid(text)) {
-    repaired = utf8::to_valid_lossy(text);
+    repaired = repair_with_spans(text, spans);
     text = repaired;
   }
   std::vector<TokenId> out;
@@ -528,14 +578,25 @@ std::vector<TokenId> Tokenizer::encode(std::string_view text) const {
   const Impl& im = *impl_;
   size_t seg_start = 0;
   size_t i = 0;
+  size_t next_span = 0;
   const size_t n = text.size();
   while (i < n) {
+    while (next_span < spans.size() && spans[next_span].end <= i) ++next_span;
+    size_t limit = n;
+    if (next_span < spans.size()) {
+      if (spans[next_span].begin <= i) {
+        // Inside a plain span: its bytes join the ordinary text segment.
+        i = spans[next_span].end;
+        continue;
+      }
+      limit = spans[next_span].begin;
+    }
     if (!im.added_first_byte[static_cast<unsigned char>(text[i])]) {
       ++i;
       continue;
     }
     TokenId id = -1;
-    const size_t len = im.match_added(text, i, &id);
+    const size_t len = im.match_added(text.substr(0, limit), i, &id);
     if (len == 0) {
       ++i;
       continue;

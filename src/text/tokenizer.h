@@ -17,6 +17,13 @@ namespace dsv4::text {
 
 using TokenId = int32_t;
 
+// A half-open byte range [begin, end) of a string.
+struct TextSpan {
+  size_t begin = 0;
+  size_t end = 0;
+  bool operator==(const TextSpan&) const = default;
+};
+
 // Ids of the strings the engine relies on, resolved by string at load time so
 // that a checkpoint with a different numbering still works. A missing entry is
 // -1 (e.g. <｜System｜> does not exist in the V4 tokenizer).
@@ -47,6 +54,21 @@ class Tokenizer {
   // string in the text becomes its id; no BOS is added. Invalid UTF-8 input is
   // first repaired with U+FFFD (HF cannot even represent it). Thread-safe.
   std::vector<TokenId> encode(std::string_view text) const;
+
+  // Like encode(text), except that no added token (special or not) is
+  // recognised inside `plain_spans`: the bytes there are encoded as ordinary
+  // text (pre-tokenizer + byte-level BPE), so a literal "<｜User｜>" in user
+  // content stays text instead of becoming the control token. Outside the
+  // spans added tokens match as in encode(), except that a match may not run
+  // into a span (the longest one ending before it wins). A span does not cut
+  // the ordinary text around it: when no added-token string starts inside a
+  // span the result equals encode(text). Spans may be unsorted, overlapping
+  // or out of range (clamped). Invalid UTF-8 is repaired span by span, so the
+  // offsets keep pointing at the same content.
+  std::vector<TokenId> encode(std::string_view text, const std::vector<TextSpan>& plain_spans) const;
+
+  // All of `text` as ordinary text: no added token is recognised.
+  std::vector<TokenId> encode_ordinary(std::string_view text) const;
 
   // HF `decode(ids, skip_special_tokens)`; invalid byte sequences become U+FFFD.
   // Unknown ids are skipped.
