@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The full hardening probe run (tests/probe/README.md): every probe class with
 # the larger sizes (200 MiB header floods, 1000 slowloris connections, ...),
-# about 10 minutes. Extra arguments go to probe.mjs, e.g. --csv probe.csv.
+# a few minutes (bounded at 25). Extra arguments go to probe.mjs, e.g. --csv probe.csv.
 #   DSV4_BIN         dsv4 executable          (default build/dsv4)
 #   DSV4_TEST_MODEL  test checkpoint; made with `dsv4 make-model` when missing
 #                    (default build/test-smoke-model)

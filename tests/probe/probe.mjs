@@ -8,7 +8,7 @@
 // is still alive with GET /health answering 200 afterwards.
 //
 //   node tests/probe/probe.mjs --short            # CI (CTest server_probe), ~2 min on 2 cores
-//   node tests/probe/probe.mjs --full             # scripts/probe.sh, ~10 min
+//   node tests/probe/probe.mjs --full             # scripts/probe.sh, a few minutes
 //   options: --csv FILE   write one row per probe with the measured numbers
 //            --only RE    run the probes whose name matches RE
 //
