@@ -47,6 +47,9 @@ struct ServeArgs {
   bool deterministic = false, disable_radix_cache = false, hierarchical_cache = false, no_mmap = false;
   bool enable_cache_report = false, clamp_max_tokens = false;
   bool allow_special_tokens_in_content = false;
+  std::vector<std::string> allowed_origins;
+  int64_t max_request_bytes = 32 << 20;
+  HttpLimits http;
   double hicache_size_gb = 0, hicache_ratio = 0;
   uint64_t random_seed = 0;
   int threads = 0;
@@ -211,6 +214,9 @@ int run_serve(ServeArgs& a) {
   so.enable_cache_report = a.enable_cache_report;
   so.clamp_max_tokens = a.clamp_max_tokens;
   so.server_args = a.argv;
+  so.allowed_origins = a.allowed_origins;
+  so.max_request_bytes = a.max_request_bytes;
+  so.http = a.http;
   Server server(engine, tokenizer, profile, so);
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
@@ -291,6 +297,32 @@ void register_serve_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--prefix-cache-gb", a->prefix_cache_gb, "Prefix cache size in GB (default 1)");
   cmd->add_option("--hicache-storage-backend", a->hicache_storage_backend, "Not supported yet (refused)");
   cmd->add_option("--speculative-algorithm", a->speculative_algorithm, "Not supported yet (refused)");
+  // HTTP limits (docs: README, Security).
+  cmd->add_option("--allowed-origins", a->allowed_origins,
+                  "Origins whose web pages may call the API (CORS), or '*'; default: none without --api-key, "
+                  "any with it")
+      ->delimiter(',');
+  cmd->add_option("--max-request-bytes", a->max_request_bytes, "Largest request body (413 past it)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-header-bytes", a->http.max_header_bytes, "Largest request header block (431 past it)")
+      ->check(CLI::Range(size_t(1024), size_t(1) << 30));
+  cmd->add_option("--max-inflight-body-bytes", a->http.max_inflight_body_bytes,
+                  "Request bodies being received at once, all clients (503 past it)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--http-header-timeout", a->http.header_timeout,
+                  "Seconds for a request's header block, and for an idle kept-alive connection")
+      ->check(CLI::Range(0.1, 3600.0));
+  cmd->add_option("--http-body-timeout", a->http.body_timeout, "Seconds for a request body")
+      ->check(CLI::Range(0.1, 3600.0));
+  cmd->add_option("--max-connections", a->http.max_connections,
+                  "Open connections; at the limit the oldest idle one is closed")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-connections-per-client", a->http.max_connections_per_client,
+                  "Open connections per client address; at the limit its oldest idle one is closed")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-active-http-requests", a->http.max_active_requests,
+                  "Requests being handled at once (503 past it)")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--threads", a->threads,
                   "Compute threads (default: the CPUs this process may use, cgroup quota included)")
       ->check(CLI::PositiveNumber);

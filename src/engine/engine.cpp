@@ -62,28 +62,48 @@ Engine::~Engine() {
 
 std::shared_ptr<RequestHandle> Engine::submit(const std::string& id, std::vector<int32_t> prompt,
                                               SamplingParams params) {
-  params = validate_request(limits(), prompt, std::move(params));
-  const int64_t n = int64_t(prompt.size());
-  auto handle = std::make_shared<RequestHandle>();
-  handle->id_ = id;
-  handle->prompt_tokens_ = n;
-  handle->times_.submitted = now_seconds();
-  auto seq = std::make_unique<Sequence>();
-  seq->handle = handle;
-  seq->prompt = std::move(prompt);
-  seq->params = std::move(params);
-  seq->reserved_tokens = n + seq->params.max_new_tokens;
-  seq->stop_ids = seq->params.stop_token_ids;
-  if (!seq->params.ignore_eos) seq->stop_ids.push_back(int32_t(model_->config().eos_token_id));
+  std::vector<Submission> one;
+  one.push_back({id, std::move(prompt), std::move(params)});
+  return submit_all(std::move(one))[0];
+}
+
+std::vector<std::shared_ptr<RequestHandle>> Engine::submit_all(std::vector<Submission> requests) {
+  std::vector<std::unique_ptr<Sequence>> sequences;
+  std::vector<std::shared_ptr<RequestHandle>> handles;
+  for (Submission& r : requests) {
+    r.params = validate_request(limits(), r.prompt, std::move(r.params));
+    for (const auto& h : handles)
+      if (h->id() == r.id) throw DuplicateIdError(r.id);
+    const int64_t n = int64_t(r.prompt.size());
+    auto handle = std::make_shared<RequestHandle>();
+    handle->id_ = r.id;
+    handle->prompt_tokens_ = n;
+    handle->times_.submitted = now_seconds();
+    auto seq = std::make_unique<Sequence>();
+    seq->handle = handle;
+    seq->prompt = std::move(r.prompt);
+    seq->params = std::move(r.params);
+    seq->reserved_tokens = n + seq->params.max_new_tokens;
+    seq->stop_ids = seq->params.stop_token_ids;
+    if (!seq->params.ignore_eos) seq->stop_ids.push_back(int32_t(model_->config().eos_token_id));
+    handles.push_back(handle);
+    sequences.push_back(std::move(seq));
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (int64_t(waiting_.size()) >= options_.max_queued_requests) throw QueueFullError();
-    live_[id] = handle;
-    waiting_.push_back(std::move(seq));
-    ++totals_.requests_total;
+    if (int64_t(waiting_.size() + sequences.size()) > options_.max_queued_requests) throw QueueFullError();
+    for (const auto& h : handles) {
+      auto it = live_.find(h->id());
+      if (it != live_.end() && !it->second.expired()) throw DuplicateIdError(h->id());
+    }
+    for (size_t i = 0; i < sequences.size(); ++i) {
+      live_[handles[i]->id()] = handles[i];
+      waiting_.push_back(std::move(sequences[i]));
+      ++totals_.requests_total;
+    }
   }
   cv_.notify_all();
-  return handle;
+  return handles;
 }
 
 bool Engine::abort(const std::string& id) {

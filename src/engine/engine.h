@@ -44,6 +44,14 @@ struct EngineMetrics {
   double gen_throughput = 0;  // tokens/s over the last few seconds
 };
 
+// An id that a running or waiting request already has: two requests with
+// one id would make the first unabortable.
+class DuplicateIdError : public std::runtime_error {
+ public:
+  explicit DuplicateIdError(const std::string& id)
+      : std::runtime_error("a request with rid '" + id + "' is already running or waiting") {}
+};
+
 class QueueFullError : public std::runtime_error {
  public:
   QueueFullError() : std::runtime_error("the server is at capacity: waiting queue is full") {}
@@ -60,6 +68,16 @@ class Engine {
   // dsv4::Error for a request that can never run (too long, bad ids; see
   // validate_request).
   std::shared_ptr<RequestHandle> submit(const std::string& id, std::vector<int32_t> prompt, SamplingParams params);
+  // Several requests, all or none: each is validated and the queue's room
+  // and the ids are checked for all of them before any is queued, so that a
+  // refused group (one prompt too long, a full queue, an id in use) leaves
+  // nothing running.
+  struct Submission {
+    std::string id;
+    std::vector<int32_t> prompt;
+    SamplingParams params;
+  };
+  std::vector<std::shared_ptr<RequestHandle>> submit_all(std::vector<Submission> requests);
   bool abort(const std::string& id);
   int64_t abort_all();
   // Drops the prefix cache; refused (false) while requests run or wait.

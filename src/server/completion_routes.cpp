@@ -283,10 +283,13 @@ void Server::Impl::chat_completions(const std::string& raw, HttpResponse& res) {
   const std::string id = rid_field(body, 1, "chatcmpl-" + random_hex(24), false)[0];
   auto choices = std::make_shared<Choices>();
   std::vector<text::OutputParser> parsers;
+  std::vector<Engine::Submission> submissions;
   for (int64_t i = 0; i < n; ++i) {
     SamplingParams pi = params;
     pi.seed = choice_seed(params.seed, uint64_t(i));
-    auto handle = submit(n == 1 ? id : id + "-" + std::to_string(i), prompt, pi);
+    submissions.push_back({n == 1 ? id : id + "-" + std::to_string(i), prompt, pi});
+  }
+  for (auto& handle : submit_all(std::move(submissions))) {
     choices->push_back(std::make_unique<ChoiceStream>(handle, tokenizer, stops, false));
     parsers.emplace_back(parser_cfg);
   }
@@ -381,6 +384,7 @@ void Server::Impl::completions(const std::string& raw, HttpResponse& res) {
   auto choices = std::make_shared<Choices>();
   std::vector<std::string> echoes;
   int64_t prompt_tokens = 0;
+  std::vector<Engine::Submission> submissions;
   for (size_t k = 0; k < prompts.size(); ++k) {
     const std::vector<int32_t>& prompt = prompts[k];
     const SamplingParams& p = params[k];
@@ -388,11 +392,12 @@ void Server::Impl::completions(const std::string& raw, HttpResponse& res) {
     for (int64_t i = 0; i < n; ++i) {
       SamplingParams pi = p;
       pi.seed = choice_seed(p.seed, uint64_t(i));
-      auto h = submit(id + "-" + std::to_string(choices->size()), prompt, pi);
-      choices->push_back(std::make_unique<ChoiceStream>(h, tokenizer, stops, true));
+      submissions.push_back({id + "-" + std::to_string(submissions.size()), prompt, pi});
       echoes.push_back(echo ? tokenizer->decode(prompt) : "");
     }
   }
+  for (auto& h : submit_all(std::move(submissions)))
+    choices->push_back(std::make_unique<ChoiceStream>(h, tokenizer, stops, true));
   const int64_t created = unix_time();
   if (stream) {
     auto format = std::make_shared<CompletionFormat>();
@@ -441,10 +446,10 @@ void Server::Impl::generate(const std::string& raw, HttpResponse& res) {
   bool batched = false;
   if (body.contains("input_ids") && !body["input_ids"].is_null()) {
     batched = body["input_ids"].is_array() && !body["input_ids"].empty() && body["input_ids"][0].is_array();
-    prompts = prompts_field(body["input_ids"], "input_ids", *tokenizer, vocab_size());
+    prompts = prompts_field(body["input_ids"], "input_ids", *tokenizer, vocab_size(), PromptKind::Ids);
   } else if (body.contains("text") && !body["text"].is_null()) {
     batched = body["text"].is_array();
-    prompts = prompts_field(body["text"], "text", *tokenizer, vocab_size());
+    prompts = prompts_field(body["text"], "text", *tokenizer, vocab_size(), PromptKind::Text);
   } else {
     throw BadRequest("either 'text' or 'input_ids' is required");
   }
@@ -472,9 +477,10 @@ void Server::Impl::generate(const std::string& raw, HttpResponse& res) {
     params.push_back(p);
   }
   auto choices = std::make_shared<Choices>();
-  for (size_t k = 0; k < prompts.size(); ++k)
-    choices->push_back(
-        std::make_unique<ChoiceStream>(submit(rids[k], prompts[k], params[k]), tokenizer, stops, skip_special));
+  std::vector<Engine::Submission> submissions;
+  for (size_t k = 0; k < prompts.size(); ++k) submissions.push_back({rids[k], prompts[k], params[k]});
+  for (auto& h : submit_all(std::move(submissions)))
+    choices->push_back(std::make_unique<ChoiceStream>(h, tokenizer, stops, skip_special));
   auto result = [return_logprob, top_n, report_cached = opt.enable_cache_report](ChoiceStream& c) {
     RequestTimes t = c.handle().times();
     ojson finish = nullptr;

@@ -1,5 +1,6 @@
 #include "server/http_server.h"
 
+#include <malloc.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -91,7 +92,10 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseStr
   enum class Phase { Idle, Header, Body, Handling, Closing };
 
   Session(std::shared_ptr<HttpServer::State> server, tcp::socket socket, std::string address)
-      : server_(std::move(server)), stream_(std::move(socket)), address_(std::move(address)) {}
+      : server_(std::move(server)),
+        stream_(std::move(socket)),
+        buffer_(std::max<size_t>(server_->limits.max_header_bytes, size_t(1) << 20)),
+        address_(std::move(address)) {}
 
   const std::string& address() const { return address_; }
   // Idle or still sending its header block: a connection that may be closed
@@ -205,9 +209,14 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseStr
       response.status = 500;
       response.set_content(error_json(500, std::string("internal error: ") + e.what()), "application/json");
     }
+    const bool large = request.body.size() >= (size_t(1) << 20);
     request.body.clear();
     request.body.shrink_to_fit();
     release_body_budget();
+    // A large body leaves freed blocks (the body, its parsed JSON) that
+    // glibc keeps for reuse: give them back so that a burst of big requests
+    // does not leave the server's footprint up.
+    if (large) malloc_trim(0);
     const bool keep = keep_alive_ && !response.close && !server_->stopping;
     std::string head = status_line(response.status);
     head += "Content-Type: " + response.content_type + "\r\n";
@@ -276,8 +285,10 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseStr
         ec == asio::error::operation_aborted)
       return close();
     if (ec == beast::error::timeout) {
-      std::lock_guard<std::mutex> lock(server_->mutex);
-      ++server_->timeouts_total;
+      {
+        std::lock_guard<std::mutex> lock(server_->mutex);
+        ++server_->timeouts_total;
+      }
       return close();  // a slow or idle client: no answer, the deadline passed
     }
     if (ec == bhttp::error::header_limit)

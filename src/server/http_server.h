@@ -26,7 +26,11 @@ namespace dsv4 {
 struct HttpLimits {
   size_t max_header_bytes = 64 << 10;                // past it: 431
   uint64_t max_body_bytes = 32 << 20;                // past it: 413
-  uint64_t max_inflight_body_bytes = uint64_t(512) << 20;  // bodies being read, all connections: past it 503
+  // Bodies being received or handled, all connections (past it: 503 with
+  // Retry-After). A body costs several times its size while it is parsed,
+  // rendered and tokenized (a 30 MB chat body peaked at ~130 MB): 48 MB
+  // lets one body of the largest size, or thousands of ordinary ones, in.
+  uint64_t max_inflight_body_bytes = uint64_t(48) << 20;
   double header_timeout = 10;  // seconds for a request's whole header block (and idle keep-alive)
   double body_timeout = 60;    // seconds for its whole body
   double write_timeout = 60;   // seconds for one write to be taken by the client

@@ -171,7 +171,19 @@ std::vector<int32_t> id_list(const ojson& v, const char* what, int64_t vocab) {
 }
 
 std::vector<std::vector<int32_t>> prompts_field(const ojson& p, const char* key, const text::Tokenizer& tokenizer,
-                                                int64_t vocab) {
+                                                int64_t vocab, PromptKind kind) {
+  // /generate keeps its two fields apart: `text` is text, `input_ids` ids.
+  auto is_text = [](const ojson& v) {
+    if (v.is_string()) return true;
+    if (!v.is_array()) return false;
+    for (auto& item : v)
+      if (!item.is_string()) return false;
+    return true;
+  };
+  if (kind == PromptKind::Text && !is_text(p))
+    throw BadRequest(std::string("'") + key + "' must be a string or a list of strings");
+  if (kind == PromptKind::Ids && (!p.is_array() || p.empty() || is_text(p)))
+    throw BadRequest(std::string("'") + key + "' must be a list of token ids or a list of such lists");
   std::vector<std::vector<int32_t>> out;
   if (p.is_string()) {
     out.push_back(tokenizer.encode(p.get<std::string>()));

@@ -52,8 +52,10 @@ std::vector<int32_t> id_list(const ojson& v, const char* what, int64_t vocab);
 
 // A prompt field: a string, a list of strings, token ids or lists of token
 // ids; one tokenized prompt per entry, none empty.
+enum class PromptKind { Any, Text, Ids };
 std::vector<std::vector<int32_t>> prompts_field(const ojson& p, const char* key, const text::Tokenizer& tokenizer,
-                                                int64_t vocab);
+                                                int64_t vocab,
+                                                PromptKind kind = PromptKind::Any);
 
 // 400 when a prompt leaves no room to generate in a context of `ctx` tokens.
 void check_prompt_fits(size_t prompt_tokens, int64_t ctx);

@@ -62,12 +62,13 @@ void Server::Impl::log(const std::string& level, const std::string& msg) const {
   std::fprintf(stderr, "[dsv4 %s] %s\n", level.c_str(), msg.c_str());
 }
 
-std::shared_ptr<RequestHandle> Server::Impl::submit(const std::string& id, const std::vector<int32_t>& prompt,
-                                                    const SamplingParams& p) {
+std::vector<std::shared_ptr<RequestHandle>> Server::Impl::submit_all(std::vector<Engine::Submission> requests) {
   try {
-    return engine->submit(id, prompt, p);
+    return engine->submit_all(std::move(requests));
   } catch (const QueueFullError& e) {
     throw BadRequest(e.what(), 503);
+  } catch (const DuplicateIdError& e) {
+    throw BadRequest(e.what());
   } catch (const Error& e) {
     throw BadRequest(e.what());
   }

@@ -34,10 +34,10 @@ struct Server::Impl {
   int64_t vocab_size() const { return engine->model().config().vocab_size; }
   void log(const std::string& level, const std::string& msg) const;
 
-  // Engine submission with the engine's refusals as HTTP errors (a full
-  // queue: 503).
-  std::shared_ptr<RequestHandle> submit(const std::string& id, const std::vector<int32_t>& prompt,
-                                        const SamplingParams& p);
+  // Engine submission of all of a request's choices at once (all or none),
+  // with the engine's refusals as HTTP errors (a full queue: 503, an id in
+  // use: 400).
+  std::vector<std::shared_ptr<RequestHandle>> submit_all(std::vector<Engine::Submission> requests);
 
   // Routes: exact paths, or path prefixes (a trailing '*').
   using Handler = std::function<void(const HttpRequest&, HttpResponse&)>;

@@ -554,7 +554,7 @@ async function floodProbes() {
     const why = [];
     if (rss.growth > CFG.bodyRssBound) why.push(`RSS peak grew by ${mib(rss.growth)} MiB (bound ${mib(CFG.bodyRssBound)} MiB)`);
     if (Number.isNaN(settled)) why.push(`RSS still ${mib(after - rss.base)} MiB above the baseline 10 s later (bound ${mib(CFG.bodyRssSettle)} MiB)`);
-    const bad = Object.keys(statuses).filter((k) => !['413', '400', 'closed'].includes(k));
+    const bad = Object.keys(statuses).filter((k) => !['413', '400', '503', 'closed'].includes(k));
     if (bad.length) why.push(`unexpected outcomes ${bad.join(',')}`);
     return { pass: why.length === 0, nums, note: why.join('; ') };
   }, { fresh: true });
