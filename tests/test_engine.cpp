@@ -214,10 +214,20 @@ TEST(EngineValidate, OneCheckOfIdsAndLength) {
   SamplingParams p;
   p.max_new_tokens = 1000;
   // 60 prompt tokens leave room for 4 in a context of 64.
-  EXPECT_EQ(validate_request(limits, prompt_of(60, 1), p).max_new_tokens, 4);
+  EXPECT_EQ(validate_request(limits, prompt_of(60, 1), p).params().max_new_tokens, 4);
   p.max_new_tokens = 3;
-  EXPECT_EQ(validate_request(limits, prompt_of(60, 1), p).max_new_tokens, 3);
-  EXPECT_EQ(validate_request(limits, {511}, p).max_new_tokens, 3);
+  EXPECT_EQ(validate_request(limits, prompt_of(60, 1), p).params().max_new_tokens, 3);
+  EXPECT_EQ(validate_request(limits, {511}, p).params().max_new_tokens, 3);
+  // A length the client asked for that does not fit: refused, or cut to
+  // fit with clamp_max_tokens (but never past the context itself).
+  p.max_new_tokens = 5;
+  p.max_new_tokens_explicit = true;
+  EXPECT_THROW(validate_request(limits, prompt_of(60, 1), p), Error);
+  EXPECT_EQ(validate_request({512, 64, true}, prompt_of(60, 1), p).params().max_new_tokens, 4);
+  p.max_new_tokens = 65;
+  EXPECT_THROW(validate_request({512, 64, true}, prompt_of(60, 1), p), Error);
+  p.max_new_tokens = 3;
+  p.max_new_tokens_explicit = false;
   EXPECT_THROW(validate_request(limits, {}, p), Error);
   EXPECT_THROW(validate_request(limits, {0, 512}, p), Error);
   EXPECT_THROW(validate_request(limits, {-1}, p), Error);

@@ -63,7 +63,7 @@ Engine::~Engine() {
 std::shared_ptr<RequestHandle> Engine::submit(const std::string& id, std::vector<int32_t> prompt,
                                               SamplingParams params) {
   std::vector<Submission> one;
-  one.push_back({id, std::move(prompt), std::move(params)});
+  one.push_back({id, validate_request(limits(), std::move(prompt), std::move(params))});
   return submit_all(std::move(one))[0];
 }
 
@@ -71,18 +71,17 @@ std::vector<std::shared_ptr<RequestHandle>> Engine::submit_all(std::vector<Submi
   std::vector<std::unique_ptr<Sequence>> sequences;
   std::vector<std::shared_ptr<RequestHandle>> handles;
   for (Submission& r : requests) {
-    r.params = validate_request(limits(), r.prompt, std::move(r.params));
     for (const auto& h : handles)
       if (h->id() == r.id) throw DuplicateIdError(r.id);
-    const int64_t n = int64_t(r.prompt.size());
+    const int64_t n = int64_t(r.request.prompt().size());
     auto handle = std::make_shared<RequestHandle>();
     handle->id_ = r.id;
     handle->prompt_tokens_ = n;
     handle->times_.submitted = now_seconds();
     auto seq = std::make_unique<Sequence>();
     seq->handle = handle;
-    seq->prompt = std::move(r.prompt);
-    seq->params = std::move(r.params);
+    seq->prompt = r.request.prompt();
+    seq->params = r.request.params();
     seq->reserved_tokens = n + seq->params.max_new_tokens;
     seq->stop_ids = seq->params.stop_token_ids;
     if (!seq->params.ignore_eos) seq->stop_ids.push_back(int32_t(model_->config().eos_token_id));

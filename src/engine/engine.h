@@ -74,8 +74,7 @@ class Engine {
   // nothing running.
   struct Submission {
     std::string id;
-    std::vector<int32_t> prompt;
-    SamplingParams params;
+    ValidatedRequest request;
   };
   std::vector<std::shared_ptr<RequestHandle>> submit_all(std::vector<Submission> requests);
   bool abort(const std::string& id);
@@ -88,7 +87,7 @@ class Engine {
   int64_t context_length() const { return options_.context_length; }
   // What validate_request checks a request against, for callers that want to
   // check before submitting.
-  RequestLimits limits() const { return {model_->config().vocab_size, options_.context_length}; }
+  RequestLimits limits() const { return {model_->config().vocab_size, options_.context_length, false}; }
 
  private:
   struct Sequence;

@@ -18,6 +18,9 @@ struct SamplingParams {
   float frequency_penalty = 0.0f;
   float repetition_penalty = 1.0f;
   int64_t max_new_tokens = 128;
+  // The client asked for max_new_tokens (an error if it does not fit, see
+  // validate_request) rather than taking a default (cut to fit).
+  bool max_new_tokens_explicit = false;
   int64_t min_new_tokens = 0;
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;

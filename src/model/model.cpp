@@ -59,11 +59,11 @@ void Model::head_forward(const HyperConnectionWeights& hc_head, const std::vecto
   kb.linear(weights_.head, y.data(), n, logits);
 }
 
-static void check_tokens(const ModelConfig& c, const int32_t* tokens, int64_t n) {
+void check_token_ids(int64_t vocab, const int32_t* ids, int64_t n, const char* what) {
   for (int64_t t = 0; t < n; ++t)
-    if (tokens[t] < 0 || tokens[t] >= c.vocab_size)
-      throw Error("token id " + std::to_string(tokens[t]) + " is outside the vocabulary [0, " +
-                  std::to_string(c.vocab_size) + ")");
+    if (ids[t] < 0 || ids[t] >= vocab)
+      throw Error(std::string(what) + " " + std::to_string(ids[t]) + " is outside the vocabulary [0, " +
+                  std::to_string(vocab) + ")");
 }
 
 void Model::forward(SequenceState& state, const int32_t* tokens, int64_t n, float* logits, float* final_hc) const {
@@ -75,7 +75,6 @@ void Model::forward_batch(const std::vector<BatchItem>& items) const {
   int64_t rows = 0;
   for (const BatchItem& it : items) {
     if (it.n < 0) throw Error("negative token count");
-    check_tokens(c, it.tokens, it.n);
     if (int64_t(it.state->layers.size()) != c.n_layers) throw Error("sequence state does not match the model");
     rows += it.n;
   }
@@ -142,7 +141,6 @@ void Model::forward_mtp_batch(const std::vector<MtpBatchItem>& items) const {
   if (weights_.mtp.empty()) throw Error("this checkpoint has no MTP block");
   int64_t n = 0;
   for (const MtpBatchItem& it : items) {
-    check_tokens(c, it.next_tokens, it.n);
     n += it.n;
   }
   if (n == 0) return;

@@ -267,15 +267,17 @@ void Server::Impl::chat_completions(const std::string& raw, HttpResponse& res) {
   std::vector<int32_t> prompt = opt.allow_special_tokens_in_content
                                     ? tokenizer->encode(rendered.prompt)
                                     : tokenizer->encode(rendered.prompt, rendered.content_spans);
-  const int64_t ctx = engine->context_length();
-  check_prompt_fits(prompt.size(), ctx);
   const char* max_key = body.contains("max_completion_tokens") && !body["max_completion_tokens"].is_null()
                             ? "max_completion_tokens"
                             : "max_tokens";
+  bool max_given = false;
+  // Without max_tokens a chat turn may take what the context leaves.
   SamplingParams params =
-      sampling_field(body, max_tokens_field(body, max_key, int64_t(prompt.size()), ctx, ctx, opt.clamp_max_tokens),
-                     vocab_size(), seeds);
+      sampling_field(body, max_tokens_field(body, max_key, engine->context_length(), &max_given), 0, seeds);
+  params.max_new_tokens_explicit = max_given;
   params.top_logprobs = want_logprobs ? top_logprobs : 0;
+  const int64_t prompt_tokens = int64_t(prompt.size());
+  const ValidatedRequest checked = validate(std::move(prompt), params, max_key);
   const std::vector<std::string> stops = stop_field(body);
   text::ParserConfig parser_cfg = text::parser_config_for_request(body, profile, rendered.starts_in_reasoning,
                                                                   opt.reasoning_parser, opt.tool_call_parser);
@@ -284,17 +286,14 @@ void Server::Impl::chat_completions(const std::string& raw, HttpResponse& res) {
   auto choices = std::make_shared<Choices>();
   std::vector<text::OutputParser> parsers;
   std::vector<Engine::Submission> submissions;
-  for (int64_t i = 0; i < n; ++i) {
-    SamplingParams pi = params;
-    pi.seed = choice_seed(params.seed, uint64_t(i));
-    submissions.push_back({n == 1 ? id : id + "-" + std::to_string(i), prompt, pi});
-  }
+  for (int64_t i = 0; i < n; ++i)
+    submissions.push_back(
+        {n == 1 ? id : id + "-" + std::to_string(i), checked.with_seed(choice_seed(params.seed, uint64_t(i)))});
   for (auto& handle : submit_all(std::move(submissions))) {
     choices->push_back(std::make_unique<ChoiceStream>(handle, tokenizer, stops, false));
     parsers.emplace_back(parser_cfg);
   }
   const int64_t created = unix_time();
-  const int64_t prompt_tokens = int64_t(prompt.size());
 
   if (stream) {
     auto format = std::make_shared<ChatFormat>();
@@ -361,7 +360,7 @@ void Server::Impl::completions(const std::string& raw, HttpResponse& res) {
   ojson body = parse_body(raw);
   if (!body.contains("prompt")) throw BadRequest("'prompt' is required");
   const std::string model = string_field(body, "model", model_name());
-  std::vector<std::vector<int32_t>> prompts = prompts_field(body["prompt"], "prompt", *tokenizer, vocab_size());
+  std::vector<std::vector<int32_t>> prompts = prompts_field(body["prompt"], "prompt", *tokenizer, 0);
   const int64_t n = int_field(body, "n", 1, 1, 16);
   const bool stream = bool_field(body, "stream", false);
   const bool echo = bool_field(body, "echo", false);
@@ -372,27 +371,24 @@ void Server::Impl::completions(const std::string& raw, HttpResponse& res) {
   const std::vector<std::string> stops = stop_field(body);
   const std::string id = string_field(body, "rid", "cmpl-" + random_hex(24));
   // Every prompt is checked before the first one is submitted.
-  std::vector<SamplingParams> params;
+  std::vector<ValidatedRequest> checked;
   for (auto& prompt : prompts) {
-    const int64_t ctx = engine->context_length();
-    check_prompt_fits(prompt.size(), ctx);
-    params.push_back(sampling_field(
-        body, max_tokens_field(body, "max_tokens", int64_t(prompt.size()), 16, ctx, opt.clamp_max_tokens), vocab_size(),
-        seeds));
-    params.back().top_logprobs = std::max<int64_t>(logprobs_k, 0);
+    bool max_given = false;
+    SamplingParams p = sampling_field(body, max_tokens_field(body, "max_tokens", 16, &max_given), 0, seeds);
+    p.max_new_tokens_explicit = max_given;
+    p.top_logprobs = std::max<int64_t>(logprobs_k, 0);
+    checked.push_back(validate(prompt, p, "max_tokens"));
   }
   auto choices = std::make_shared<Choices>();
   std::vector<std::string> echoes;
   int64_t prompt_tokens = 0;
   std::vector<Engine::Submission> submissions;
-  for (size_t k = 0; k < prompts.size(); ++k) {
-    const std::vector<int32_t>& prompt = prompts[k];
-    const SamplingParams& p = params[k];
+  for (const ValidatedRequest& request : checked) {
+    const std::vector<int32_t>& prompt = request.prompt();
     prompt_tokens += int64_t(prompt.size());
     for (int64_t i = 0; i < n; ++i) {
-      SamplingParams pi = p;
-      pi.seed = choice_seed(p.seed, uint64_t(i));
-      submissions.push_back({id + "-" + std::to_string(submissions.size()), prompt, pi});
+      submissions.push_back({id + "-" + std::to_string(submissions.size()),
+                             request.with_seed(choice_seed(request.params().seed, uint64_t(i)))});
       echoes.push_back(echo ? tokenizer->decode(prompt) : "");
     }
   }
@@ -446,10 +442,10 @@ void Server::Impl::generate(const std::string& raw, HttpResponse& res) {
   bool batched = false;
   if (body.contains("input_ids") && !body["input_ids"].is_null()) {
     batched = body["input_ids"].is_array() && !body["input_ids"].empty() && body["input_ids"][0].is_array();
-    prompts = prompts_field(body["input_ids"], "input_ids", *tokenizer, vocab_size(), PromptKind::Ids);
+    prompts = prompts_field(body["input_ids"], "input_ids", *tokenizer, 0, PromptKind::Ids);
   } else if (body.contains("text") && !body["text"].is_null()) {
     batched = body["text"].is_array();
-    prompts = prompts_field(body["text"], "text", *tokenizer, vocab_size(), PromptKind::Text);
+    prompts = prompts_field(body["text"], "text", *tokenizer, 0, PromptKind::Text);
   } else {
     throw BadRequest("either 'text' or 'input_ids' is required");
   }
@@ -465,20 +461,16 @@ void Server::Impl::generate(const std::string& raw, HttpResponse& res) {
   const std::vector<std::string> stops = stop_field(sp);
   const std::vector<std::string> rids = rid_field(body, prompts.size(), random_hex(32), true);
   // Every prompt is checked before the first one is submitted.
-  std::vector<SamplingParams> params;
-  for (size_t k = 0; k < prompts.size(); ++k) {
-    const int64_t ctx = engine->context_length();
-    check_prompt_fits(prompts[k].size(), ctx);
-    SamplingParams p = sampling_field(
-        sp, max_tokens_field(sp, "max_new_tokens", int64_t(prompts[k].size()), 128, ctx, opt.clamp_max_tokens),
-        vocab_size(), seeds);
-    p.min_new_tokens = int_field(sp, "min_new_tokens", 0, 0, int64_t(1) << 40);
-    p.top_logprobs = return_logprob ? top_n : 0;
-    params.push_back(p);
-  }
   auto choices = std::make_shared<Choices>();
   std::vector<Engine::Submission> submissions;
-  for (size_t k = 0; k < prompts.size(); ++k) submissions.push_back({rids[k], prompts[k], params[k]});
+  for (size_t k = 0; k < prompts.size(); ++k) {
+    bool max_given = false;
+    SamplingParams p = sampling_field(sp, max_tokens_field(sp, "max_new_tokens", 128, &max_given), 0, seeds);
+    p.max_new_tokens_explicit = max_given;
+    p.min_new_tokens = int_field(sp, "min_new_tokens", 0, 0, int64_t(1) << 40);
+    p.top_logprobs = return_logprob ? top_n : 0;
+    submissions.push_back({rids[k], validate(prompts[k], p, "max_new_tokens")});
+  }
   for (auto& h : submit_all(std::move(submissions)))
     choices->push_back(std::make_unique<ChoiceStream>(h, tokenizer, stops, skip_special));
   auto result = [return_logprob, top_n, report_cached = opt.enable_cache_report](ChoiceStream& c) {

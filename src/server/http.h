@@ -13,9 +13,9 @@
 namespace dsv4 {
 
 struct HttpRequest {
-  std::string method;  // "GET", "POST", ...
-  std::string target;  // as sent: path and query
-  std::string path;    // target without the query
+  std::string method;                                        // "GET", "POST", ...
+  std::string target;                                        // as sent: path and query
+  std::string path;                                          // target without the query
   std::vector<std::pair<std::string, std::string>> headers;  // names lower-cased, in arrival order
   std::string body;
   std::string remote_address;

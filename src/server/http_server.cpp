@@ -71,7 +71,7 @@ struct HttpServer::State : std::enable_shared_from_this<HttpServer::State> {
   tcp::acceptor acceptor{ioc};
   std::atomic<bool> stopping{false};
 
-  mutable std::mutex mutex;  // the registry and the counters below
+  mutable std::mutex mutex;                    // the registry and the counters below
   std::list<std::weak_ptr<Session>> sessions;  // oldest first
   std::map<std::string, int> per_client;
   int64_t inflight_body_bytes = 0;
@@ -142,8 +142,8 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseStr
     const auto& req = parser_->get();
     const auto length = parser_->content_length();
     if (length && *length > server_->limits.max_body_bytes)
-      return refuse(413, "the request body is too large (limit " + std::to_string(server_->limits.max_body_bytes) +
-                             " bytes)");
+      return refuse(
+          413, "the request body is too large (limit " + std::to_string(server_->limits.max_body_bytes) + " bytes)");
     // Bodies being read share one budget (a chunked body reserves the cap).
     reserved_ = parser_->is_done() ? 0 : int64_t(length ? *length : server_->limits.max_body_bytes);
     {
@@ -179,7 +179,8 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseStr
     request.method = std::string(message.method_string());
     request.target = std::string(message.target());
     request.path = request.target.substr(0, request.target.find('?'));
-    for (const auto& field : message) request.headers.emplace_back(lower(std::string(field.name_string())), std::string(field.value()));
+    for (const auto& field : message)
+      request.headers.emplace_back(lower(std::string(field.name_string())), std::string(field.value()));
     request.body = std::move(message.body());
     request.remote_address = address_;
     keep_alive_ = message.keep_alive();
@@ -252,8 +253,10 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseStr
     }
     server_->idle.notify_all();
     asio::post(stream_.get_executor(), [self = shared_from_this(), next = ok && keep] {
-      if (next) self->read_header();
-      else self->close();
+      if (next)
+        self->read_header();
+      else
+        self->close();
     });
   }
 
@@ -295,8 +298,8 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseStr
       return refuse(431, "the request header block is too large (limit " +
                              std::to_string(server_->limits.max_header_bytes) + " bytes)");
     if (ec == bhttp::error::body_limit)
-      return refuse(413, "the request body is too large (limit " + std::to_string(server_->limits.max_body_bytes) +
-                             " bytes)");
+      return refuse(
+          413, "the request body is too large (limit " + std::to_string(server_->limits.max_body_bytes) + " bytes)");
     refuse(400, std::string("malformed HTTP request: ") + ec.message());
     (void)header;
   }
@@ -323,11 +326,11 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseStr
   void linger(int64_t budget) {
     stream_.expires_after(seconds(2));
     auto sink = std::make_shared<std::array<char, 16384>>();
-    stream_.async_read_some(asio::buffer(*sink), [self = shared_from_this(), sink, budget](beast::error_code ec,
-                                                                                          size_t n) {
-      if (ec || budget - int64_t(n) <= 0) return self->close();
-      self->linger(budget - int64_t(n));
-    });
+    stream_.async_read_some(asio::buffer(*sink),
+                            [self = shared_from_this(), sink, budget](beast::error_code ec, size_t n) {
+                              if (ec || budget - int64_t(n) <= 0) return self->close();
+                              self->linger(budget - int64_t(n));
+                            });
   }
 
   void close() {

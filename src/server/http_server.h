@@ -24,8 +24,8 @@
 namespace dsv4 {
 
 struct HttpLimits {
-  size_t max_header_bytes = 64 << 10;                // past it: 431
-  uint64_t max_body_bytes = 32 << 20;                // past it: 413
+  size_t max_header_bytes = 64 << 10;  // past it: 431
+  uint64_t max_body_bytes = 32 << 20;  // past it: 413
   // Bodies being received or handled, all connections (past it: 503 with
   // Retry-After). A body costs several times its size while it is parsed,
   // rendered and tokenized (a 30 MB chat body peaked at ~130 MB): 48 MB

@@ -96,7 +96,7 @@ std::vector<std::pair<int32_t, float>> logit_bias_field(const ojson& j, int64_t 
     if (!digits)
       throw BadRequest("'logit_bias' keys must be token ids (decimal strings); got \"" + key.substr(0, 32) + "\"");
     const int64_t id = std::stoll(key);
-    if (id >= vocab) throw BadRequest("token id " + key + " in 'logit_bias' is outside the vocabulary");
+    if (vocab > 0 && id >= vocab) throw BadRequest("token id " + key + " in 'logit_bias' is outside the vocabulary");
     if (!it.value().is_number()) throw BadRequest("'logit_bias' values must be numbers (token " + key + ")");
     const double bias = it.value().get<double>();
     if (!(bias >= -100.0 && bias <= 100.0))
@@ -163,7 +163,7 @@ std::vector<int32_t> id_list(const ojson& v, const char* what, int64_t vocab) {
   for (auto& x : v) {
     if (!x.is_number_integer()) throw BadRequest(std::string("'") + what + "' must be a list of token ids");
     int64_t id = x.get<int64_t>();
-    if (id < 0 || id >= vocab)
+    if (vocab > 0 && (id < 0 || id >= vocab))
       throw BadRequest("token id " + std::to_string(id) + " in '" + what + "' is outside the vocabulary");
     ids.push_back(int32_t(id));
   }
@@ -206,28 +206,10 @@ std::vector<std::vector<int32_t>> prompts_field(const ojson& p, const char* key,
   return out;
 }
 
-void check_prompt_fits(size_t prompt_tokens, int64_t ctx) {
-  if (int64_t(prompt_tokens) >= ctx)
-    throw BadRequest("The input (" + std::to_string(prompt_tokens) +
-                     " tokens) is longer than the model's context length (" + std::to_string(ctx) + " tokens).");
-}
-
-int64_t max_tokens_field(const ojson& j, const char* key, int64_t prompt_len, int64_t fallback, int64_t ctx,
-                         bool clamp) {
-  const int64_t room = std::max<int64_t>(1, ctx - prompt_len);
-  if (!present(j, key)) return std::min(fallback, room);
-  const int64_t v = int_field(j, key, fallback, 1, int64_t(1) << 40);
-  if (clamp) {
-    if (v > ctx)
-      throw BadRequest(std::string(key) + " (" + std::to_string(v) + ") is too large: the context length is " +
-                       std::to_string(ctx) + " tokens");
-    return std::min(v, room);
-  }
-  if (prompt_len + v > ctx)
-    throw BadRequest("Requested token count exceeds the model's maximum context length of " + std::to_string(ctx) +
-                     " tokens: prompt has " + std::to_string(prompt_len) + " tokens, " + key + " " + std::to_string(v) +
-                     " (" + std::to_string(prompt_len + v) + " in all). Lower the prompt or the completion length.");
-  return v;
+int64_t max_tokens_field(const ojson& j, const char* key, int64_t fallback, bool* given) {
+  *given = present(j, key);
+  if (!*given) return fallback;
+  return int_field(j, key, fallback, 1, int64_t(1) << 40);
 }
 
 namespace {

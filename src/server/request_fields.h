@@ -54,19 +54,15 @@ std::vector<int32_t> id_list(const ojson& v, const char* what, int64_t vocab);
 // ids; one tokenized prompt per entry, none empty.
 enum class PromptKind { Any, Text, Ids };
 std::vector<std::vector<int32_t>> prompts_field(const ojson& p, const char* key, const text::Tokenizer& tokenizer,
-                                                int64_t vocab,
-                                                PromptKind kind = PromptKind::Any);
+                                                int64_t vocab, PromptKind kind = PromptKind::Any);
 
 // 400 when a prompt leaves no room to generate in a context of `ctx` tokens.
-void check_prompt_fits(size_t prompt_tokens, int64_t ctx);
 
-// The completion length asked in j[key]. Absent or null: `fallback` cut to
-// what the context leaves after the prompt. Asked for: a prompt + max_tokens
-// past the context length `ctx` is a 400 (as SGLang and vLLM answer), unless
-// `clamp` (--clamp-max-tokens): then only a value above `ctx` is refused and
-// the rest is cut to what the context leaves.
-int64_t max_tokens_field(const ojson& j, const char* key, int64_t prompt_len, int64_t fallback, int64_t ctx,
-                         bool clamp);
+// The completion length asked in j[key] (`given` says whether it was), or
+// `fallback`. Whether it fits after the prompt is validate_request's call
+// (engine/validate.h): asked for and too long is a 400 (as SGLang and vLLM
+// answer) unless --clamp-max-tokens; a fallback is cut to fit.
+int64_t max_tokens_field(const ojson& j, const char* key, int64_t fallback, bool* given);
 
 // The types of everything a chat request's rendering and parsing read:
 // "messages" (roles, content and its parts, name, tool_calls, tool_call_id,

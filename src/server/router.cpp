@@ -44,10 +44,9 @@ void Server::Impl::dispatch(const HttpRequest& req, HttpResponse& res) {
   // CORS: the origin is answered only when allowed (see ServerOptions).
   const std::string origin = req.header("origin");
   if (!origin.empty()) {
-    const bool listed = std::find(opt.allowed_origins.begin(), opt.allowed_origins.end(), origin) !=
-                            opt.allowed_origins.end() ||
-                        std::find(opt.allowed_origins.begin(), opt.allowed_origins.end(), "*") !=
-                            opt.allowed_origins.end();
+    const bool listed =
+        std::find(opt.allowed_origins.begin(), opt.allowed_origins.end(), origin) != opt.allowed_origins.end() ||
+        std::find(opt.allowed_origins.begin(), opt.allowed_origins.end(), "*") != opt.allowed_origins.end();
     const bool allowed = listed || (opt.allowed_origins.empty() && !opt.api_key.empty());
     if (allowed) {
       res.set_header("Access-Control-Allow-Origin", origin);
@@ -68,8 +67,8 @@ void Server::Impl::dispatch(const HttpRequest& req, HttpResponse& res) {
   const Route* route = nullptr;
   bool path_known = false;
   for (const Route& r : routes) {
-    const bool match = r.path.back() == '*' ? req.path.rfind(r.path.substr(0, r.path.size() - 1), 0) == 0
-                                            : req.path == r.path;
+    const bool match =
+        r.path.back() == '*' ? req.path.rfind(r.path.substr(0, r.path.size() - 1), 0) == 0 : req.path == r.path;
     if (!match) continue;
     path_known = true;
     if (r.method == req.method || (req.method == "HEAD" && r.method == "GET")) {

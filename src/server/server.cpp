@@ -62,6 +62,17 @@ void Server::Impl::log(const std::string& level, const std::string& msg) const {
   std::fprintf(stderr, "[dsv4 %s] %s\n", level.c_str(), msg.c_str());
 }
 
+ValidatedRequest Server::Impl::validate(std::vector<int32_t> prompt, SamplingParams params,
+                                        const char* length_name) const {
+  RequestLimits limits = engine->limits();
+  limits.clamp_max_tokens = opt.clamp_max_tokens;
+  try {
+    return validate_request(limits, std::move(prompt), std::move(params), length_name);
+  } catch (const Error& e) {
+    throw BadRequest(e.what());
+  }
+}
+
 std::vector<std::shared_ptr<RequestHandle>> Server::Impl::submit_all(std::vector<Engine::Submission> requests) {
   try {
     return engine->submit_all(std::move(requests));
@@ -84,13 +95,13 @@ void Server::Impl::setup_routes() {
   post("/generate", [this](const std::string& b, HttpResponse& r) { generate(b, r); });
   routes.push_back({"PUT", "/generate", false, [this](const HttpRequest& q, HttpResponse& r) { generate(q.body, r); }});
   get("/v1/models", ([this, model_card](auto&, auto& r) {
-             r.set_content(dump({{"object", "list"}, {"data", ojson::array({model_card()})}}), "application/json");
-           }));
+        r.set_content(dump({{"object", "list"}, {"data", ojson::array({model_card()})}}), "application/json");
+      }));
   get("/v1/models/*", ([this, model_card](const HttpRequest& q, HttpResponse& r) {
-             const std::string name = q.path.substr(std::string("/v1/models/").size());
-             if (name != model_name()) throw BadRequest("The model '" + name + "' does not exist", 404);
-             r.set_content(dump(model_card()), "application/json");
-           }));
+        const std::string name = q.path.substr(std::string("/v1/models/").size());
+        if (name != model_name()) throw BadRequest("The model '" + name + "' does not exist", 404);
+        r.set_content(dump(model_card()), "application/json");
+      }));
   get(
       "/health",
       [this](auto&, HttpResponse& r) {
@@ -99,34 +110,34 @@ void Server::Impl::setup_routes() {
       },
       /*open=*/true);
   get("/health_generate", ([this](auto&, HttpResponse& r) {
-             SamplingParams p;
-             p.temperature = 0;
-             p.max_new_tokens = 1;
-             auto h = engine->submit("health-" + random_hex(8), {int32_t(engine->model().config().bos_token_id)}, p);
-             std::vector<TokenEvent> ev;
-             double deadline = now_seconds() + 20;
-             bool done = false;
-             while (!done && now_seconds() < deadline) {
-               h->wait(ev, 0.5);
-               for (auto& e : ev) done = done || e.finished;
-               ev.clear();
-             }
-             if (!done) h->cancel();
-             r.status = done ? 200 : 503;
-             r.set_content("", "text/plain");
-           }));
+        SamplingParams p;
+        p.temperature = 0;
+        p.max_new_tokens = 1;
+        auto h = engine->submit("health-" + random_hex(8), {int32_t(engine->model().config().bos_token_id)}, p);
+        std::vector<TokenEvent> ev;
+        double deadline = now_seconds() + 20;
+        bool done = false;
+        while (!done && now_seconds() < deadline) {
+          h->wait(ev, 0.5);
+          for (auto& e : ev) done = done || e.finished;
+          ev.clear();
+        }
+        if (!done) h->cancel();
+        r.status = done ? 200 : 503;
+        r.set_content("", "text/plain");
+      }));
   get("/get_model_info", ([this](auto&, auto& r) {
-             const ModelConfig& c = engine->model().config();
-             r.set_content(dump({{"model_path", opt.model_path},
-                                 {"tokenizer_path", opt.model_path},
-                                 {"is_generation", true},
-                                 {"preferred_sampling_params", nullptr},
-                                 {"weight_version", "default"},
-                                 {"model_type", c.model_type},
-                                 {"architectures", ojson::array({c.architecture})},
-                                 {"encoder_profile", std::string(text::profile_name(profile))}}),
-                           "application/json");
-           }));
+        const ModelConfig& c = engine->model().config();
+        r.set_content(dump({{"model_path", opt.model_path},
+                            {"tokenizer_path", opt.model_path},
+                            {"is_generation", true},
+                            {"preferred_sampling_params", nullptr},
+                            {"weight_version", "default"},
+                            {"model_type", c.model_type},
+                            {"architectures", ojson::array({c.architecture})},
+                            {"encoder_profile", std::string(text::profile_name(profile))}}),
+                      "application/json");
+      }));
   Handler server_info = ([this](auto&, auto& r) {
     EngineMetrics m = engine->metrics();
     const EngineOptions& eo = engine->options();
@@ -168,20 +179,20 @@ void Server::Impl::setup_routes() {
   get("/flush_cache", flush);
   post("/flush_cache", [flush](const std::string&, HttpResponse& r) { flush(HttpRequest(), r); });
   post("/abort_request", ([this](const std::string& raw, HttpResponse& r) {
-              ojson body = parse_body(raw);
-              if (bool_field(body, "abort_all", false)) {
-                int64_t n = engine->abort_all();
-                r.set_content(dump({{"aborted", n}}), "application/json");
-                return;
-              }
-              if (!body.contains("rid") || !body["rid"].is_string())
-                throw BadRequest("'rid' (string) or 'abort_all': true is required");
-              std::string rid = body["rid"].get<std::string>();
-              bool found = engine->abort(rid);
-              for (int i = 0; i < 16 && !found; ++i) found = engine->abort(rid + "-" + std::to_string(i));
-              if (!found) throw BadRequest("no running or waiting request with rid '" + rid + "'", 404);
-              r.set_content(dump({{"aborted", 1}}), "application/json");
-            }));
+         ojson body = parse_body(raw);
+         if (bool_field(body, "abort_all", false)) {
+           int64_t n = engine->abort_all();
+           r.set_content(dump({{"aborted", n}}), "application/json");
+           return;
+         }
+         if (!body.contains("rid") || !body["rid"].is_string())
+           throw BadRequest("'rid' (string) or 'abort_all': true is required");
+         std::string rid = body["rid"].get<std::string>();
+         bool found = engine->abort(rid);
+         for (int i = 0; i < 16 && !found; ++i) found = engine->abort(rid + "-" + std::to_string(i));
+         if (!found) throw BadRequest("no running or waiting request with rid '" + rid + "'", 404);
+         r.set_content(dump({{"aborted", 1}}), "application/json");
+       }));
   get(
       "/metrics",
       [this](auto&, HttpResponse& r) {
@@ -189,28 +200,27 @@ void Server::Impl::setup_routes() {
       },
       /*open=*/true);
   get("/get_load", ([this](auto&, auto& r) {
-             EngineMetrics m = engine->metrics();
-             r.set_content(dump(ojson::array({{{"dp_rank", 0},
-                                               {"num_reqs", m.running + m.queued},
-                                               {"num_waiting_reqs", m.queued},
-                                               {"num_tokens", m.used_tokens}}})),
-                           "application/json");
-           }));
+        EngineMetrics m = engine->metrics();
+        r.set_content(dump(ojson::array({{{"dp_rank", 0},
+                                          {"num_reqs", m.running + m.queued},
+                                          {"num_waiting_reqs", m.queued},
+                                          {"num_tokens", m.used_tokens}}})),
+                      "application/json");
+      }));
   post("/tokenize", ([this](const std::string& raw, HttpResponse& r) {
-              ojson body = parse_body(raw);
-              if (!body.contains("prompt") || !body["prompt"].is_string())
-                throw BadRequest("'prompt' (string) is required");
-              auto ids = tokenizer->encode(body["prompt"].get<std::string>());
-              r.set_content(dump({{"tokens", ids}, {"count", ids.size()}, {"max_model_len", engine->context_length()}}),
-                            "application/json");
-            }));
+         ojson body = parse_body(raw);
+         if (!body.contains("prompt") || !body["prompt"].is_string()) throw BadRequest("'prompt' (string) is required");
+         auto ids = tokenizer->encode(body["prompt"].get<std::string>());
+         r.set_content(dump({{"tokens", ids}, {"count", ids.size()}, {"max_model_len", engine->context_length()}}),
+                       "application/json");
+       }));
   post("/detokenize", ([this](const std::string& raw, HttpResponse& r) {
-              ojson body = parse_body(raw);
-              if (!body.contains("tokens")) throw BadRequest("'tokens' is required");
-              auto ids = id_list(body["tokens"], "tokens", int64_t(tokenizer->vocab_size()));
-              r.set_content(dump({{"text", tokenizer->decode(std::vector<text::TokenId>(ids.begin(), ids.end()))}}),
-                            "application/json");
-            }));
+         ojson body = parse_body(raw);
+         if (!body.contains("tokens")) throw BadRequest("'tokens' is required");
+         auto ids = id_list(body["tokens"], "tokens", int64_t(tokenizer->vocab_size()));
+         r.set_content(dump({{"text", tokenizer->decode(std::vector<text::TokenId>(ids.begin(), ids.end()))}}),
+                       "application/json");
+       }));
 }
 
 Server::Server(std::shared_ptr<Engine> engine, std::shared_ptr<const text::Tokenizer> tokenizer,
@@ -219,7 +229,8 @@ Server::Server(std::shared_ptr<Engine> engine, std::shared_ptr<const text::Token
   Impl& s = *impl_;
   HttpLimits limits = s.opt.http;
   limits.max_body_bytes = uint64_t(s.opt.max_request_bytes);
-  s.http = std::make_unique<HttpServer>(limits, [&s](const HttpRequest& req, HttpResponse& res) { s.dispatch(req, res); });
+  s.http =
+      std::make_unique<HttpServer>(limits, [&s](const HttpRequest& req, HttpResponse& res) { s.dispatch(req, res); });
   s.setup_routes();
 }
 

@@ -38,6 +38,8 @@ struct Server::Impl {
   // with the engine's refusals as HTTP errors (a full queue: 503, an id in
   // use: 400).
   std::vector<std::shared_ptr<RequestHandle>> submit_all(std::vector<Engine::Submission> requests);
+  // validate_request with the server's max_tokens policy; its refusals are 400s.
+  ValidatedRequest validate(std::vector<int32_t> prompt, SamplingParams params, const char* length_name) const;
 
   // Routes: exact paths, or path prefixes (a trailing '*').
   using Handler = std::function<void(const HttpRequest&, HttpResponse&)>;

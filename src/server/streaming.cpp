@@ -46,38 +46,36 @@ void cancel_all(ServerMetrics& metrics, Choices& choices) {
 void stream_events(HttpResponse& res, std::shared_ptr<Choices> shared, std::shared_ptr<SseFormatter> format,
                    ServerMetrics& metrics, double keepalive_seconds) {
   res.set_stream("text/event-stream", [shared, format, &metrics, keepalive_seconds](ResponseStream& sink) {
-                                     Choices& choices = *shared;
-                                     double last_write = now_seconds();
-                                     const SseFormatter::Send send = [&](const ojson& j) {
-                                       std::string s = "data: " + dump(j) + "\n\n";
-                                       if (!sink.write(s)) return false;
-                                       last_write = now_seconds();
-                                       return true;
-                                     };
-                                     if (!format->open(send)) return cancel_all(metrics, choices);
-                                     std::vector<std::vector<TokenEvent>> events(choices.size());
-                                     while (!all_finished(choices)) {
-                                       const bool got = wait_any(choices, events, 0.5);
-                                       if (!sink.alive()) return cancel_all(metrics, choices);
-                                       // An SSE comment when nothing was written for keepalive_seconds, so
-                                       // that clients and proxies do not time out during a long prefill.
-                                       if (!got && now_seconds() - last_write >= keepalive_seconds) {
-                                         if (!sink.write(": keep-alive\n\n")) return cancel_all(metrics, choices);
-                                         last_write = now_seconds();
-                                       }
-                                       for (size_t i = 0; i < choices.size(); ++i) {
-                                         if (events[i].empty()) continue;
-                                         if (!format->events(i, *choices[i], events[i], send))
-                                           return cancel_all(metrics, choices);
-                                         events[i].clear();
-                                         // wait_any skips finished choices, so this runs once per choice.
-                                         if (choices[i]->finished())
-                                           record(metrics, *choices[i], choices[i]->reason() == FinishReason::Abort);
-                                       }
-                                     }
-                                     format->close(send);
-                                     sink.write("data: [DONE]\n\n");
-                                   });
+    Choices& choices = *shared;
+    double last_write = now_seconds();
+    const SseFormatter::Send send = [&](const ojson& j) {
+      std::string s = "data: " + dump(j) + "\n\n";
+      if (!sink.write(s)) return false;
+      last_write = now_seconds();
+      return true;
+    };
+    if (!format->open(send)) return cancel_all(metrics, choices);
+    std::vector<std::vector<TokenEvent>> events(choices.size());
+    while (!all_finished(choices)) {
+      const bool got = wait_any(choices, events, 0.5);
+      if (!sink.alive()) return cancel_all(metrics, choices);
+      // An SSE comment when nothing was written for keepalive_seconds, so
+      // that clients and proxies do not time out during a long prefill.
+      if (!got && now_seconds() - last_write >= keepalive_seconds) {
+        if (!sink.write(": keep-alive\n\n")) return cancel_all(metrics, choices);
+        last_write = now_seconds();
+      }
+      for (size_t i = 0; i < choices.size(); ++i) {
+        if (events[i].empty()) continue;
+        if (!format->events(i, *choices[i], events[i], send)) return cancel_all(metrics, choices);
+        events[i].clear();
+        // wait_any skips finished choices, so this runs once per choice.
+        if (choices[i]->finished()) record(metrics, *choices[i], choices[i]->reason() == FinishReason::Abort);
+      }
+    }
+    format->close(send);
+    sink.write("data: [DONE]\n\n");
+  });
 }
 
 // The body goes out once every choice is done, but through a chunked
