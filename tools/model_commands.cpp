@@ -90,7 +90,6 @@ int run_logits(const std::string& model_dir, const std::string& tokens_spec, con
   if (chunk <= 0) chunk = std::max<int64_t>(prefill, 1);
   auto model = Model::load(model_dir, {load_progress});
   const ModelConfig& c = model->config();
-  check_token_ids(c.vocab_size, tokens.data(), n);
   if (mtp && !model->has_mtp()) throw Error("--mtp given but the checkpoint has no MTP block");
   const int64_t V = c.vocab_size, W = c.hc_mult * c.dim;
   std::vector<float> logits(static_cast<size_t>(n * V)), hc(mtp ? size_t(n * W) : 0), mtp_logits;

@@ -75,6 +75,9 @@ void Model::forward_batch(const std::vector<BatchItem>& items) const {
   int64_t rows = 0;
   for (const BatchItem& it : items) {
     if (it.n < 0) throw Error("negative token count");
+    // The embedding lookup must never read outside its table, whoever calls:
+    // the same check validate_request ran, kept as the model's own guard.
+    check_token_ids(c.vocab_size, it.tokens, it.n);
     if (int64_t(it.state->layers.size()) != c.n_layers) throw Error("sequence state does not match the model");
     rows += it.n;
   }
@@ -141,6 +144,7 @@ void Model::forward_mtp_batch(const std::vector<MtpBatchItem>& items) const {
   if (weights_.mtp.empty()) throw Error("this checkpoint has no MTP block");
   int64_t n = 0;
   for (const MtpBatchItem& it : items) {
+    check_token_ids(c.vocab_size, it.next_tokens, it.n);
     n += it.n;
   }
   if (n == 0) return;

@@ -22,8 +22,9 @@ struct Segment;  // model/layers.h
 
 // The check of token ids against a vocabulary: throws dsv4::Error naming
 // the first id outside [0, vocab) as "<what> N is outside the vocabulary".
-// The forward pass does not check again: callers (the engine's
-// validate_request, `dsv4 logits`) run this once on what they feed.
+// The one implementation: the engine's validate_request runs it on a
+// request, and the forward pass runs it on what it embeds as its own memory
+// guard (an id past the table must never be read, whoever calls).
 void check_token_ids(int64_t vocab, const int32_t* ids, int64_t n, const char* what = "token id");
 
 // One sequence's share of a batched forward call.
