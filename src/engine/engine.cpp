@@ -179,6 +179,7 @@ void Engine::loop() {
       if (stop_) break;
       admit(running);
     }
+    const double step_start = now_seconds();
     for (auto& s : running)
       if (s->phase == Phase::Queued) start(*s);
     try {
@@ -190,6 +191,8 @@ void Engine::loop() {
     }
     std::lock_guard<std::mutex> lock(mutex_);
     retire(running);
+    totals_.step_seconds += now_seconds() - step_start;
+    ++totals_.steps_total;
     // Idle again: hand freed sequence memory back to the OS, so a server's
     // footprint returns to its baseline after a burst.
     if (running.empty() && waiting_.empty()) {
@@ -254,7 +257,9 @@ void Engine::step(std::vector<std::unique_ptr<Sequence>>& running) {
     Sequence& s = *running[item.seq];
     exec.push_back({&s.state, s.tokens(item.start, item.n), item.logits});
   }
+  const double t_forward = now_seconds();
   const StepLogits logits = executor_.run(exec);
+  const double t_sample = now_seconds();
 
   // Sampling is a pure function of (logits, params, history, step), so the
   // sequences sample in parallel; events are emitted in order afterwards.
@@ -267,6 +272,7 @@ void Engine::step(std::vector<std::unique_ptr<Sequence>>& running) {
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads_for(n_sampled* V * 4))
   for (size_t i = 0; i < plan.items.size(); ++i)
     if (samples(i)) drawn[i] = draw(*running[plan.items[i].seq], logits.last_row(i));
+  const double t_emit = now_seconds();
   for (size_t i = 0; i < plan.items.size(); ++i) {
     Sequence& s = *running[plan.items[i].seq];
     s.fed += plan.items[i].n;
@@ -282,6 +288,11 @@ void Engine::step(std::vector<std::unique_ptr<Sequence>>& running) {
     s.cached_logits.clear();
     emit(s, row.data(), draw(s, row.data()));
   }
+  const double t_end = now_seconds();
+  std::lock_guard<std::mutex> lock(mutex_);
+  totals_.forward_seconds += t_sample - t_forward;
+  totals_.sample_seconds += t_emit - t_sample;
+  totals_.emit_seconds += t_end - t_emit;
 }
 
 SampledToken Engine::draw(const Sequence& s, const float* logits) const {

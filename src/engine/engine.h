@@ -42,6 +42,11 @@ struct EngineMetrics {
   int64_t requests_total = 0, aborted_total = 0;
   int64_t prefix_cache_entries = 0, prefix_cache_bytes = 0;
   double gen_throughput = 0;  // tokens/s over the last few seconds
+  // Where the scheduler thread's time goes, seconds since start: whole steps
+  // (admission, cache starts and retirement included), the model's forward
+  // passes, sampling, and emitting events (cache inserts, handles).
+  double step_seconds = 0, forward_seconds = 0, sample_seconds = 0, emit_seconds = 0;
+  int64_t steps_total = 0;
 };
 
 // An id that a running or waiting request already has: two requests with

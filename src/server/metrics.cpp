@@ -61,6 +61,14 @@ std::string ServerMetrics::render(const EngineMetrics& m, const std::string& mod
   metric("gauge", "sglang:num_queue_reqs", double(m.queued), "Requests waiting.");
   metric("gauge", "sglang:num_used_tokens", double(m.used_tokens), "Tokens reserved by running requests.");
   metric("gauge", "sglang:gen_throughput", m.gen_throughput, "Generation throughput (tokens/s).");
+  // The scheduler thread's time, for telling the model's share of a step
+  // from the engine's own work (dsv4's names: SGLang has no equivalent).
+  metric("counter", "dsv4:engine_steps_total", double(m.steps_total), "Scheduler steps run.");
+  metric("counter", "dsv4:engine_step_seconds_total", m.step_seconds, "Seconds spent in scheduler steps.");
+  metric("counter", "dsv4:engine_forward_seconds_total", m.forward_seconds, "Seconds in the model's forward passes.");
+  metric("counter", "dsv4:engine_sample_seconds_total", m.sample_seconds, "Seconds sampling.");
+  metric("counter", "dsv4:engine_emit_seconds_total", m.emit_seconds,
+         "Seconds emitting tokens (cache policy, request events).");
   double total_prompt = double(m.prompt_tokens_total + m.cached_tokens_total);
   metric("gauge", "sglang:cache_hit_rate", total_prompt > 0 ? double(m.cached_tokens_total) / total_prompt : 0.0,
          "Fraction of prompt tokens served from the prefix cache.");
