@@ -541,3 +541,67 @@ TEST(TextChatEncoder, ContentSpansOnGoldenCases) {
   EXPECT_GT(same, 20);
   EXPECT_EQ(differ, 3);  // the special-strings case, once per profile
 }
+
+// `drop_thinking: false` (request level, or in chat_template_kwargs) keeps the
+// earlier turns' reasoning in the prompt, as the reference encoder renders it
+// with drop_thinking=False; by default it is dropped.
+TEST(TextChatEncoder, DropThinkingFalseKeepsHistoryReasoning) {
+  const std::string bos = "<｜begin▁of▁sentence｜>", eos = "<｜end▁of▁sentence｜>";
+  const ojson base = ojson::parse(R"({
+    "messages": [
+      {"role": "user", "content": "q1"},
+      {"role": "assistant", "reasoning_content": "R1", "content": "a1"},
+      {"role": "user", "content": "q2"},
+      {"role": "assistant", "content": "a2"},
+      {"role": "user", "content": "q3"}
+    ],
+    "chat_template_kwargs": {"thinking": true}
+  })");
+  const std::string kept_turns = "<｜User｜>q1<｜Assistant｜><think>R1</think>a1" + eos +
+                                 "<｜User｜>q2<｜Assistant｜><think></think>a2" + eos +
+                                 "<｜User｜>q3<｜Assistant｜><think>";
+  const std::string dropped_turns = "<｜User｜>q1<｜Assistant｜></think>a1" + eos + "<｜User｜>q2<｜Assistant｜></think>a2" +
+                                    eos + "<｜User｜>q3<｜Assistant｜><think>";
+  for (auto profile : {EncoderProfile::V4Preview, EncoderProfile::V4_0731, EncoderProfile::V41}) {
+    SCOPED_TRACE(std::string(profile_name(profile)));
+    for (const auto& opts : {RenderOptions{}, RenderOptions::reference(), RenderOptions::vllm()}) {
+      const auto dropped = render_chat_request(base, profile, opts);
+      EXPECT_TRUE(dropped.encoder_input.drop_thinking);
+      EXPECT_TRUE(ends_with(dropped.prompt, dropped_turns)) << dropped.prompt;
+      EXPECT_EQ(dropped.prompt.find("R1"), std::string::npos);
+
+      ojson req = base;
+      req["drop_thinking"] = false;
+      const auto kept = render_chat_request(req, profile, opts);
+      EXPECT_FALSE(kept.encoder_input.drop_thinking);
+      EXPECT_TRUE(kept.starts_in_reasoning);
+      // The reference encoder with drop_thinking=False gives the same bytes.
+      EncoderInput in = kept.encoder_input;
+      EXPECT_EQ(kept.prompt, encode_messages(profile, in));
+      if (opts.flavor == ServingFlavor::VLLM) {
+        // vLLM renders a reasoning-less kept turn as a chat turn (serving.md §1.12).
+        EXPECT_NE(kept.prompt.find("<｜Assistant｜><think>R1</think>a1" + eos), std::string::npos) << kept.prompt;
+        continue;
+      }
+      EXPECT_TRUE(ends_with(kept.prompt, kept_turns)) << kept.prompt;
+      if (profile != EncoderProfile::V41) {
+        EXPECT_EQ(kept.prompt, bos + kept_turns);  // no effort prefix by default on V4
+      }
+      // The same switch inside chat_template_kwargs; it wins over the top level.
+      ojson ctk = base;
+      ctk["chat_template_kwargs"]["drop_thinking"] = false;
+      ctk["drop_thinking"] = true;
+      EXPECT_EQ(render_chat_request(ctk, profile, opts).prompt, kept.prompt);
+      // Chat mode never shows reasoning, whatever the switch.
+      ojson chat = req;
+      chat["chat_template_kwargs"]["thinking"] = false;
+      EXPECT_EQ(render_chat_request(chat, profile, opts).prompt.find("R1"), std::string::npos);
+    }
+    ojson bad = base;
+    bad["drop_thinking"] = "no";
+    EXPECT_THROW(render_chat_request(bad, profile), EncoderError);
+    bad = base;
+    bad["chat_template_kwargs"]["drop_thinking"] = 0;
+    EXPECT_THROW(render_chat_request(bad, profile), EncoderError);
+  }
+}

@@ -118,6 +118,36 @@ TEST(TextCli, ProfileFromConfig) {
   fs::remove_all(dir);
 }
 
+// The request file's drop_thinking is honoured: false keeps the earlier
+// turns' reasoning, for every profile; the default drops it.
+TEST(TextCli, RenderHonoursDropThinking) {
+  const auto dir = model_dir("deepseek_v4");
+  const fs::path keep = dir / "keep.json", drop = dir / "drop.json";
+  const std::string messages =
+      R"("messages":[{"role":"user","content":"q1"},{"role":"assistant","reasoning_content":"R1","content":"a1"},)"
+      R"({"role":"user","content":"q2"}],"thinking":true)";
+  std::ofstream(keep) << "{" << messages << R"(,"drop_thinking":false})";
+  std::ofstream(drop) << "{" << messages << "}";
+  const std::string kept = "<｜User｜>q1<｜Assistant｜><think>R1</think>a1<｜end▁of▁sentence｜><｜User｜>q2<｜Assistant｜><think>";
+  for (const char* profile : {"v4", "v4-0731", "v41"}) {
+    for (const char* semantics : {"reference", "sglang"}) {
+      const std::string args = std::string(" --model ") + quote(dir.string()) + " --profile " + profile +
+                               " --semantics " + semantics + " --request ";
+      const auto k = run("render" + args + quote(keep.string()));
+      ASSERT_EQ(k.rc, 0) << profile;
+      EXPECT_GE(k.out.size(), kept.size());
+      EXPECT_EQ(k.out.substr(k.out.size() - std::min(k.out.size(), kept.size())), kept) << profile << "\n" << k.out;
+      if (std::string(profile) != "v41") {
+        EXPECT_EQ(k.out, "<｜begin▁of▁sentence｜>" + kept) << profile;
+      }
+      const auto d = run("render" + args + quote(drop.string()));
+      ASSERT_EQ(d.rc, 0) << profile;
+      EXPECT_EQ(d.out.find("R1"), std::string::npos) << profile << "\n" << d.out;
+    }
+  }
+  fs::remove_all(dir);
+}
+
 // Request files go through the same nesting limit as HTTP bodies: 100k
 // nested arrays are an error (exit 1), not a stack overflow.
 TEST(TextCli, DeeplyNestedRequestIsRefused) {

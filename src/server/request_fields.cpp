@@ -292,6 +292,7 @@ void check_chat_request(const ojson& body) {
   optional_bool(body, "add_generation_prompt");
   optional_bool(body, "continue_final_message");
   optional_bool(body, "separate_reasoning");
+  optional_bool(body, "drop_thinking");
   check_response_format(body);
 }
 

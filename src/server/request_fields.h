@@ -68,7 +68,7 @@ int64_t max_tokens_field(const ojson& j, const char* key, int64_t fallback, bool
 // "messages" (roles, content and its parts, name, tool_calls, tool_call_id,
 // reasoning_content), "model", "tools", "chat_template_kwargs",
 // "add_generation_prompt", "continue_final_message", "separate_reasoning",
-// "response_format". A wrong type is a 400 naming the field.
+// "drop_thinking", "response_format". A wrong type is a 400 naming the field.
 void check_chat_request(const ojson& body);
 // "tools" and "tool_choice": a forced function must be one of the tools.
 void check_tool_choice(const ojson& body);

@@ -1,7 +1,9 @@
 // Request dispatch: CORS, preflights, routing, the API key, the content
-// type of bodies, and errors as OpenAI-shaped JSON answers.
+// type of bodies, and errors as OpenAI-shaped JSON answers (Anthropic-shaped
+// on the Messages API's routes).
 #include <algorithm>
 
+#include "server/anthropic_format.h"
 #include "server/server_impl.h"
 #include "text/chat_encoder.h"
 
@@ -76,6 +78,8 @@ void Server::Impl::dispatch(const HttpRequest& req, HttpResponse& res) {
       break;
     }
   }
+  // Anthropic's routes answer errors in Anthropic's shape.
+  const auto fail = is_anthropic_path(req.path) ? send_anthropic_error : send_error;
   try {
     if (!(route && route->open) && !authorized(req))
       throw BadRequest("Unauthorized: a valid API key is required (Authorization: Bearer ...)", 401);
@@ -96,14 +100,14 @@ void Server::Impl::dispatch(const HttpRequest& req, HttpResponse& res) {
     res.stream = nullptr;
     if (e.status == 503) res.set_header("Retry-After", "1");
     if (e.status == 401) res.set_header("WWW-Authenticate", "Bearer");
-    send_error(res, e.status, e.what());
+    fail(res, e.status, e.what());
   } catch (const text::EncoderError& e) {
     res.stream = nullptr;
-    send_error(res, 400, e.what());
+    fail(res, 400, e.what());
   } catch (const std::exception& e) {
     res.stream = nullptr;
     log("error", std::string("internal error on ") + req.path + ": " + e.what());
-    send_error(res, 500, std::string("internal error: ") + e.what());
+    fail(res, 500, std::string("internal error: ") + e.what());
   }
 }
 

@@ -91,6 +91,9 @@ void Server::Impl::setup_routes() {
             {"owned_by", "dsv4.cpp"}, {"root", opt.model_path}, {"max_model_len", engine->context_length()}};
   };
   post("/v1/chat/completions", [this](const std::string& b, HttpResponse& r) { chat_completions(b, r); });
+  // Anthropic's Messages API (errors in its shape: router.cpp).
+  post("/v1/messages", [this](const std::string& b, HttpResponse& r) { anthropic_messages(b, r); });
+  post("/v1/messages/count_tokens", [this](const std::string& b, HttpResponse& r) { anthropic_count_tokens(b, r); });
   post("/v1/completions", [this](const std::string& b, HttpResponse& r) { completions(b, r); });
   post("/generate", [this](const std::string& b, HttpResponse& r) { generate(b, r); });
   routes.push_back({"PUT", "/generate", false, [this](const HttpRequest& q, HttpResponse& r) { generate(q.body, r); }});

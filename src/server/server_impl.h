@@ -13,8 +13,11 @@
 #include "server/metrics.h"
 #include "server/request_fields.h"
 #include "server/server.h"
+#include "text/chat_encoder.h"
 
 namespace dsv4 {
+
+struct AnthropicRequest;  // server/anthropic_format.h
 
 struct Server::Impl {
   Impl(std::shared_ptr<Engine> engine, std::shared_ptr<const text::Tokenizer> tokenizer, text::EncoderProfile profile,
@@ -64,6 +67,10 @@ struct Server::Impl {
   void chat_completions(const std::string& raw, HttpResponse& res);
   void completions(const std::string& raw, HttpResponse& res);
   void generate(const std::string& raw, HttpResponse& res);
+  // anthropic_routes.cpp
+  void anthropic_messages(const std::string& raw, HttpResponse& res);
+  void anthropic_count_tokens(const std::string& raw, HttpResponse& res);
+  std::vector<int32_t> anthropic_prompt(const AnthropicRequest& a, text::RenderedPrompt& rendered);
 };
 
 }  // namespace dsv4

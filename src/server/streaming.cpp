@@ -49,7 +49,7 @@ void stream_events(HttpResponse& res, std::shared_ptr<Choices> shared, std::shar
     Choices& choices = *shared;
     double last_write = now_seconds();
     const SseFormatter::Send send = [&](const ojson& j) {
-      std::string s = "data: " + dump(j) + "\n\n";
+      const std::string s = format->frame(j);
       if (!sink.write(s)) return false;
       last_write = now_seconds();
       return true;
@@ -62,7 +62,7 @@ void stream_events(HttpResponse& res, std::shared_ptr<Choices> shared, std::shar
       // An SSE comment when nothing was written for keepalive_seconds, so
       // that clients and proxies do not time out during a long prefill.
       if (!got && now_seconds() - last_write >= keepalive_seconds) {
-        if (!sink.write(": keep-alive\n\n")) return cancel_all(metrics, choices);
+        if (!sink.write(format->keepalive())) return cancel_all(metrics, choices);
         last_write = now_seconds();
       }
       for (size_t i = 0; i < choices.size(); ++i) {
@@ -74,7 +74,8 @@ void stream_events(HttpResponse& res, std::shared_ptr<Choices> shared, std::shar
       }
     }
     format->close(send);
-    sink.write("data: [DONE]\n\n");
+    const std::string end = format->done();
+    if (!end.empty()) sink.write(end);
   });
 }
 

@@ -6,6 +6,7 @@
 #pragma once
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "server/generation.h"
@@ -29,6 +30,12 @@ class SseFormatter {
   virtual bool events(size_t i, ChoiceStream& choice, const std::vector<TokenEvent>& events, const Send& send) = 0;
   // After every choice finished, before [DONE] (a usage chunk).
   virtual void close(const Send&) {}
+  // The wire text of one event, of a keep-alive, and of the end of the
+  // stream (OpenAI's: `data:` lines, an SSE comment, `data: [DONE]`; empty
+  // writes nothing).
+  virtual std::string frame(const ojson& j) const { return "data: " + dump(j) + "\n\n"; }
+  virtual std::string keepalive() const { return ": keep-alive\n\n"; }
+  virtual std::string done() const { return "data: [DONE]\n\n"; }
 };
 
 void stream_events(HttpResponse& res, std::shared_ptr<Choices> choices, std::shared_ptr<SseFormatter> format,

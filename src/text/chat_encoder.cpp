@@ -989,6 +989,25 @@ void check_parts(const ojson& content, const RenderOptions& options) {
   }
 }
 
+// Whether earlier turns' reasoning is dropped: chat_template_kwargs.drop_thinking,
+// else the request-level drop_thinking, else the server's default. A client
+// that sends its history's reasoning back turns it off to keep that reasoning
+// in the prompt (the reference encoder's drop_thinking=False).
+bool resolve_drop_thinking(const ojson& request, const RenderOptions& options) {
+  auto read = [](const ojson& holder, const char* where) -> std::optional<bool> {
+    const ojson& v = get_or_null(holder, "drop_thinking");
+    if (v.is_null()) return std::nullopt;
+    if (!v.is_boolean()) throw EncoderError(std::string("'") + where + "' must be a boolean");
+    return v.get<bool>();
+  };
+  const ojson& ctk = get_or_null(request, "chat_template_kwargs");
+  if (ctk.is_object()) {
+    if (auto v = read(ctk, "chat_template_kwargs.drop_thinking")) return *v;
+  }
+  if (auto v = read(request, "drop_thinking")) return *v;
+  return options.drop_thinking;
+}
+
 }  // namespace
 
 RenderedPrompt render_chat_request(const ojson& request, EncoderProfile profile, const RenderOptions& options) {
@@ -1148,7 +1167,7 @@ RenderedPrompt render_chat_request(const ojson& request, EncoderProfile profile,
   out.encoder_input.messages = std::move(messages);
   out.encoder_input.thinking = mode.thinking;
   out.encoder_input.reasoning_effort = mode.reasoning_effort;
-  out.encoder_input.drop_thinking = options.drop_thinking;
+  out.encoder_input.drop_thinking = resolve_drop_thinking(request, options);
   if (request.contains("context") && request["context"].is_array()) out.encoder_input.context = request["context"];
   out.prompt = encode_messages(profile, out.encoder_input, &out.content_spans);
 

@@ -99,6 +99,8 @@ struct RenderOptions {
   bool hoist_v4_system = true;             // V4 has no system marker: move later system text to the top
   bool trailing_assistant_to_user = true;  // SGLang renders a trailing assistant turn as a user turn
   bool allow_image_parts = false;          // text-only engine: refuse image content parts
+  // Drop earlier turns' reasoning when the request does not say
+  // (chat_template_kwargs.drop_thinking, else the request's drop_thinking).
   bool drop_thinking = true;
   // Hand reasoning_effort to the encoder unchanged, so the encoder's own
   // validation applies (reference behaviour; used by the golden tests).
@@ -140,8 +142,8 @@ struct RenderedPrompt {
 };
 
 // Renders an OpenAI chat-completions request (messages, tools, tool_choice,
-// reasoning_effort, chat_template_kwargs, thinking, continue_final_message,
-// add_generation_prompt). Throws EncoderError for requests that cannot be
+// reasoning_effort, chat_template_kwargs, thinking, drop_thinking,
+// continue_final_message, add_generation_prompt). Throws EncoderError for requests that cannot be
 // rendered; never anything else for well-typed JSON.
 RenderedPrompt render_chat_request(const ojson& request, EncoderProfile profile, const RenderOptions& options = {});
 

@@ -12,6 +12,10 @@ trap cleanup EXIT
 start_server() {
   [ -x "$BIN" ] || { echo "FAIL: no dsv4 binary at $BIN"; exit 1; }
   [ -f "$MODEL/config.json" ] || { echo "FAIL: no test model in $MODEL (dsv4 make-model --out $MODEL)"; exit 1; }
+  # The files exist before the server starts: the background job opens its
+  # redirections asynchronously, and the first sed below may run first.
+  : >"$WORK/server.out"
+  : >"$WORK/server.err"
   OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}" "$BIN" serve --model-path "$MODEL" --host 127.0.0.1 --port 0 "$@" \
     >"$WORK/server.out" 2>"$WORK/server.err" &
   SERVER_PID=$!

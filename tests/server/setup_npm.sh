@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CTest fixture: installs the openai npm package into tests/server/node_modules
+# CTest fixture: installs the openai and @anthropic-ai/sdk npm packages into tests/server/node_modules
 # (from package-lock.json) when it is missing or older than the lock file.
 set -euo pipefail
 DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -8,7 +8,8 @@ if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
   exit 77
 fi
 stamp="$DIR/node_modules/.package-lock.json"
-if [ -f "$DIR/node_modules/openai/package.json" ] && [ -f "$stamp" ] && [ ! "$DIR/package-lock.json" -nt "$stamp" ]; then
+if [ -f "$DIR/node_modules/openai/package.json" ] && [ -f "$DIR/node_modules/@anthropic-ai/sdk/package.json" ] &&
+   [ -f "$stamp" ] && [ ! "$DIR/package-lock.json" -nt "$stamp" ]; then
   echo "node_modules is up to date"
   exit 0
 fi
