@@ -141,6 +141,11 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseStr
     phase_ = Phase::Body;
     const auto& req = parser_->get();
     const auto length = parser_->content_length();
+    // A refusal here comes before the body: the body the client is still
+    // sending is read and dropped (up to 4x the body cap), so that it gets to
+    // read the answer instead of a reset.
+    drain_ = int64_t(std::min<uint64_t>(length ? *length + (64 << 10) : server_->limits.max_body_bytes,
+                                        4 * server_->limits.max_body_bytes));
     if (length && *length > server_->limits.max_body_bytes)
       return refuse(
           413, "the request body is too large (limit " + std::to_string(server_->limits.max_body_bytes) + " bytes)");
@@ -319,7 +324,7 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseStr
       if (ec) return self->close();
       beast::error_code ignored;
       self->stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
-      self->linger(int64_t(4) << 20);
+      self->linger(std::max<int64_t>(self->drain_, int64_t(4) << 20));
     });
   }
 
@@ -366,6 +371,7 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseStr
   std::atomic<bool> failed_{false};
   bool closed_ = false, keep_alive_ = true;
   int64_t reserved_ = 0;
+  int64_t drain_ = 0;  // bytes a refusal reads and drops before closing
 };
 
 bool HttpServer::State::admit(const std::string& address) {
