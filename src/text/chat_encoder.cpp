@@ -362,6 +362,18 @@ Rendered render_message(EncoderProfile profile, size_t index, const ojson& messa
   const bool v41 = is_v41(profile);
 
   Rendered prompt;
+  // After system (and V4's developer) content: the tools block, then the
+  // response format, each after a blank line.
+  auto append_tools_and_format = [&] {
+    if (python_truthy(tools)) {
+      prompt += "\n\n";
+      prompt += render_tools(tools, d);
+    }
+    if (python_truthy(response_format)) {
+      prompt += "\n\n";
+      prompt += render_response_format(response_format);
+    }
+  };
   const std::string effort_text = effort_prefix(profile, index, thinking, effort);
   if (v41) {
     if (index == 0 && (!effort_text.empty() || role == "system")) prompt += kSystem;
@@ -372,26 +384,12 @@ Rendered render_message(EncoderProfile profile, size_t index, const ojson& messa
   if (role == "system") {
     if (v41 && index > 0) prompt += kSystem;
     prompt += content_or_empty(msg);
-    if (python_truthy(tools)) {
-      prompt += "\n\n";
-      prompt += render_tools(tools, d);
-    }
-    if (python_truthy(response_format)) {
-      prompt += "\n\n";
-      prompt += render_response_format(response_format);
-    }
+    append_tools_and_format();
   } else if (role == "developer" && !v41) {
     if (!python_truthy(get_or_null(msg, "content"))) throw EncoderError("Invalid message for role `developer`");
     prompt += kUser;
     prompt += content_or_empty(msg);
-    if (python_truthy(tools)) {
-      prompt += "\n\n";
-      prompt += render_tools(tools, d);
-    }
-    if (python_truthy(response_format)) {
-      prompt += "\n\n";
-      prompt += render_response_format(response_format);
-    }
+    append_tools_and_format();
   } else if (role == "user") {
     prompt += kUser;
     const ojson& blocks = get_or_null(msg, "content_blocks");
