@@ -18,6 +18,8 @@
 #include <optional>
 #include <thread>
 
+#include "server/http_common.h"
+
 namespace dsv4 {
 
 namespace asio = boost::asio;
@@ -50,16 +52,6 @@ std::string status_line(int status) {
   return "HTTP/1.1 " + std::to_string(status) + " " + http_status_text(status) + "\r\n";
 }
 
-std::string error_json(int status, const std::string& message) {
-  std::string escaped;
-  for (char c : message) {
-    if (c == '"' || c == '\\') escaped.push_back('\\');
-    escaped.push_back(c);
-  }
-  return "{\"error\":{\"message\":\"" + escaped + "\",\"type\":\"" + http_status_text(status) +
-         "\",\"param\":null,\"code\":" + std::to_string(status) + "}}";
-}
-
 }  // namespace
 
 class Session;
@@ -82,6 +74,12 @@ struct HttpServer::State : std::enable_shared_from_this<HttpServer::State> {
   void accept();
   // Makes room for one more connection from `address`; false if none can be made.
   bool admit(const std::string& address);
+  // One connection of `address` ended (the count admit() raised).
+  void forget_client(const std::string& address) {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = per_client.find(address);
+    if (it != per_client.end() && --it->second <= 0) per_client.erase(it);
+  }
 };
 
 // One connection. Reads run on the I/O threads through the session's strand;
@@ -137,9 +135,8 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseStr
   }
 
   void on_header(beast::error_code ec) {
-    if (ec) return on_read_error(ec, true);
+    if (ec) return on_read_error(ec);
     phase_ = Phase::Body;
-    const auto& req = parser_->get();
     const auto length = parser_->content_length();
     // A refusal here comes before the body: the body the client is still
     // sending is read and dropped (up to 4x the body cap), so that it gets to
@@ -159,7 +156,6 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseStr
       }
       server_->inflight_body_bytes += reserved_;
     }
-    (void)req;
     if (parser_->is_done()) return on_body({});
     stream_.expires_after(seconds(server_->limits.body_timeout));
     bhttp::async_read(stream_, buffer_, *parser_,
@@ -176,7 +172,7 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseStr
   void on_body(beast::error_code ec) {
     if (ec) {
       release_body_budget();
-      return on_read_error(ec, false);
+      return on_read_error(ec);
     }
     stream_.expires_never();
     auto message = parser_->release();
@@ -213,7 +209,7 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseStr
     } catch (const std::exception& e) {
       response = HttpResponse();
       response.status = 500;
-      response.set_content(error_json(500, std::string("internal error: ") + e.what()), "application/json");
+      response.set_content(dump(error_body(500, std::string("internal error: ") + e.what())), "application/json");
     }
     const bool large = request.body.size() >= (size_t(1) << 20);
     request.body.clear();
@@ -288,7 +284,7 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseStr
     return true;
   }
 
-  void on_read_error(beast::error_code ec, bool header) {
+  void on_read_error(beast::error_code ec) {
     if (ec == bhttp::error::end_of_stream || ec == asio::error::eof || ec == asio::error::connection_reset ||
         ec == asio::error::operation_aborted)
       return close();
@@ -306,7 +302,6 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseStr
       return refuse(
           413, "the request body is too large (limit " + std::to_string(server_->limits.max_body_bytes) + " bytes)");
     refuse(400, std::string("malformed HTTP request: ") + ec.message());
-    (void)header;
   }
 
   // An error answer from the I/O thread, then a lingering close: the
@@ -317,7 +312,7 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseStr
     phase_ = Phase::Closing;
     auto data = std::make_shared<std::string>(status_line(status) + "Content-Type: application/json\r\n" +
                                               "Connection: close\r\nContent-Length: ");
-    const std::string body = error_json(status, message);
+    const std::string body = dump(error_body(status, message));
     *data += std::to_string(body.size()) + "\r\n\r\n" + body;
     stream_.expires_after(seconds(5));
     asio::async_write(stream_, asio::buffer(*data), [self = shared_from_this(), data](beast::error_code ec, size_t) {
@@ -347,18 +342,12 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseStr
     beast::error_code ignored;
     stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
     stream_.close();
-    std::lock_guard<std::mutex> lock(server_->mutex);
-    auto it = server_->per_client.find(address_);
-    if (it != server_->per_client.end() && --it->second <= 0) server_->per_client.erase(it);
+    server_->forget_client(address_);
   }
 
  public:
   ~Session() override {
-    if (!closed_) {
-      std::lock_guard<std::mutex> lock(server_->mutex);
-      auto it = server_->per_client.find(address_);
-      if (it != server_->per_client.end() && --it->second <= 0) server_->per_client.erase(it);
-    }
+    if (!closed_) server_->forget_client(address_);
   }
 
  private:

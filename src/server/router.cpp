@@ -97,15 +97,12 @@ void Server::Impl::dispatch(const HttpRequest& req, HttpResponse& res) {
       throw BadRequest("request bodies must be JSON: send Content-Type: application/json", 415);
     route->handler(req, res);
   } catch (const BadRequest& e) {
-    res.stream = nullptr;
     if (e.status == 503) res.set_header("Retry-After", "1");
     if (e.status == 401) res.set_header("WWW-Authenticate", "Bearer");
     fail(res, e.status, e.what());
   } catch (const text::EncoderError& e) {
-    res.stream = nullptr;
     fail(res, 400, e.what());
   } catch (const std::exception& e) {
-    res.stream = nullptr;
     log("error", std::string("internal error on ") + req.path + ": " + e.what());
     fail(res, 500, std::string("internal error: ") + e.what());
   }
