@@ -124,7 +124,10 @@ void Model::forward_batch(const std::vector<BatchItem>& items) const {
   int64_t row0 = 0, head_index = 0;
   for (const BatchItem& it : items) {
     it.state->n_tokens += it.n;
-    if (it.final_hc) std::copy_n(x_hc.begin() + row0 * width, it.n * width, it.final_hc);
+    if (it.final_hc) {
+      const int64_t keep = it.final_hc_rows < 0 ? it.n : std::min(it.n, it.final_hc_rows);
+      std::copy_n(x_hc.begin() + (row0 + it.n - keep) * width, keep * width, it.final_hc);
+    }
     if (it.logits && it.n > 0) {
       int64_t rows_out = it.last_logits_only ? 1 : it.n;
       std::copy_n(logits.begin() + head_index * c.vocab_size, rows_out * c.vocab_size, it.logits);
@@ -173,12 +176,32 @@ void Model::forward_mtp_batch(const std::vector<MtpBatchItem>& items) const {
     row0 += it.n;
   }
   block_forward(m.block, segments, x_hc.data(), next.data(), n);
-  std::vector<float> logits(size_t(n * c.vocab_size));
-  head_forward(m.hc_head, m.norm, x_hc.data(), n, logits.data());
+  // The head only on the rows whose logits someone asked for.
+  std::vector<int64_t> head_rows;
   row0 = 0;
   for (const MtpBatchItem& it : items) {
+    if (it.logits && it.n > 0)
+      for (int64_t t = it.last_logits_only ? it.n - 1 : 0; t < it.n; ++t) head_rows.push_back(row0 + t);
+    row0 += it.n;
+  }
+  const int64_t width = H * D;
+  std::vector<float> logits(head_rows.size() * size_t(c.vocab_size));
+  if (!head_rows.empty()) {
+    std::vector<float> selected(head_rows.size() * size_t(width));
+    for (size_t i = 0; i < head_rows.size(); ++i)
+      std::copy_n(x_hc.data() + head_rows[i] * width, width, selected.begin() + int64_t(i) * width);
+    head_forward(m.hc_head, m.norm, selected.data(), int64_t(head_rows.size()), logits.data());
+  }
+  row0 = 0;
+  int64_t head_index = 0;
+  for (const MtpBatchItem& it : items) {
     it.state->mtp_tokens += it.n;
-    std::copy_n(logits.begin() + row0 * c.vocab_size, it.n * c.vocab_size, it.logits);
+    if (it.last_hc && it.n > 0) std::copy_n(x_hc.data() + (row0 + it.n - 1) * width, width, it.last_hc);
+    if (it.logits && it.n > 0) {
+      const int64_t rows_out = it.last_logits_only ? 1 : it.n;
+      std::copy_n(logits.begin() + head_index * c.vocab_size, rows_out * c.vocab_size, it.logits);
+      head_index += rows_out;
+    }
     row0 += it.n;
   }
 }

@@ -37,6 +37,10 @@ struct BatchItem {
   // Only the last token's logits: what generation needs after a prefill
   // chunk; saves the vocabulary-sized head for the other rows.
   bool last_logits_only = false;
+  // final_hc receives only the last `final_hc_rows` rows ([rows, hc_mult,
+  // dim]; -1: all n). The MTP drafter needs just the window's worth of a
+  // long prefill chunk.
+  int64_t final_hc_rows = -1;
 };
 
 // One sequence's share of a batched MTP call (see forward_mtp).
@@ -45,7 +49,11 @@ struct MtpBatchItem {
   const float* hc;
   const int32_t* next_tokens;
   int64_t n;
-  float* logits;
+  float* logits;  // [n, vocab], [vocab] with last_logits_only, or null
+  bool last_logits_only = false;
+  // The MTP block's own final HC state of the last row ([hc_mult, dim]) or
+  // null: a chained draft feeds it back as the next position's `hc`.
+  float* last_hc = nullptr;
 };
 
 struct LoadOptions {
