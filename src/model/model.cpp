@@ -220,11 +220,10 @@ Model::TokenCost Model::token_cost() const {
   add_dense(weights_.head, cost.head_bytes, cost.head_macs, cost.head_weights);
   add_dense(weights_.hc_head.fn, cost.head_bytes, cost.head_macs, cost.head_weights);
   cost.other_bytes = weights_.embed.weight_bytes() / c.vocab_size;
-  for (size_t i = 0; i < size_t(c.n_layers); ++i) {
-    const BlockWeights& b = weights_.layers[i];
+  auto layer_cost = [&](const BlockWeights& b, const LayerLayout& layout) {
     const AttentionWeights& a = b.attn;
     LayerCost l;
-    l.layout = layouts_[i];
+    l.layout = layout;
     for (const Linear* w : {&b.hc_attn.fn, &b.hc_ffn.fn, &a.wq_a, &a.wq_b, &a.wkv, &a.wo_a, &a.wo_b})
       add_dense(*w, l.weight_bytes, l.linear_macs, l.dense_weights);
     if (a.has_compressor)
@@ -247,7 +246,14 @@ Model::TokenCost Model::token_cost() const {
     l.weight_bytes += l.compressor_bytes;
     l.linear_macs += l.compressor_macs;
     for (size_t f = 0; f < l.dense_weights.size(); ++f) l.dense_weights[f] += l.compressor_weights[f];
-    cost.layers.push_back(l);
+    return l;
+  };
+  for (size_t i = 0; i < size_t(c.n_layers); ++i) cost.layers.push_back(layer_cost(weights_.layers[i], layouts_[i]));
+  for (size_t i = 0; i < weights_.mtp.size(); ++i) {
+    const MtpWeights& m = weights_.mtp[i];
+    LayerCost l = layer_cost(m.block, layouts_[size_t(c.n_layers) + i]);
+    for (const Linear* w : {&m.e_proj, &m.h_proj, &m.hc_head.fn}) add_dense(*w, l.weight_bytes, l.linear_macs, l.dense_weights);
+    cost.mtp_layers.push_back(l);
   }
   return cost;
 }

@@ -125,6 +125,9 @@ class Model {
     int64_t head_bytes = 0, head_macs = 0;  // LM head and HC head
     int64_t other_bytes = 0;                // one embedding row
     std::vector<LayerCost> layers;          // main layers
+    // MTP blocks (with their input projections and HC head; the LM head
+    // they share is head_bytes).
+    std::vector<LayerCost> mtp_layers;
     std::array<int64_t, 4> head_weights{};  // by WeightFormat
     WeightFormat expert_format = WeightFormat::F32;
   };
