@@ -12,7 +12,11 @@
 namespace dsv4 {
 
 Engine::Engine(std::shared_ptr<const Model> model, EngineOptions options)
-    : model_(std::move(model)), options_(options), executor_(*model_), cache_(options.prefix_cache_bytes) {
+    : model_(std::move(model)),
+      options_(options),
+      executor_(*model_),
+      cache_(options.prefix_cache_bytes),
+      gate_(options.speculative.auto_bypass) {
   const int64_t model_max = model_->config().max_position_embeddings;
   if (options_.context_length <= 0 || options_.context_length > model_max) options_.context_length = model_max;
   if (options_.chunked_prefill_size <= 0) options_.chunked_prefill_size = options_.context_length;
