@@ -88,8 +88,9 @@ std::string gib(int64_t bytes) {
 // The official checkpoints by shape; anything else (the synthetic test
 // models, a sliced checkpoint) is named by its architecture.
 std::string model_variant(const ModelConfig& c) {
-  if (c.dim == 4096 && c.n_routed_experts == 256) return "DeepSeek-V4-Flash-shaped";
-  if (c.dim == 7168 && c.n_routed_experts == 384) return "DeepSeek-V4-Pro-shaped";
+  const bool dspark = c.dspark_stages > 0;
+  if (c.dim == 4096 && c.n_routed_experts == 256) return dspark ? "DeepSeek-V4-Flash-0731-shaped" : "DeepSeek-V4-Flash-shaped";
+  if (c.dim == 7168 && c.n_routed_experts == 384) return dspark ? "DeepSeek-V4-Pro-0813-shaped" : "DeepSeek-V4-Pro-shaped";
   return c.architecture + " (custom shape)";
 }
 
@@ -173,13 +174,22 @@ SpeculativeOptions speculative_options(const ServeArgs& a, const Model& model) {
   if (a.speculative_eagle_topk > 1)
     throw Error("--speculative-eagle-topk " + std::to_string(a.speculative_eagle_topk) +
                 ": only 1 (a chain of drafts) is supported; tree drafting is not implemented");
+  const bool dspark = model.weights().dspark.has_value();
   if (o.algorithm == SpeculativeAlgorithm::Dspark) {
+    if (dspark)
+      throw Error("--speculative-algorithm DSPARK: this checkpoint's DSpark head loads, but DSpark drafting is not "
+                  "implemented in this build yet; serve it target-only (no flag) or draft with NGRAM");
     throw Error(model.has_mtp()
                     ? "--speculative-algorithm DSPARK: this checkpoint has no DSpark draft head (no dspark_* config "
                       "fields); its MTP head drafts with --speculative-algorithm EAGLE"
                     : "--speculative-algorithm DSPARK: this checkpoint has no DSpark draft head; use NGRAM");
   }
   if (o.algorithm == SpeculativeAlgorithm::Eagle) {
+    // SGLang accepts EAGLE here and then accepts nothing: say what to use.
+    if (dspark)
+      throw Error("--speculative-algorithm EAGLE: this checkpoint bundles a DSpark draft head, not an MTP head "
+                  "(its mtp.* tensors are DSpark stages): its drafter is --speculative-algorithm DSPARK, which this "
+                  "build does not run yet; use NGRAM meanwhile");
     if (!model.has_mtp())
       throw Error("--speculative-algorithm EAGLE drafts with the checkpoint's MTP head, and this checkpoint has none "
                   "(num_nextn_predict_layers = 0); use --speculative-algorithm NGRAM");
@@ -208,14 +218,22 @@ SpeculativeOptions speculative_options(const ServeArgs& a, const Model& model) {
 }
 
 void print_speculative_summary(const Model& model, const SpeculativeOptions& o) {
-  const char* bundled = model.has_mtp() ? "an MTP head (EAGLE)" : "no draft head";
+  const ModelConfig& c = model.config();
+  std::string bundled = model.has_mtp() ? "an MTP head (EAGLE)" : "no draft head";
+  if (model.weights().dspark) {
+    std::string targets;
+    for (int64_t id : c.dspark_target_layer_ids) targets += (targets.empty() ? "" : ",") + std::to_string(id);
+    bundled = "a DSpark head (" + std::to_string(c.dspark_stages) + " stages, block " +
+              std::to_string(c.dspark_block_size) + ", reading layers " + targets +
+              "; DSpark drafting is not implemented yet, so it is unused)";
+  }
   if (o.algorithm == SpeculativeAlgorithm::None) {
-    std::fprintf(stderr, "speculative decoding: off (the checkpoint bundles %s)\n", bundled);
+    std::fprintf(stderr, "speculative decoding: off (the checkpoint bundles %s)\n", bundled.c_str());
     return;
   }
   std::fprintf(stderr, "speculative decoding: %s, up to %lld drafts per step%s; the checkpoint bundles %s; %s\n",
                speculative_algorithm_name(o.algorithm), (long long)(o.num_draft_tokens - 1),
-               o.algorithm == SpeculativeAlgorithm::Eagle ? " (MTP top-1 chain)" : " (prompt lookup)", bundled,
+               o.algorithm == SpeculativeAlgorithm::Eagle ? " (MTP top-1 chain)" : " (prompt lookup)", bundled.c_str(),
                o.auto_bypass ? "bypassed at batch sizes where it measures slower than plain decoding"
                              : "never bypassed (--disable-speculative-bypass)");
   if (o.simulate_accept_len > 0)

@@ -1,0 +1,132 @@
+// The refreshed checkpoints that bundle a DSpark head (V4-Flash-0731,
+// V4-Pro-0813 layout; here the smoke shapes, `make-model --preset
+// smoke-0731`): they load with every DSpark tensor checked, a missing or
+// mis-shaped one is named, and the main model computes exactly what the
+// same checkpoint without the head computes (target-only serving).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+#include "model/model.h"
+#include "model/synthetic.h"
+
+namespace dsv4::test {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+class DsparkCheckpoint : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    root_ = fs::temp_directory_path() / ("dsv4_dspark_" + std::to_string(::getpid()));
+    fs::create_directories(root_);
+    SyntheticSpec spec;
+    spec.preset = "smoke-0731";
+    write_synthetic_checkpoint(spec, (root_ / "0731").string(), "");
+    spec.preset = "smoke";
+    write_synthetic_checkpoint(spec, (root_ / "plain").string(), "");
+  }
+  static void TearDownTestSuite() { fs::remove_all(root_); }
+
+  // A copy of the 0731 checkpoint with its safetensors header edited.
+  std::string load_error_after(const std::function<void(json&)>& edit) {
+    const fs::path dir = root_ / "edited";
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    fs::copy_file(root_ / "0731" / "config.json", dir / "config.json");
+    std::ifstream in(root_ / "0731" / "model.safetensors", std::ios::binary);
+    std::stringstream bytes;
+    bytes << in.rdbuf();
+    const std::string all = bytes.str();
+    uint64_t n;
+    std::memcpy(&n, all.data(), 8);
+    json header = json::parse(all.substr(8, n));
+    edit(header);
+    std::string h = header.dump();
+    while (h.size() % 8) h.push_back(' ');
+    const uint64_t size = h.size();
+    std::ofstream out(dir / "model.safetensors", std::ios::binary);
+    out.write(reinterpret_cast<const char*>(&size), 8);
+    out << h << all.substr(8 + n);
+    out.close();
+    try {
+      Model::load(dir.string());
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  }
+
+  static fs::path root_;
+};
+fs::path DsparkCheckpoint::root_;
+
+TEST_F(DsparkCheckpoint, LoadsWithItsHeadAndNoMtp) {
+  auto model = Model::load((root_ / "0731").string());
+  const ModelConfig& c = model->config();
+  EXPECT_EQ(c.dspark_stages, 3);
+  EXPECT_EQ(c.dspark_block_size, 5);
+  EXPECT_EQ(c.dspark_noise_token_id, 128799);
+  EXPECT_EQ(c.dspark_target_layer_ids, (std::vector<int64_t>{0, 0, 1}));
+  EXPECT_EQ(c.n_mtp_layers, 0) << "the legacy num_nextn_predict_layers must be ignored";
+  EXPECT_FALSE(model->has_mtp());
+  ASSERT_TRUE(model->weights().dspark.has_value());
+  EXPECT_EQ(model->weights().dspark->stages.size(), 3u);
+  EXPECT_EQ(model->weights().dspark->main_proj.cols, 3 * c.dim);
+}
+
+TEST_F(DsparkCheckpoint, MainModelMatchesTheCheckpointWithoutTheHead) {
+  auto with_head = Model::load((root_ / "0731").string());
+  auto plain = Model::load((root_ / "plain").string());
+  const std::vector<int32_t> tokens = {0, 5, 77, 1024, 99, 31337, 7, 8};
+  const int64_t n = int64_t(tokens.size()), vocab = plain->config().vocab_size;
+  std::vector<float> a(size_t(n * vocab)), b(size_t(n * vocab));
+  SequenceState sa = with_head->new_state(), sb = plain->new_state();
+  with_head->forward(sa, tokens.data(), n, a.data());
+  plain->forward(sb, tokens.data(), n, b.data());
+  EXPECT_EQ(a, b);
+}
+
+TEST_F(DsparkCheckpoint, MissingDsparkTensorIsNamed) {
+  const std::string e = load_error_after([](json& h) { h.erase("mtp.2.markov_head.markov_w2.weight"); });
+  EXPECT_NE(e.find("missing tensor mtp.2.markov_head.markov_w2.weight"), std::string::npos) << e;
+  const std::string stage = load_error_after([](json& h) { h.erase("mtp.1.attn.wkv.weight"); });
+  EXPECT_NE(stage.find("mtp.1.attn.wkv.weight"), std::string::npos) << stage;
+}
+
+TEST_F(DsparkCheckpoint, MisShapedDsparkTensorIsNamed) {
+  const std::string e = load_error_after([](json& h) {
+    auto shape = h["mtp.2.confidence_head.proj.weight"]["shape"];
+    h["mtp.2.confidence_head.proj.weight"]["shape"] = {shape[1], shape[0]};
+  });
+  EXPECT_NE(e.find("mtp.2.confidence_head.proj.weight"), std::string::npos) << e;
+}
+
+TEST(DsparkConfig, BadFieldsAreNamed) {
+  SyntheticSpec spec;
+  spec.preset = "smoke-0731";
+  json c = synthetic_config(spec);
+  c["dspark_target_layer_ids"] = {0, 9, 1};
+  try {
+    parse_config(c.dump(), "config.json");
+    FAIL() << "a target layer past the main layers must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("dspark_target_layer_ids"), std::string::npos) << e.what();
+  }
+  c = synthetic_config(spec);
+  c["compress_ratios"].back() = 4;
+  try {
+    parse_config(c.dump(), "config.json");
+    FAIL() << "a compressed DSpark stage must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("DSpark stages must have compress ratio 0"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace dsv4::test
