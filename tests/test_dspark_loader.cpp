@@ -107,6 +107,24 @@ TEST_F(DsparkCheckpoint, MisShapedDsparkTensorIsNamed) {
   EXPECT_NE(e.find("mtp.2.confidence_head.proj.weight"), std::string::npos) << e;
 }
 
+TEST(DsparkConfig, RefreshedPresetsHaveTheOfficialLayout) {
+  SyntheticSpec spec;
+  spec.preset = "flash-0731";
+  spec.layers = 43;
+  ModelConfig flash = parse_config(synthetic_config(spec).dump(), "flash-0731");
+  EXPECT_EQ(flash.compress_ratios.size(), 46u);
+  EXPECT_EQ(flash.dspark_target_layer_ids, (std::vector<int64_t>{40, 41, 42}));
+  EXPECT_EQ(flash.dspark_markov_rank, 256);
+  spec.preset = "pro-0813";
+  spec.layers = 61;
+  ModelConfig pro = parse_config(synthetic_config(spec).dump(), "pro-0813");
+  EXPECT_EQ(pro.compress_ratios.size(), 64u);
+  EXPECT_EQ(pro.dspark_target_layer_ids, (std::vector<int64_t>{58, 59, 60}));
+  EXPECT_EQ(pro.dspark_markov_rank, 512);
+  EXPECT_EQ(pro.dspark_stages, 3);
+  EXPECT_EQ(pro.n_mtp_layers, 0);
+}
+
 TEST(DsparkConfig, BadFieldsAreNamed) {
   SyntheticSpec spec;
   spec.preset = "smoke-0731";

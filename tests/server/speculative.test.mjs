@@ -5,6 +5,9 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
 import { startServer, postJSON, metricValue, dsv4Bin, modelDir } from './lib.mjs';
 
 // A prompt that repeats itself, so that n-gram drafts have something to copy.
@@ -79,4 +82,28 @@ test('what cannot run is refused at startup with one line', () => {
   refused(['--speculative-algorithm', 'DSPARK'], /no DSpark draft head.*--speculative-algorithm EAGLE/);
   refused(['--speculative-algorithm', 'EAGLE', '--speculative-eagle-topk', '4'], /only 1 \(a chain of drafts\)/);
   refused(['--speculative-algorithm', 'MEDUSA'], /expected EAGLE .* NGRAM or DSPARK/);
+});
+
+test('a checkpoint with a DSpark head serves target-only with the plain checkpoint\'s tokens', async () => {
+  // smoke-0731: the smoke model's weights (same seed) plus a DSpark head.
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'dsv4-0731-'));
+  try {
+    const made = spawnSync(dsv4Bin, ['make-model', '--out', dir, '--preset', 'smoke-0731'], { encoding: 'utf8' });
+    assert.equal(made.status, 0, made.stderr);
+    const server = await startServer([], { model: dir });
+    try {
+      assert.match(server.stderr(), /bundles a DSpark head \(3 stages, block 5/);
+      const plain = await generate(servers.plain, { temperature: 0 });
+      const target = await generate(server, { temperature: 0 });
+      assert.deepEqual(target.output_ids, plain.output_ids);
+    } finally {
+      await server.stop();
+    }
+    const eagle = spawnSync(dsv4Bin, ['serve', '--model-path', dir, '--port', '0', '--speculative-algorithm', 'EAGLE'],
+      { encoding: 'utf8', timeout: 60000 });
+    assert.notEqual(eagle.status, 0);
+    assert.match(eagle.stderr, /bundles a DSpark draft head, not an MTP head.*DSPARK/);
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
 });
