@@ -176,20 +176,27 @@ SpeculativeOptions speculative_options(const ServeArgs& a, const Model& model) {
                 ": only 1 (a chain of drafts) is supported; tree drafting is not implemented");
   const bool dspark = model.weights().dspark.has_value();
   if (o.algorithm == SpeculativeAlgorithm::Dspark) {
-    if (dspark)
-      throw Error("--speculative-algorithm DSPARK: this checkpoint's DSpark head loads, but DSpark drafting is not "
-                  "implemented in this build yet; serve it target-only (no flag) or draft with NGRAM");
-    throw Error(model.has_mtp()
-                    ? "--speculative-algorithm DSPARK: this checkpoint has no DSpark draft head (no dspark_* config "
-                      "fields); its MTP head drafts with --speculative-algorithm EAGLE"
-                    : "--speculative-algorithm DSPARK: this checkpoint has no DSpark draft head; use NGRAM");
+    if (!dspark)
+      throw Error(model.has_mtp()
+                      ? "--speculative-algorithm DSPARK: this checkpoint has no DSpark draft head (no dspark_* config "
+                        "fields); its MTP head drafts with --speculative-algorithm EAGLE"
+                      : "--speculative-algorithm DSPARK: this checkpoint has no DSpark draft head; use NGRAM");
+    o.dspark_block = a.speculative_dspark_block_size > 0 ? a.speculative_dspark_block_size
+                                                         : model.config().dspark_block_size;
+    if (o.dspark_block > 16) throw Error("--speculative-dspark-block-size must be at most 16");
+    o.num_draft_tokens = o.dspark_block + 1;  // SGLang's verify window
+    if (a.speculative_num_steps > 0 || a.speculative_eagle_topk > 0)
+      std::fprintf(stderr, "note: --speculative-num-steps / --speculative-eagle-topk have no effect with DSPARK\n");
+    if (a.speculative_num_draft_tokens > 0 && a.speculative_num_draft_tokens != o.num_draft_tokens)
+      std::fprintf(stderr, "note: DSPARK verifies block + 1 = %lld tokens; --speculative-num-draft-tokens ignored\n",
+                   (long long)o.num_draft_tokens);
+    return o;
   }
   if (o.algorithm == SpeculativeAlgorithm::Eagle) {
     // SGLang accepts EAGLE here and then accepts nothing: say what to use.
     if (dspark)
       throw Error("--speculative-algorithm EAGLE: this checkpoint bundles a DSpark draft head, not an MTP head "
-                  "(its mtp.* tensors are DSpark stages): its drafter is --speculative-algorithm DSPARK, which this "
-                  "build does not run yet; use NGRAM meanwhile");
+                  "(its mtp.* tensors are DSpark stages): draft with --speculative-algorithm DSPARK");
     if (!model.has_mtp())
       throw Error("--speculative-algorithm EAGLE drafts with the checkpoint's MTP head, and this checkpoint has none "
                   "(num_nextn_predict_layers = 0); use --speculative-algorithm NGRAM");
@@ -224,8 +231,7 @@ void print_speculative_summary(const Model& model, const SpeculativeOptions& o) 
     std::string targets;
     for (int64_t id : c.dspark_target_layer_ids) targets += (targets.empty() ? "" : ",") + std::to_string(id);
     bundled = "a DSpark head (" + std::to_string(c.dspark_stages) + " stages, block " +
-              std::to_string(c.dspark_block_size) + ", reading layers " + targets +
-              "; DSpark drafting is not implemented yet, so it is unused)";
+              std::to_string(c.dspark_block_size) + ", reading layers " + targets + "; --speculative-algorithm DSPARK)";
   }
   if (o.algorithm == SpeculativeAlgorithm::None) {
     std::fprintf(stderr, "speculative decoding: off (the checkpoint bundles %s)\n", bundled.c_str());
@@ -233,7 +239,10 @@ void print_speculative_summary(const Model& model, const SpeculativeOptions& o) 
   }
   std::fprintf(stderr, "speculative decoding: %s, up to %lld drafts per step%s; the checkpoint bundles %s; %s\n",
                speculative_algorithm_name(o.algorithm), (long long)(o.num_draft_tokens - 1),
-               o.algorithm == SpeculativeAlgorithm::Eagle ? " (MTP top-1 chain)" : " (prompt lookup)", bundled.c_str(),
+               o.algorithm == SpeculativeAlgorithm::Eagle    ? " (MTP top-1 chain)"
+               : o.algorithm == SpeculativeAlgorithm::Dspark ? " (one DSpark block)"
+                                                             : " (prompt lookup)",
+               bundled.c_str(),
                o.auto_bypass ? "bypassed at batch sizes where it measures slower than plain decoding"
                              : "never bypassed (--disable-speculative-bypass)");
   if (o.simulate_accept_len > 0)

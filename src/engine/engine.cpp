@@ -250,7 +250,10 @@ void Engine::step(std::vector<std::unique_ptr<Sequence>>& running) {
   // EAGLE keeps the main model's final HC rows that the MTP block will read:
   // a window's worth of every item, all rows of a verified one.
   const bool keep_hc_rows = spec.algorithm == SpeculativeAlgorithm::Eagle;
-  std::vector<std::vector<float>> hc(plan.items.size());
+  // DSPARK feeds the target layers' states of every committed row to the
+  // head's rings (a window's worth of a long chunk suffices).
+  const bool keep_dspark = spec.algorithm == SpeculativeAlgorithm::Dspark;
+  std::vector<std::vector<float>> hc(plan.items.size()), dspark(plan.items.size());
   std::vector<ExecItem> exec;
   exec.reserve(plan.items.size());
   bool has_prefill = false;
@@ -264,6 +267,10 @@ void Engine::step(std::vector<std::unique_ptr<Sequence>>& running) {
     if (keep_hc_rows) {
       exec.back().final_hc = &hc[i];
       exec.back().final_hc_rows = drafted > 0 ? item.n : std::min(item.n, model_->config().window);
+    }
+    if (keep_dspark) {
+      exec.back().dspark_hidden = &dspark[i];
+      exec.back().dspark_rows = drafted > 0 ? item.n : std::min(item.n, model_->config().window);
     }
     has_prefill |= item.prefill;
   }
@@ -292,13 +299,19 @@ void Engine::step(std::vector<std::unique_ptr<Sequence>>& running) {
     Sequence& s = *running[item.seq];
     if (item.logits == LogitRows::All) {
       emitted += int64_t(verified[i].size());
-      accept(s, item.start, verified[i], accepted[i], keep_hc_rows ? &hc[i] : nullptr, logits, i);
+      accept(s, item.start, verified[i], accepted[i], keep_hc_rows ? &hc[i] : nullptr,
+             keep_dspark ? &dspark[i] : nullptr, logits, i);
       continue;
     }
     s.fed += item.n;
     if (keep_hc_rows) {
       const int64_t rows = int64_t(hc[i].size()) / (model_->config().hc_mult * model_->config().dim);
       keep_hc(s, item.start + item.n - rows, hc[i].data(), rows);
+    }
+    if (keep_dspark) {
+      const int64_t width = int64_t(model_->config().dspark_target_layer_ids.size()) * model_->config().dim;
+      const int64_t rows = int64_t(dspark[i].size()) / width;
+      model_->dspark_extend(s.state, dspark[i].data(), item.start + item.n - rows, rows);
     }
     if (s.fed <= int64_t(s.prompt.size())) {
       std::lock_guard<std::mutex> lock(mutex_);

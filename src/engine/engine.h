@@ -124,9 +124,11 @@ class Engine {
   // verified item, which rolls the state back to what it accepted.
   void propose_drafts(std::vector<std::unique_ptr<Sequence>>& running, std::vector<RunningSummary>& summaries);
   void propose_mtp(const std::vector<Sequence*>& sequences, const std::vector<int64_t>& limits);
+  void propose_dspark(const std::vector<Sequence*>& sequences, const std::vector<int64_t>& limits);
   std::vector<SampledToken> verify(const Sequence& s, const StepLogits& logits, size_t item, int64_t* accepted) const;
   void accept(Sequence& s, int64_t start, const std::vector<SampledToken>& tokens, int64_t accepted,
-              const std::vector<float>* hc, const StepLogits& logits, size_t item);
+              const std::vector<float>* hc, const std::vector<float>* dspark_hidden, const StepLogits& logits,
+              size_t item);
   void keep_hc(Sequence& s, int64_t first_position, const float* rows, int64_t n) const;
   void log_decode(int64_t batch);
   SampledToken draw(const Sequence& s, const float* logits) const;

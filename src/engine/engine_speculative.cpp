@@ -38,12 +38,15 @@ void Engine::propose_drafts(std::vector<std::unique_ptr<Sequence>>& running, std
       // Simulated acceptance measures the cost of a full verify width.
       if (spec.simulate_accept_len > 0) s.drafts.resize(size_t(limit), s.history.back());
       if (!s.drafts.empty()) s.state.checkpoint();
-    } else if (spec.algorithm == SpeculativeAlgorithm::Eagle) {
+    } else {
       mtp_sequences.push_back(&s);
       mtp_limits.push_back(limit);
     }
   }
-  if (!mtp_sequences.empty()) propose_mtp(mtp_sequences, mtp_limits);
+  if (!mtp_sequences.empty()) {
+    if (spec.algorithm == SpeculativeAlgorithm::Eagle) propose_mtp(mtp_sequences, mtp_limits);
+    if (spec.algorithm == SpeculativeAlgorithm::Dspark) propose_dspark(mtp_sequences, mtp_limits);
+  }
   for (size_t i = 0; i < running.size(); ++i) summaries[i].draft_tokens = int64_t(running[i]->drafts.size());
 }
 
@@ -110,6 +113,36 @@ void Engine::propose_mtp(const std::vector<Sequence*>& sequences, const std::vec
   }
 }
 
+// DSpark: one block per sequence after the last position its rings hold,
+// which the engine keeps equal to the main model's (extended after every
+// forward pass with the committed rows). The block is always the
+// configured size (its attention is bidirectional, so a shorter block would
+// draft differently); what does not fit before max_new_tokens is dropped.
+void Engine::propose_dspark(const std::vector<Sequence*>& sequences, const std::vector<int64_t>& limits) {
+  const int64_t block = options_.speculative.dspark_block;
+  std::vector<DsparkDraftItem> items;
+  std::vector<Sequence*> drafting;
+  std::vector<int64_t> keep;
+  std::vector<std::vector<int32_t>> ids;
+  for (size_t i = 0; i < sequences.size(); ++i) {
+    Sequence& s = *sequences[i];
+    if (s.state.dspark_tokens != s.fed || s.fed == 0) continue;
+    drafting.push_back(&s);
+    keep.push_back(std::min(block, limits[i]));
+  }
+  ids.resize(drafting.size(), std::vector<int32_t>(size_t(block + 1)));
+  for (size_t i = 0; i < drafting.size(); ++i)
+    items.push_back({&drafting[i]->state, drafting[i]->output.back(), block, ids[i].data()});
+  if (items.empty()) return;
+  model_->dspark_draft(items);
+  for (size_t i = 0; i < drafting.size(); ++i) {
+    Sequence& s = *drafting[i];
+    s.drafts.assign(ids[i].begin() + 1, ids[i].begin() + 1 + keep[i]);
+    s.state.checkpoint();
+    s.mtp_checkpoint = -1;
+  }
+}
+
 // Row j of a verified item decides draft j; the first rejected draft is
 // replaced by the row's own token, and when every draft is accepted the last
 // row adds one more. Each row samples as plain decoding would at that index
@@ -154,12 +187,14 @@ std::vector<SampledToken> Engine::verify(const Sequence& s, const StepLogits& lo
 // never fed), the rows the MTP block will need are kept, and the tokens are
 // emitted in order.
 void Engine::accept(Sequence& s, int64_t start, const std::vector<SampledToken>& tokens, int64_t accepted,
-                    const std::vector<float>* hc, const StepLogits& logits, size_t item) {
+                    const std::vector<float>* hc, const std::vector<float>* dspark_hidden, const StepLogits& logits,
+                    size_t item) {
   const int64_t emitted = int64_t(tokens.size()), drafted = int64_t(s.drafts.size());
   s.state.rollback(start + emitted, s.mtp_checkpoint);
   s.state.end_checkpoint();
   s.fed = start + emitted;
   if (hc) keep_hc(s, start, hc->data(), emitted);
+  if (dspark_hidden) model_->dspark_extend(s.state, dspark_hidden->data(), start, emitted);
   s.drafts.clear();
   s.mtp_checkpoint = -1;
   ++s.handle->spec_verify_ct_;

@@ -17,6 +17,7 @@ StepLogits Executor::run(std::vector<ExecItem>& items) const {
   }
   out.data_.resize(size_t(total * V));
   const int64_t hc_width = model_.config().hc_mult * model_.config().dim;
+  const int64_t dspark_width = int64_t(model_.config().dspark_target_layer_ids.size()) * model_.config().dim;
   std::vector<BatchItem> batch;
   batch.reserve(items.size());
   for (size_t i = 0; i < items.size(); ++i) {
@@ -30,8 +31,15 @@ StepLogits Executor::run(std::vector<ExecItem>& items) const {
       it.final_hc->resize(size_t(hc_rows * hc_width));
       hc = it.final_hc->data();
     }
-    batch.push_back({it.state, it.tokens.data(), int64_t(it.tokens.size()), logits, hc, it.logits != LogitRows::All,
-                     hc_rows});
+    BatchItem b{it.state, it.tokens.data(), int64_t(it.tokens.size()), logits, hc, it.logits != LogitRows::All,
+                hc_rows};
+    const int64_t dspark_rows = std::min<int64_t>(it.dspark_rows, int64_t(it.tokens.size()));
+    if (it.dspark_hidden && dspark_rows > 0) {
+      it.dspark_hidden->resize(size_t(dspark_rows * dspark_width));
+      b.dspark_hidden = it.dspark_hidden->data();
+      b.dspark_hidden_rows = dspark_rows;
+    }
+    batch.push_back(b);
   }
   if (!batch.empty()) model_.forward_batch(batch);
   return out;

@@ -18,6 +18,10 @@ struct ExecItem {
   // drafter's input), or null.
   std::vector<float>* final_hc = nullptr;
   int64_t final_hc_rows = 0;
+  // The DSpark head's inputs (BatchItem::dspark_hidden) of the last
+  // `dspark_rows` fed rows, or null.
+  std::vector<float>* dspark_hidden = nullptr;
+  int64_t dspark_rows = 0;
 };
 
 // The logits of one forward pass: item i has rows(i) rows of `vocab` floats

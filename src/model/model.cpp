@@ -99,9 +99,33 @@ void Model::forward_batch(const std::vector<BatchItem>& items) const {
   };
   const bool observe = hc_observer_ && items.size() == 1;
   if (observe) hc_observer_(0, x_hc.data(), items[0].state->n_tokens, rows);
+  // DSpark's inputs: the mean of the HC copies after each target layer.
+  auto keep_dspark_hidden = [&](int64_t layer) {
+    const int64_t targets = int64_t(c.dspark_target_layer_ids.size());
+    for (int64_t j = 0; j < targets; ++j) {
+      if (c.dspark_target_layer_ids[size_t(j)] != layer) continue;
+      int64_t r0 = 0;
+      for (const BatchItem& it : items) {
+        if (it.dspark_hidden) {
+          const int64_t keep = it.dspark_hidden_rows < 0 ? it.n : std::min(it.n, it.dspark_hidden_rows);
+          for (int64_t t = 0; t < keep; ++t) {
+            const float* x = x_hc.data() + (r0 + it.n - keep + t) * width;
+            float* out = it.dspark_hidden + (t * targets + j) * c.dim;
+            for (int64_t i = 0; i < c.dim; ++i) {
+              float sum = 0;
+              for (int64_t k = 0; k < c.hc_mult; ++k) sum += x[k * c.dim + i];
+              out[i] = sum / float(c.hc_mult);
+            }
+          }
+        }
+        r0 += it.n;
+      }
+    }
+  };
   for (int64_t l = 0; l < c.n_layers; ++l) {
     block_forward(weights_.layers[size_t(l)], segments_for(l), x_hc.data(), tokens.data(), rows);
     if (observe) hc_observer_(l + 1, x_hc.data(), items[0].state->n_tokens, rows);
+    if (has_dspark()) keep_dspark_hidden(l);
   }
   // The head runs only on the rows whose logits someone asked for.
   std::vector<int64_t> head_rows;

@@ -80,11 +80,12 @@ test('what cannot run is refused at startup with one line', () => {
     assert.match(r.stderr, pattern);
   };
   refused(['--speculative-algorithm', 'DSPARK'], /no DSpark draft head.*--speculative-algorithm EAGLE/);
+  refused(['--speculative-algorithm', 'NGRAM', '--speculative-num-draft-tokens', '100'], /must be in \[2, 64\]/);
   refused(['--speculative-algorithm', 'EAGLE', '--speculative-eagle-topk', '4'], /only 1 \(a chain of drafts\)/);
   refused(['--speculative-algorithm', 'MEDUSA'], /expected EAGLE .* NGRAM or DSPARK/);
 });
 
-test('a checkpoint with a DSpark head serves target-only with the plain checkpoint\'s tokens', async () => {
+test('a checkpoint with a DSpark head serves target-only and with DSPARK, with the plain checkpoint\'s tokens', async () => {
   // smoke-0731: the smoke model's weights (same seed) plus a DSpark head.
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'dsv4-0731-'));
   try {
@@ -99,10 +100,23 @@ test('a checkpoint with a DSpark head serves target-only with the plain checkpoi
     } finally {
       await server.stop();
     }
+    const dspark = await startServer(['--speculative-algorithm', 'DSPARK', '--disable-speculative-bypass'], { model: dir });
+    try {
+      assert.match(dspark.stderr(), /speculative decoding: DSPARK, up to 5 drafts per step \(one DSpark block\)/);
+      for (const params of [{ temperature: 0 }, { temperature: 0.8, top_k: 40, sampling_seed: 5 }]) {
+        const plain = await generate(servers.plain, params);
+        const spec = await generate(dspark, params);
+        assert.deepEqual(spec.output_ids, plain.output_ids);
+        assert.deepEqual(spec.meta_info.output_token_logprobs, plain.meta_info.output_token_logprobs);
+        assert.ok(spec.meta_info.spec_verify_ct > 0);
+      }
+    } finally {
+      await dspark.stop();
+    }
     const eagle = spawnSync(dsv4Bin, ['serve', '--model-path', dir, '--port', '0', '--speculative-algorithm', 'EAGLE'],
       { encoding: 'utf8', timeout: 60000 });
     assert.notEqual(eagle.status, 0);
-    assert.match(eagle.stderr, /bundles a DSpark draft head, not an MTP head.*DSPARK/);
+    assert.match(eagle.stderr, /bundles a DSpark draft head, not an MTP head.*--speculative-algorithm DSPARK/);
   } finally {
     fs.rmSync(dir, { recursive: true, force: true });
   }
