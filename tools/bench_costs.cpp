@@ -40,6 +40,17 @@ double mtp_step_bytes(const ModelConfig& c, const Model::TokenCost& cost, int64_
   return bytes;
 }
 
+double dspark_step_bytes(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch, int64_t block,
+                         int64_t learned) {
+  (void)learned;  // main_proj is read once per extension whatever its rows
+  const double k = double(c.n_activated_experts), distinct = expected_distinct_experts(c, batch * block);
+  double bytes = double(cost.head_bytes + batch * block * cost.other_bytes);
+  for (const Model::LayerCost& l : cost.dspark_layers)
+    bytes += double(l.weight_bytes) + (distinct - k) * double(l.expert_bytes);
+  bytes += double(cost.dspark_main_proj_bytes + cost.dspark_other_bytes) + double(block) * double(cost.dspark_markov_bytes);
+  return bytes;
+}
+
 double decode_step_bytes(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch) {
   const double k = double(c.n_activated_experts), distinct = expected_distinct_experts(c, batch);
   double bytes = double(cost.head_bytes + batch * cost.other_bytes);

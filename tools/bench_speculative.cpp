@@ -89,17 +89,21 @@ void run_speculative_bench(const std::shared_ptr<const Model>& model, const Spec
   const Model::TokenCost cost = model->token_cost();
   SpeculativeOptions spec;
   spec.algorithm = parse_speculative_algorithm(a.algorithm);
-  if (spec.algorithm != SpeculativeAlgorithm::Eagle && spec.algorithm != SpeculativeAlgorithm::Ngram)
-    throw Error("--speculative: EAGLE or NGRAM");
+  if (spec.algorithm == SpeculativeAlgorithm::None) throw Error("--speculative: EAGLE, DSPARK or NGRAM");
   if (spec.algorithm == SpeculativeAlgorithm::Eagle && !model->has_mtp())
     throw Error("--speculative EAGLE: the model has no MTP block (make-model writes one)");
-  spec.num_steps = a.drafts;
-  spec.num_draft_tokens = a.drafts + 1;
+  if (spec.algorithm == SpeculativeAlgorithm::Dspark && !model->has_dspark())
+    throw Error("--speculative DSPARK: the model has no DSpark head (make-model --preset flash-0731 writes one)");
   const bool eagle = spec.algorithm == SpeculativeAlgorithm::Eagle;
+  const bool dspark = spec.algorithm == SpeculativeAlgorithm::Dspark;
+  const int64_t drafts = dspark ? c.dspark_block_size : a.drafts;
+  spec.num_steps = drafts;
+  spec.dspark_block = c.dspark_block_size;
+  spec.num_draft_tokens = drafts + 1;
   std::printf(
       "\nspeculative decoding (%s, %lld drafts per step, greedy, %lld tokens per request), acceptance SIMULATED "
       "(SGLANG_SIMULATE_ACC_LEN): random weights accept almost nothing\n",
-      speculative_algorithm_name(spec.algorithm), (long long)a.drafts, (long long)a.decode);
+      speculative_algorithm_name(spec.algorithm), (long long)drafts, (long long)a.decode);
   const int64_t position = 16 + a.decode / 2;
   auto step_floor = [&](const Model::TokenCost& token_cost, int64_t tokens) {
     return std::max(decode_step_bytes(c, token_cost, tokens) / limits.bandwidth,
@@ -109,9 +113,11 @@ void run_speculative_bench(const std::shared_ptr<const Model>& model, const Spec
   // Draft steps of the chain: the first runs the rows the last step accepted
   // (about the accept length per sequence), the others one row each.
   auto draft_bytes = [&](const Model::TokenCost& token_cost, int64_t batch, double accept_len) {
+    if (dspark)
+      return dspark_step_bytes(c, token_cost, batch, drafts, std::max<int64_t>(1, int64_t(accept_len + 0.5)));
     if (!eagle) return 0.0;
     const int64_t first_rows = std::max<int64_t>(batch, int64_t(double(batch) * accept_len + 0.5));
-    return mtp_step_bytes(c, token_cost, first_rows) + double(a.drafts - 1) * mtp_step_bytes(c, token_cost, batch);
+    return mtp_step_bytes(c, token_cost, first_rows) + double(drafts - 1) * mtp_step_bytes(c, token_cost, batch);
   };
   for (int64_t batch : a.batches) {
     EngineOptions plain_options;
@@ -132,7 +138,7 @@ void run_speculative_bench(const std::shared_ptr<const Model>& model, const Spec
       const EngineRun forced = engine_run(model, options, batch, a.decode);
       options.speculative.auto_bypass = true;
       const EngineRun gated = engine_run(model, options, batch, a.decode);
-      const double verify_seconds = step_floor(cost, batch * (a.drafts + 1));
+      const double verify_seconds = step_floor(cost, batch * (drafts + 1));
       const double roof = double(batch) * accept_len / (verify_seconds + draft_bytes(cost, batch, accept_len) /
                                                                              limits.bandwidth);
       std::printf(
@@ -156,7 +162,7 @@ void run_speculative_bench(const std::shared_ptr<const Model>& model, const Spec
       std::printf("  batch %3lld: plain %.2f tokens/s;", (long long)batch, plain);
       for (double accept_len : a.accept_lens) {
         const double bytes =
-            decode_step_bytes(c, flash->cost, batch * (a.drafts + 1)) + draft_bytes(flash->cost, batch, accept_len);
+            decode_step_bytes(c, flash->cost, batch * (drafts + 1)) + draft_bytes(flash->cost, batch, accept_len);
         const double rate = double(batch) * accept_len * limits.bandwidth / bytes;
         std::printf(" accept %.1f: %.2f (%.2fx)", accept_len, rate, rate / plain);
       }

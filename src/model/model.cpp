@@ -279,6 +279,14 @@ Model::TokenCost Model::token_cost() const {
     for (const Linear* w : {&m.e_proj, &m.h_proj, &m.hc_head.fn}) add_dense(*w, l.weight_bytes, l.linear_macs, l.dense_weights);
     cost.mtp_layers.push_back(l);
   }
+  if (weights_.dspark) {
+    const DsparkWeights& d = *weights_.dspark;
+    for (size_t i = 0; i < d.stages.size(); ++i)
+      cost.dspark_layers.push_back(layer_cost(d.stages[i], layer_layout(c, c.n_layers + int64_t(i))));
+    cost.dspark_main_proj_bytes = d.main_proj.weight_bytes();
+    cost.dspark_markov_bytes = d.markov_w2.weight_bytes();
+    cost.dspark_other_bytes = d.hc_head.fn.weight_bytes() + d.confidence.weight_bytes();
+  }
   return cost;
 }
 

@@ -152,6 +152,11 @@ class Model {
     // MTP blocks (with their input projections and HC head; the LM head
     // they share is head_bytes).
     std::vector<LayerCost> mtp_layers;
+    // DSpark stages, and the head's other weights: main_proj (read when the
+    // rings learn rows), the Markov projection W2 (read once per drafted
+    // position: the chain is sequential) and the rest (HC head, confidence).
+    std::vector<LayerCost> dspark_layers;
+    int64_t dspark_main_proj_bytes = 0, dspark_markov_bytes = 0, dspark_other_bytes = 0;
     std::array<int64_t, 4> head_weights{};  // by WeightFormat
     WeightFormat expert_format = WeightFormat::F32;
   };
