@@ -15,12 +15,12 @@
 #include <random>
 #include <sstream>
 
+#include "bench_costs.h"
+#include "bench_speculative.h"
 #include "commands.h"
 #include "core/error.h"
 #include "core/machine.h"
 #include "core/threads.h"
-#include "bench_costs.h"
-#include "bench_speculative.h"
 #include "decode_rate.h"
 #include "gemm_peak.h"
 #include "model/model.h"
@@ -40,7 +40,7 @@ struct BenchArgs {
   std::vector<int64_t> batches = {1};
   int threads = 0;
   uint32_t seed = 1;
-  std::string speculative;            // EAGLE or NGRAM: also bench speculative decoding
+  std::string speculative;  // EAGLE or NGRAM: also bench speculative decoding
   std::vector<double> accept_lens = {2, 3, 4};
   bool no_mmap = false;
 };

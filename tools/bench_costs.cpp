@@ -36,7 +36,8 @@ double expected_distinct_experts(const ModelConfig& c, int64_t batch) {
 double mtp_step_bytes(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch) {
   const double k = double(c.n_activated_experts), distinct = expected_distinct_experts(c, batch);
   double bytes = double(cost.head_bytes + batch * cost.other_bytes);
-  for (const Model::LayerCost& l : cost.mtp_layers) bytes += double(l.weight_bytes) + (distinct - k) * double(l.expert_bytes);
+  for (const Model::LayerCost& l : cost.mtp_layers)
+    bytes += double(l.weight_bytes) + (distinct - k) * double(l.expert_bytes);
   return bytes;
 }
 
@@ -47,7 +48,8 @@ double dspark_step_bytes(const ModelConfig& c, const Model::TokenCost& cost, int
   double bytes = double(cost.head_bytes + batch * block * cost.other_bytes);
   for (const Model::LayerCost& l : cost.dspark_layers)
     bytes += double(l.weight_bytes) + (distinct - k) * double(l.expert_bytes);
-  bytes += double(cost.dspark_main_proj_bytes + cost.dspark_other_bytes) + double(block) * double(cost.dspark_markov_bytes);
+  bytes +=
+      double(cost.dspark_main_proj_bytes + cost.dspark_other_bytes) + double(block) * double(cost.dspark_markov_bytes);
   return bytes;
 }
 
@@ -83,7 +85,6 @@ double decode_step_floor_seconds(const ModelConfig& c, const Model::TokenCost& c
   const double macs = decode_step_macs(c, cost, batch, position);
   return seconds + std::max(0.0, macs - decoded) / fma_macs_per_s;
 }
-
 
 // Costs of the official V4-Flash schedule, compress_ratios [0,0] + [4,128]*20
 // + [4] (window, window, then CSA and HCA alternating, then CSA), built from

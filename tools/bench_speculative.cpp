@@ -106,15 +106,14 @@ void run_speculative_bench(const std::shared_ptr<const Model>& model, const Spec
       speculative_algorithm_name(spec.algorithm), (long long)drafts, (long long)a.decode);
   const int64_t position = 16 + a.decode / 2;
   auto step_floor = [&](const Model::TokenCost& token_cost, int64_t tokens) {
-    return std::max(decode_step_bytes(c, token_cost, tokens) / limits.bandwidth,
-                    decode_step_floor_seconds(c, token_cost, tokens, position, limits.one_token_rates,
-                                              limits.fma_macs_per_s));
+    return std::max(
+        decode_step_bytes(c, token_cost, tokens) / limits.bandwidth,
+        decode_step_floor_seconds(c, token_cost, tokens, position, limits.one_token_rates, limits.fma_macs_per_s));
   };
   // Draft steps of the chain: the first runs the rows the last step accepted
   // (about the accept length per sequence), the others one row each.
   auto draft_bytes = [&](const Model::TokenCost& token_cost, int64_t batch, double accept_len) {
-    if (dspark)
-      return dspark_step_bytes(c, token_cost, batch, drafts, std::max<int64_t>(1, int64_t(accept_len + 0.5)));
+    if (dspark) return dspark_step_bytes(c, token_cost, batch, drafts, std::max<int64_t>(1, int64_t(accept_len + 0.5)));
     if (!eagle) return 0.0;
     const int64_t first_rows = std::max<int64_t>(batch, int64_t(double(batch) * accept_len + 0.5));
     return mtp_step_bytes(c, token_cost, first_rows) + double(drafts - 1) * mtp_step_bytes(c, token_cost, batch);
@@ -139,8 +138,8 @@ void run_speculative_bench(const std::shared_ptr<const Model>& model, const Spec
       options.speculative.auto_bypass = true;
       const EngineRun gated = engine_run(model, options, batch, a.decode);
       const double verify_seconds = step_floor(cost, batch * (drafts + 1));
-      const double roof = double(batch) * accept_len / (verify_seconds + draft_bytes(cost, batch, accept_len) /
-                                                                             limits.bandwidth);
+      const double roof =
+          double(batch) * accept_len / (verify_seconds + draft_bytes(cost, batch, accept_len) / limits.bandwidth);
       std::printf(
           "  accept %.1f: speculative %8.2f tokens/s = %.2fx plain, %.0f%% of the %.2f the model allows (verify "
           "%.1f ms, draft %.1f ms per step); with the bypass %8.2f tokens/s = %.2fx plain (%lld of %lld steps "

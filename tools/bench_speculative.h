@@ -12,9 +12,9 @@
 namespace dsv4::tools {
 
 struct MachineLimits {
-  double bandwidth = 0;                      // bytes/s read
+  double bandwidth = 0;                     // bytes/s read
   std::array<double, 4> one_token_rates{};  // weights/s decoded per format (decode_rate.h)
-  double fma_macs_per_s = 0;                 // fp32 FMA ceiling
+  double fma_macs_per_s = 0;                // fp32 FMA ceiling
 };
 
 struct SpeculativeBenchArgs {

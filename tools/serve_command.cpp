@@ -89,8 +89,10 @@ std::string gib(int64_t bytes) {
 // models, a sliced checkpoint) is named by its architecture.
 std::string model_variant(const ModelConfig& c) {
   const bool dspark = c.dspark_stages > 0;
-  if (c.dim == 4096 && c.n_routed_experts == 256) return dspark ? "DeepSeek-V4-Flash-0731-shaped" : "DeepSeek-V4-Flash-shaped";
-  if (c.dim == 7168 && c.n_routed_experts == 384) return dspark ? "DeepSeek-V4-Pro-0813-shaped" : "DeepSeek-V4-Pro-shaped";
+  if (c.dim == 4096 && c.n_routed_experts == 256)
+    return dspark ? "DeepSeek-V4-Flash-0731-shaped" : "DeepSeek-V4-Flash-shaped";
+  if (c.dim == 7168 && c.n_routed_experts == 384)
+    return dspark ? "DeepSeek-V4-Pro-0813-shaped" : "DeepSeek-V4-Pro-shaped";
   return c.architecture + " (custom shape)";
 }
 
@@ -167,7 +169,8 @@ SpeculativeOptions speculative_options(const ServeArgs& a, const Model& model) {
       throw Error(std::string("SGLANG_SIMULATE_ACC_LEN=") + simulate + ": expected a number >= 1");
   }
   if (o.algorithm == SpeculativeAlgorithm::None) {
-    if (o.simulate_accept_len > 0) std::fprintf(stderr, "note: SGLANG_SIMULATE_ACC_LEN has no effect without --speculative-algorithm\n");
+    if (o.simulate_accept_len > 0)
+      std::fprintf(stderr, "note: SGLANG_SIMULATE_ACC_LEN has no effect without --speculative-algorithm\n");
     o.simulate_accept_len = 0;
     return o;
   }
@@ -181,8 +184,8 @@ SpeculativeOptions speculative_options(const ServeArgs& a, const Model& model) {
                       ? "--speculative-algorithm DSPARK: this checkpoint has no DSpark draft head (no dspark_* config "
                         "fields); its MTP head drafts with --speculative-algorithm EAGLE"
                       : "--speculative-algorithm DSPARK: this checkpoint has no DSpark draft head; use NGRAM");
-    o.dspark_block = a.speculative_dspark_block_size > 0 ? a.speculative_dspark_block_size
-                                                         : model.config().dspark_block_size;
+    o.dspark_block =
+        a.speculative_dspark_block_size > 0 ? a.speculative_dspark_block_size : model.config().dspark_block_size;
     if (o.dspark_block > 16) throw Error("--speculative-dspark-block-size must be at most 16");
     o.num_draft_tokens = o.dspark_block + 1;  // SGLang's verify window
     if (a.speculative_num_steps > 0 || a.speculative_eagle_topk > 0)
@@ -195,11 +198,13 @@ SpeculativeOptions speculative_options(const ServeArgs& a, const Model& model) {
   if (o.algorithm == SpeculativeAlgorithm::Eagle) {
     // SGLang accepts EAGLE here and then accepts nothing: say what to use.
     if (dspark)
-      throw Error("--speculative-algorithm EAGLE: this checkpoint bundles a DSpark draft head, not an MTP head "
-                  "(its mtp.* tensors are DSpark stages): draft with --speculative-algorithm DSPARK");
+      throw Error(
+          "--speculative-algorithm EAGLE: this checkpoint bundles a DSpark draft head, not an MTP head "
+          "(its mtp.* tensors are DSpark stages): draft with --speculative-algorithm DSPARK");
     if (!model.has_mtp())
-      throw Error("--speculative-algorithm EAGLE drafts with the checkpoint's MTP head, and this checkpoint has none "
-                  "(num_nextn_predict_layers = 0); use --speculative-algorithm NGRAM");
+      throw Error(
+          "--speculative-algorithm EAGLE drafts with the checkpoint's MTP head, and this checkpoint has none "
+          "(num_nextn_predict_layers = 0); use --speculative-algorithm NGRAM");
     o.num_steps = a.speculative_num_steps > 0 ? a.speculative_num_steps : 3;
     // SGLang's chain: num_draft_tokens = num_steps + 1 with top-k 1.
     o.num_draft_tokens = a.speculative_num_draft_tokens > 0 ? std::min(a.speculative_num_draft_tokens, o.num_steps + 1)
@@ -415,8 +420,10 @@ void register_serve_command(CLI::App& app, int& exit_code) {
       ->check(CLI::PositiveNumber);
   cmd->add_option("--speculative-dspark-block-size", a->speculative_dspark_block_size, "DSPARK: drafted positions")
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--speculative-ngram-min-match-window-size", a->ngram_min_match, "NGRAM: shortest suffix matched (1)");
-  cmd->add_option("--speculative-ngram-max-match-window-size", a->ngram_max_match, "NGRAM: longest suffix matched (12)");
+  cmd->add_option("--speculative-ngram-min-match-window-size", a->ngram_min_match,
+                  "NGRAM: shortest suffix matched (1)");
+  cmd->add_option("--speculative-ngram-max-match-window-size", a->ngram_max_match,
+                  "NGRAM: longest suffix matched (12)");
   cmd->add_option("--speculative-ngram-min-bfs-breadth", a->ngram_min_bfs, "NGRAM: accepted (one chain is drafted)");
   cmd->add_option("--speculative-ngram-max-bfs-breadth", a->ngram_max_bfs, "NGRAM: accepted (one chain is drafted)");
   cmd->add_option("--speculative-ngram-match-type", a->ngram_match_type, "NGRAM: BFS (PROB is accepted, no effect)");

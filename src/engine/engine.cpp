@@ -132,9 +132,8 @@ EngineMetrics Engine::metrics() const {
   m.gen_throughput = double(tokens) / window;
   if (m.spec_verify_total > 0) {
     m.spec_accept_length = double(m.spec_accepted_tokens_total + m.spec_verify_total) / double(m.spec_verify_total);
-    m.spec_accept_rate = m.spec_draft_tokens_total > 0
-                             ? double(m.spec_accepted_tokens_total) / double(m.spec_draft_tokens_total)
-                             : 0.0;
+    m.spec_accept_rate =
+        m.spec_draft_tokens_total > 0 ? double(m.spec_accepted_tokens_total) / double(m.spec_draft_tokens_total) : 0.0;
   }
   return m;
 }

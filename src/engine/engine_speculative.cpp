@@ -24,8 +24,8 @@ void Engine::propose_drafts(std::vector<std::unique_ptr<Sequence>>& running, std
     if (r.phase != Phase::Decoding || r.cancelled || r.known - r.fed != 1) continue;
     // Every token of a verify step may be emitted: drafts never run past
     // max_new_tokens (which validate_request fitted into the context).
-    int64_t limit = std::min<int64_t>(spec.num_draft_tokens - 1,
-                                      s.params.max_new_tokens - int64_t(s.output.size()) - 1);
+    int64_t limit =
+        std::min<int64_t>(spec.num_draft_tokens - 1, s.params.max_new_tokens - int64_t(s.output.size()) - 1);
     if (spec.algorithm == SpeculativeAlgorithm::Eagle) limit = std::min(limit, spec.num_steps);
     if (limit <= 0) continue;
     if (spec.algorithm == SpeculativeAlgorithm::Ngram) {
@@ -241,7 +241,8 @@ void Engine::log_decode(int64_t batch) {
   const EngineMetrics m = metrics();
   char line[320];
   if (options_.speculative.algorithm == SpeculativeAlgorithm::None) {
-    std::snprintf(line, sizeof line, "Decode batch. #running-req: %lld, #queue-req: %lld, gen throughput (token/s): %.2f",
+    std::snprintf(line, sizeof line,
+                  "Decode batch. #running-req: %lld, #queue-req: %lld, gen throughput (token/s): %.2f",
                   (long long)m.running, (long long)m.queued, m.gen_throughput);
   } else {
     const double length = w.verifies > 0 ? double(w.accepted + w.verifies) / double(w.verifies) : 0;

@@ -64,7 +64,7 @@ std::vector<int32_t> NgramIndex::propose(const std::vector<int32_t>& tokens, int
     // Length of the common suffix of tokens[..end) and tokens[..n), capped.
     int64_t len = 0;
     while (len < max_match_ && end - len > 0 && tokens[size_t(end - 1 - len)] == tokens[size_t(n - 1 - len)]) ++len;
-    if (len < min_match_) continue;  // a hash collision
+    if (len < min_match_) continue;                      // a hash collision
     if (len > best_len) best_len = len, best_end = end;  // most recent first: ties keep the latest
   }
   if (best_end < 0) return {};

@@ -30,7 +30,7 @@ struct SpeculativeOptions {
   // Tokens verified per step, counting the last sampled token (SGLang's
   // --speculative-num-draft-tokens): at most this minus one drafts.
   int64_t num_draft_tokens = 4;
-  int64_t num_steps = 3;  // EAGLE: MTP steps chained per draft
+  int64_t num_steps = 3;     // EAGLE: MTP steps chained per draft
   int64_t dspark_block = 5;  // DSPARK: positions of a draft block (verify width block + 1)
   // N-gram lookup: the longest suffix of the sequence, between these
   // lengths, that occurred before proposes the tokens that followed it.

@@ -139,16 +139,18 @@ ModelConfig parse_config(const std::string& text, const std::string& origin) {
     c.dspark_noise_token_id = r.integer("dspark_noise_token_id", 0);
     c.dspark_markov_rank = r.integer("dspark_markov_rank", 1);
     const json& targets = r.need("dspark_target_layer_ids");
-    if (!targets.is_array() || targets.empty()) throw Error(origin + ": dspark_target_layer_ids must be a non-empty list");
+    if (!targets.is_array() || targets.empty())
+      throw Error(origin + ": dspark_target_layer_ids must be a non-empty list");
     for (auto& v : targets) {
       if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= c.n_layers)
-        throw Error(origin + ": dspark_target_layer_ids must hold main-layer ids in [0, " +
-                    std::to_string(c.n_layers) + ")");
+        throw Error(origin + ": dspark_target_layer_ids must hold main-layer ids in [0, " + std::to_string(c.n_layers) +
+                    ")");
       c.dspark_target_layer_ids.push_back(v.get<int64_t>());
     }
     c.dspark_stages = int64_t(c.compress_ratios.size()) - c.n_layers;
-    require(c.dspark_stages >= 1, origin + ": compress_ratios has no entries for the DSpark stages (one 0 per stage "
-                                           "after the main layers)");
+    require(c.dspark_stages >= 1, origin +
+                                      ": compress_ratios has no entries for the DSpark stages (one 0 per stage "
+                                      "after the main layers)");
     require(c.dspark_noise_token_id < c.vocab_size, origin + ": dspark_noise_token_id is outside the vocabulary");
   }
   require(int64_t(c.compress_ratios.size()) == c.n_layers + c.n_mtp_layers + c.dspark_stages,

@@ -276,7 +276,8 @@ Model::TokenCost Model::token_cost() const {
   for (size_t i = 0; i < weights_.mtp.size(); ++i) {
     const MtpWeights& m = weights_.mtp[i];
     LayerCost l = layer_cost(m.block, layouts_[size_t(c.n_layers) + i]);
-    for (const Linear* w : {&m.e_proj, &m.h_proj, &m.hc_head.fn}) add_dense(*w, l.weight_bytes, l.linear_macs, l.dense_weights);
+    for (const Linear* w : {&m.e_proj, &m.h_proj, &m.hc_head.fn})
+      add_dense(*w, l.weight_bytes, l.linear_macs, l.dense_weights);
     cost.mtp_layers.push_back(l);
   }
   if (weights_.dspark) {

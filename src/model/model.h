@@ -50,10 +50,10 @@ struct BatchItem {
 
 // One sequence's share of a DSpark draft (see Model::dspark_draft).
 struct DsparkDraftItem {
-  SequenceState* state;  // its rings hold positions up to p = state->dspark_tokens - 1
-  int32_t first_token;   // y: the token at p+1, sampled and not yet fed
-  int64_t block;         // drafted positions p+1 .. p+block
-  int32_t* ids;          // [block + 1]: y, then the drafts (ids[i+1] predicts p+2+i)
+  SequenceState* state;         // its rings hold positions up to p = state->dspark_tokens - 1
+  int32_t first_token;          // y: the token at p+1, sampled and not yet fed
+  int64_t block;                // drafted positions p+1 .. p+block
+  int32_t* ids;                 // [block + 1]: y, then the drafts (ids[i+1] predicts p+2+i)
   float* logits = nullptr;      // [block, vocab] with the Markov bias, or null
   float* confidence = nullptr;  // [block], or null
 };

@@ -126,7 +126,9 @@ json synthetic_config(const SyntheticSpec& s) {
     c.update({{"dspark_block_size", 5},
               {"dspark_noise_token_id", 128799},
               {"dspark_target_layer_ids", targets},
-              {"dspark_markov_rank", base == "pro" ? 512 : base == "flash" ? 256 : 32}});
+              {"dspark_markov_rank", base == "pro"     ? 512
+                                     : base == "flash" ? 256
+                                                       : 32}});
   }
   c["num_hidden_layers"] = layers;
   c["compress_ratios"] = ratios;
@@ -386,7 +388,8 @@ class CheckpointWriter {
       add("mtp.0.main_norm.weight", Storage::BF16, c.dim, 0, 0, Fill::Ones);
       const std::string last = "mtp." + std::to_string(c.dspark_stages - 1);
       add(last + ".norm.weight", Storage::BF16, c.dim, 0, 0, Fill::Ones);
-      add(last + ".hc_head_fn", Storage::F32, c.hc_mult, c.hc_mult * c.dim, 0.01f / std::sqrt(float(c.hc_mult * c.dim)));
+      add(last + ".hc_head_fn", Storage::F32, c.hc_mult, c.hc_mult * c.dim,
+          0.01f / std::sqrt(float(c.hc_mult * c.dim)));
       add(last + ".hc_head_base", Storage::F32, c.hc_mult, 0, 0, Fill::Zeros);
       add(last + ".hc_head_scale", Storage::F32, 1, 0, 0, Fill::Ones);
       add(last + ".markov_head.markov_w1.weight", Storage::BF16, c.vocab_size, rank, 1.0f);

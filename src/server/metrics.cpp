@@ -76,7 +76,8 @@ std::string ServerMetrics::render(const EngineMetrics& m, const std::string& mod
   metric("gauge", "sglang:spec_accept_rate", m.spec_accept_rate, "Accepted drafts per drafted token.");
   metric("counter", "dsv4:spec_verify_total", double(m.spec_verify_total), "Verify steps (per sequence).");
   metric("counter", "dsv4:spec_draft_tokens_total", double(m.spec_draft_tokens_total), "Drafted tokens verified.");
-  metric("counter", "dsv4:spec_accepted_tokens_total", double(m.spec_accepted_tokens_total), "Drafted tokens accepted.");
+  metric("counter", "dsv4:spec_accepted_tokens_total", double(m.spec_accepted_tokens_total),
+         "Drafted tokens accepted.");
   metric("counter", "dsv4:spec_bypassed_steps_total", double(m.spec_bypassed_steps_total),
          "Decode steps run without drafts because speculation measured slower at that batch size.");
   metric("counter", "dsv4:engine_draft_seconds_total", m.draft_seconds, "Seconds proposing drafts.");
@@ -85,9 +86,8 @@ std::string ServerMetrics::render(const EngineMetrics& m, const std::string& mod
       << "# TYPE dsv4:spec_position_accept_rate gauge\n";
     for (size_t j = 0; j < m.spec_position_drafted.size(); ++j)
       o << "dsv4:spec_position_accept_rate{" << labels << ",position=\"" << j + 1 << "\"} "
-        << (m.spec_position_drafted[j] > 0
-                ? double(m.spec_position_accepted[j]) / double(m.spec_position_drafted[j])
-                : 0.0)
+        << (m.spec_position_drafted[j] > 0 ? double(m.spec_position_accepted[j]) / double(m.spec_position_drafted[j])
+                                           : 0.0)
         << "\n";
   }
   double total_prompt = double(m.prompt_tokens_total + m.cached_tokens_total);
