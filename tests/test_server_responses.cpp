@@ -6,6 +6,7 @@
 
 #include "server/responses_format.h"
 #include "server/responses_store.h"
+#include "server/responses_stream.h"
 
 namespace dsv4 {
 namespace {
@@ -114,6 +115,100 @@ TEST(ResponsesFormat, OutputItemsRoundTripToTheAssistantTurn) {
   // The items sent back as input make the same turn.
   ojson body = {{"input", items}};
   EXPECT_EQ(responses_request(body).input_messages[0], turn);
+}
+
+text::ParserDelta reasoning_delta(const std::string& text) {
+  text::ParserDelta d;
+  d.reasoning_content = text;
+  return d;
+}
+
+text::ParserDelta content_delta(const std::string& text) {
+  text::ParserDelta d;
+  d.content = text;
+  return d;
+}
+
+// A piece of tool call `index`; the first piece of a call names it.
+text::ParserDelta call_delta(int index, const char* id, const char* name, const std::string& arguments) {
+  text::ParserDelta d;
+  text::ToolCallDelta call;
+  call.index = index;
+  if (id) call.id = id, call.name = name;
+  call.arguments = arguments;
+  d.tool_calls.push_back(call);
+  return d;
+}
+
+TEST(ResponsesEventStream, ItemsOpenExtendAndCloseInOrder) {
+  std::vector<ojson> events;
+  ResponsesEventStream stream([&](const ojson& e) {
+    events.push_back(e);
+    return true;
+  });
+  ASSERT_TRUE(stream.open(ojson{{"status", "in_progress"}}));
+  for (const text::ParserDelta& d : {reasoning_delta("th"), reasoning_delta("ink"), content_delta("Let me "),
+                                     content_delta("check."), call_delta(0, "call_a", "f", "{\"a\""),
+                                     call_delta(0, nullptr, nullptr, ":1}"), call_delta(1, "call_b", "g", "{}")})
+    ASSERT_TRUE(stream.delta(d));
+  ASSERT_TRUE(stream.close_items("completed"));
+  ASSERT_TRUE(stream.finish(ojson{{"status", "completed"}}, ""));
+
+  std::vector<std::string> types;
+  for (size_t i = 0; i < events.size(); ++i) {
+    EXPECT_EQ(events[i]["sequence_number"], int64_t(i));
+    types.push_back(events[i]["type"]);
+  }
+  const std::vector<std::string> expected = {
+      "response.created", "response.in_progress",
+      // reasoning
+      "response.output_item.added", "response.content_part.added", "response.reasoning_text.delta",
+      "response.reasoning_text.delta", "response.reasoning_text.done", "response.content_part.done",
+      "response.output_item.done",
+      // message
+      "response.output_item.added", "response.content_part.added", "response.output_text.delta",
+      "response.output_text.delta", "response.output_text.done", "response.content_part.done",
+      "response.output_item.done",
+      // two calls
+      "response.output_item.added", "response.function_call_arguments.delta", "response.function_call_arguments.delta",
+      "response.function_call_arguments.done", "response.output_item.done", "response.output_item.added",
+      "response.function_call_arguments.delta", "response.function_call_arguments.done", "response.output_item.done",
+      "response.completed"};
+  EXPECT_EQ(types, expected);
+
+  const ojson& items = stream.items();
+  ASSERT_EQ(items.size(), 4u);
+  EXPECT_EQ(items[0]["content"][0]["text"], "think");
+  EXPECT_EQ(items[1]["content"][0]["text"], "Let me check.");
+  EXPECT_EQ(items[2]["call_id"], "call_a");
+  EXPECT_EQ(items[2]["name"], "f");
+  EXPECT_EQ(items[2]["arguments"], "{\"a\":1}");
+  EXPECT_EQ(items[3]["call_id"], "call_b");
+  EXPECT_EQ(stream.reasoning(), "think");
+  // Output indices count the items; the done events carry the final items.
+  EXPECT_EQ(events[19]["output_index"], 2);
+  EXPECT_EQ(events[19]["name"], "f");
+  EXPECT_EQ(events[24]["item"], items[3]);
+  EXPECT_EQ(events[9]["item"]["status"], "in_progress");
+}
+
+TEST(ResponsesEventStream, FailureSendsAnErrorThenResponseFailed) {
+  std::vector<ojson> events;
+  ResponsesEventStream stream([&](const ojson& e) {
+    events.push_back(e);
+    return events.size() < 100;
+  });
+  ASSERT_TRUE(stream.delta(content_delta("partial")));
+  ASSERT_TRUE(stream.close_items("incomplete"));
+  EXPECT_EQ(stream.items()[0]["status"], "incomplete");
+  ASSERT_TRUE(stream.finish(ojson{{"status", "failed"}}, "engine error"));
+  ASSERT_GE(events.size(), 2u);
+  EXPECT_EQ(events[events.size() - 2]["type"], "error");
+  EXPECT_EQ(events[events.size() - 2]["message"], "engine error");
+  EXPECT_EQ(events.back()["type"], "response.failed");
+  // A client that went away stops the stream.
+  ResponsesEventStream gone([](const ojson&) { return false; });
+  EXPECT_FALSE(gone.delta(content_delta("x")));
 }
 
 TEST(ResponsesStore, EvictsTheLeastRecentlyUsed) {

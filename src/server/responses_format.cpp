@@ -84,7 +84,9 @@ class InputTurns {
   }
   void reasoning(const std::string& text) {
     turn(Stage::Reasoning)["reasoning_content"] = text;
-    kept_reasoning = true;
+    // An item without text (only encrypted content, which this server never
+    // makes) has nothing to keep.
+    kept_reasoning = kept_reasoning || !text.empty();
   }
   void assistant_text(const std::string& text) { turn(Stage::Text)["content"] = text; }
   void function_call(ojson call) {

@@ -7,6 +7,7 @@
 // (responses_store.h) unless the request says store: false.
 #include "server/responses_format.h"
 #include "server/responses_store.h"
+#include "server/responses_stream.h"
 #include "server/server_impl.h"
 #include "server/streaming.h"
 #include "text/request_parsing.h"
@@ -69,16 +70,13 @@ struct ResponseJob {
   }
 };
 
-// The typed stream: response.created, response.in_progress, then per output
-// item output_item.added, its content_part.added / *.delta / *.done /
-// content_part.done (function calls: function_call_arguments.delta / .done),
-// output_item.done; then response.completed, response.incomplete or
-// (after an `error` event) response.failed. Every event carries its
-// sequence_number; there is no [DONE].
+// The typed stream (responses_stream.h) on the shared SSE loop: named
+// events, no [DONE].
 class ResponsesFormat : public SseFormatter {
  public:
   std::shared_ptr<ResponseJob> job;
   std::unique_ptr<text::OutputParser> parser;
+  std::unique_ptr<ResponsesEventStream> stream;
 
   std::string frame(const ojson& j) const override {
     return "event: " + j["type"].get<std::string>() + "\ndata: " + dump(j) + "\n\n";
@@ -86,139 +84,25 @@ class ResponsesFormat : public SseFormatter {
   std::string done() const override { return ""; }
 
   bool open(const Send& send) override {
-    return emit({{"type", "response.created"}, {"response", job->in_progress()}}, send) &&
-           emit({{"type", "response.in_progress"}, {"response", job->in_progress()}}, send);
+    stream = std::make_unique<ResponsesEventStream>(send);
+    return stream->open(job->in_progress());
   }
 
-  bool events(size_t, ChoiceStream& c, const std::vector<TokenEvent>& evs, const Send& send) override {
+  bool events(size_t, ChoiceStream& c, const std::vector<TokenEvent>& evs, const Send&) override {
     for (auto& e : evs) {
       text::ParserDelta d = parser->feed(c.apply(e));
       if (c.finished()) d.append(parser->finish(parser_stop(c)));
-      if (!d.reasoning_content.empty()) {
-        if (kind_ != Kind::Reasoning && !start_reasoning(send)) return false;
-        text_ += d.reasoning_content;
-        reasoning_ += d.reasoning_content;
-        if (!emit(part_event("response.reasoning_text.delta", {{"delta", d.reasoning_content}}), send)) return false;
-      }
-      if (!d.content.empty()) {
-        if (kind_ != Kind::Message && !start_message(send)) return false;
-        text_ += d.content;
-        if (!emit(part_event("response.output_text.delta", {{"delta", d.content}, {"logprobs", ojson::array()}}), send))
-          return false;
-      }
-      for (auto& t : d.tool_calls) {
-        if ((kind_ != Kind::Call || t.index != call_index_) && !start_call(t, send)) return false;
-        if (t.arguments.empty()) continue;
-        text_ += t.arguments;
-        if (!emit({{"type", "response.function_call_arguments.delta"},
-                   {"item_id", item_id_},
-                   {"output_index", output_index()},
-                   {"delta", t.arguments}},
-                  send))
-          return false;
-      }
+      if (!stream->delta(d)) return false;
       if (!c.finished()) continue;
       const text::ParsedMessage& msg = parser->message();
       const std::string status = ResponseJob::status_of(c, msg);
       const std::string failure = status == "failed" ? ResponseJob::failure_of(c, msg) : "";
-      if (!finish_item(status == "incomplete" ? "incomplete" : "completed", send)) return false;
-      if (!failure.empty() &&
-          !emit({{"type", "error"}, {"code", "server_error"}, {"message", failure}, {"param", nullptr}}, send))
-        return false;
-      ojson response = job->finish(c, status, failure, items_, reasoning_);
-      const std::string type = status == "completed"    ? "response.completed"
-                               : status == "incomplete" ? "response.incomplete"
-                                                        : "response.failed";
-      return emit({{"type", type}, {"response", std::move(response)}}, send);
+      if (!stream->close_items(status == "incomplete" ? "incomplete" : "completed")) return false;
+      // Stored before the client hears of it, so that a GET right after the
+      // final event finds it.
+      return stream->finish(job->finish(c, status, failure, stream->items(), stream->reasoning()), failure);
     }
     return true;
-  }
-
- private:
-  enum class Kind { None, Reasoning, Message, Call };
-  Kind kind_ = Kind::None;
-  int64_t sequence_ = 0;
-  ojson items_ = ojson::array();  // the finished output items
-  std::string item_id_, text_, reasoning_;
-  std::string call_id_, call_name_;
-  int call_index_ = -1;
-
-  bool emit(ojson event, const Send& send) {
-    event["sequence_number"] = sequence_++;
-    return send(event);
-  }
-  int64_t output_index() const { return int64_t(items_.size()); }
-  // An event about content part 0 of the open item.
-  ojson part_event(const char* type, ojson fields) const {
-    ojson event = {{"type", type}, {"item_id", item_id_}, {"output_index", output_index()}, {"content_index", 0}};
-    event.update(fields);
-    return event;
-  }
-  bool start(Kind kind, const std::string& id, ojson item, const Send& send) {
-    if (!finish_item("completed", send)) return false;
-    kind_ = kind;
-    item_id_ = id;
-    text_.clear();
-    return emit({{"type", "response.output_item.added"}, {"output_index", output_index()}, {"item", std::move(item)}},
-                send);
-  }
-  bool start_reasoning(const Send& send) {
-    const std::string id = "rs_" + random_hex(24);
-    ojson item = reasoning_item(id, "", "in_progress");
-    item["content"] = ojson::array();
-    return start(Kind::Reasoning, id, std::move(item), send) &&
-           emit(part_event("response.content_part.added", {{"part", {{"type", "reasoning_text"}, {"text", ""}}}}),
-                send);
-  }
-  bool start_message(const Send& send) {
-    const std::string id = "msg_" + random_hex(24);
-    return start(Kind::Message, id, message_item(id, "", "in_progress"), send) &&
-           emit(part_event("response.content_part.added", {{"part", output_text("")}}), send);
-  }
-  bool start_call(const text::ToolCallDelta& t, const Send& send) {
-    const std::string id = "fc_" + random_hex(24);
-    call_id_ = t.id.value_or("call_" + random_hex(24));
-    call_name_ = t.name.value_or("");
-    call_index_ = t.index;
-    return start(Kind::Call, id, function_call_item(id, call_id_, call_name_, "", "in_progress"), send);
-  }
-  static ojson output_text(const std::string& text) {
-    return {{"type", "output_text"}, {"text", text}, {"annotations", ojson::array()}, {"logprobs", ojson::array()}};
-  }
-  // Closes the open item, if any, with its done events.
-  bool finish_item(const std::string& status, const Send& send) {
-    ojson item;
-    switch (kind_) {
-      case Kind::None: return true;
-      case Kind::Reasoning:
-        item = reasoning_item(item_id_, text_, status);
-        if (!emit(part_event("response.reasoning_text.done", {{"text", text_}}), send) ||
-            !emit(part_event("response.content_part.done", {{"part", {{"type", "reasoning_text"}, {"text", text_}}}}),
-                  send))
-          return false;
-        break;
-      case Kind::Message:
-        item = message_item(item_id_, text_, status);
-        if (!emit(part_event("response.output_text.done", {{"text", text_}, {"logprobs", ojson::array()}}), send) ||
-            !emit(part_event("response.content_part.done", {{"part", output_text(text_)}}), send))
-          return false;
-        break;
-      case Kind::Call:
-        item = function_call_item(item_id_, call_id_, call_name_, text_, status);
-        if (!emit({{"type", "response.function_call_arguments.done"},
-                   {"item_id", item_id_},
-                   {"output_index", output_index()},
-                   {"name", call_name_},
-                   {"arguments", text_}},
-                  send))
-          return false;
-        break;
-    }
-    kind_ = Kind::None;
-    const bool sent =
-        emit({{"type", "response.output_item.done"}, {"output_index", output_index()}, {"item", item}}, send);
-    items_.push_back(std::move(item));
-    return sent;
   }
 };
 
