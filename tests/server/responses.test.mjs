@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import OpenAI from 'openai';
 
-import { getPath, postJSON, rawRequest, startServer } from './lib.mjs';
+import { getPath, postJSON, rawRequest, sse, startServer } from './lib.mjs';
 
 const CONTEXT = 2048;
 let server;
@@ -303,6 +303,23 @@ describe('streaming', () => {
     }
   });
 
+  test('an aborted request ends its stream with error and response.failed', async () => {
+    let aborted;
+    const s = await sse(server.origin, '/v1/responses', { model: 'x', input: 'Go on forever', stream: true,
+      max_output_tokens: CONTEXT - 64 }, { onEvent: (e) => {
+      // SGLang's /abort_request takes the response id as its rid.
+      if (e.type === 'response.created') aborted = postJSON(server.origin, '/abort_request', { rid: e.response.id });
+    } });
+    assert.equal(s.status, 200);
+    assert.equal((await aborted).status, 200);
+    const types = s.events.map((e) => e.type);
+    assert.equal(types.at(-2), 'error');
+    assert.match(s.events.at(-2).message, /aborted/);
+    assert.equal(types.at(-1), 'response.failed');
+    assert.equal(s.events.at(-1).response.status, 'failed');
+    assert.match(s.events.at(-1).response.error.message, /aborted/);
+  });
+
   test('the raw stream: named events, no [DONE]', async () => {
     const r = await fetch(`${server.baseURL}/responses`, {
       method: 'POST',
@@ -424,9 +441,9 @@ describe('refusals and errors', () => {
   });
 });
 
-describe('--responses-store-size', () => {
-  test('the store keeps the most recently used responses', async () => {
-    const small = await startServer(['--context-length', '512', '--responses-store-size', '2']);
+describe('--responses-store-size, --enable-cache-report', () => {
+  test('the store keeps the most recently used responses; cached_tokens with the cache report', async () => {
+    const small = await startServer(['--context-length', '512', '--responses-store-size', '2', '--enable-cache-report']);
     try {
       const c = new OpenAI({ baseURL: small.baseURL, apiKey: 'unused', maxRetries: 0, timeout: 120000 });
       const ids = [];
@@ -438,6 +455,12 @@ describe('--responses-store-size', () => {
       await c.responses.create({ model: 'x', input: 'Hi 3', max_output_tokens: 1 });
       assert.equal((await c.responses.retrieve(ids[1])).id, ids[1]);
       await expectStatus(c.responses.retrieve(ids[2]), 404);
+      // The same prompt again: its prefix comes from the cache.
+      const body = { model: 'x', instructions: 'A longer prompt, to be cached.', input: 'Hello', max_output_tokens: 1 };
+      await c.responses.create(body);
+      const again = await c.responses.create(body);
+      assert.ok(again.usage.input_tokens_details.cached_tokens > 0, JSON.stringify(again.usage));
+      assert.ok(again.usage.input_tokens_details.cached_tokens <= again.usage.input_tokens);
     } finally {
       await small.stop();
     }
