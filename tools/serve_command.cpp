@@ -49,6 +49,7 @@ struct ServeArgs {
   bool allow_special_tokens_in_content = false;
   std::vector<std::string> allowed_origins;
   int64_t max_request_bytes = 32 << 20;
+  int64_t responses_store_size = 1024, responses_store_mb = 256;
   HttpLimits http;
   double hicache_size_gb = 0, hicache_ratio = 0;
   uint64_t random_seed = 0;
@@ -323,6 +324,8 @@ int run_serve(ServeArgs& a) {
   so.log_level = a.log_level;
   so.enable_cache_report = a.enable_cache_report;
   so.clamp_max_tokens = a.clamp_max_tokens;
+  so.responses_store_size = a.responses_store_size;
+  so.responses_store_bytes = a.responses_store_mb << 20;
   so.server_args = a.argv;
   so.allowed_origins = a.allowed_origins;
   so.max_request_bytes = a.max_request_bytes;
@@ -396,6 +399,13 @@ void register_serve_command(CLI::App& app, int& exit_code) {
   cmd->add_flag("--clamp-max-tokens", a->clamp_max_tokens,
                 "Restore the old clamping: a max_tokens that does not fit in the context after the prompt is cut "
                 "to fit instead of answering 400 (as SGLang and vLLM do)");
+  cmd->add_option("--responses-store-size", a->responses_store_size,
+                  "Finished /v1/responses responses kept for GET and previous_response_id (least recently used "
+                  "evicted first; 0: none)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--responses-store-mb", a->responses_store_mb,
+                  "Memory budget of that store in MiB (its responses' and conversations' JSON text)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 30));
   cmd->add_option("--schedule-policy", a->schedule_policy, "fcfs");
   cmd->add_flag("--disable-radix-cache", a->disable_radix_cache, "Disable prefix reuse");
   cmd->add_flag("--no-mmap", a->no_mmap,

@@ -43,6 +43,11 @@ struct ServerOptions {
   // A prompt + max_tokens past the context length: cut max_tokens to fit
   // (--clamp-max-tokens) instead of answering 400.
   bool clamp_max_tokens = false;
+  // The Responses API's store of finished responses (GET /v1/responses/{id},
+  // previous_response_id): at most this many, least recently used evicted
+  // first; 0 stores none. The byte budget bounds their JSON text.
+  int64_t responses_store_size = 1024;
+  int64_t responses_store_bytes = int64_t(256) << 20;
   std::vector<std::string> server_args;  // the command line ("--name=value"), for /get_server_info (secrets redacted)
 };
 
