@@ -303,7 +303,9 @@ int run_serve(ServeArgs& a) {
   eo.prefix_cache_bytes = a.disable_radix_cache ? 0 : int64_t(cache_gb * double(int64_t(1) << 30));
   eo.pin_threads = true;
   eo.speculative = speculative_options(a, *model);
-  eo.log = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
+  // SGLang's periodic "Decode batch" line, at --log-level info or debug.
+  if (a.log_level == "info" || a.log_level == "debug")
+    eo.log = [](const std::string& line) { std::fprintf(stderr, "[dsv4 info] %s\n", line.c_str()); };
   auto engine = std::make_shared<Engine>(model, eo);
   print_startup_summary(*model, *engine, a);
   print_speculative_summary(*model, eo.speculative);
