@@ -133,10 +133,12 @@ std::string kernel_path_line() {
 // ran with.
 void print_startup_summary(const Model& model, const Engine& engine, const ServeArgs& a) {
   const ModelConfig& c = model.config();
+  const std::string draft_head = c.dspark_stages > 0 ? std::to_string(c.dspark_stages) + " DSpark stages"
+                                                    : std::to_string(c.n_mtp_layers) + " MTP";
   std::fprintf(stderr,
-               "model: %s, %lld layers (%s) + %lld MTP, dim %lld, %lld heads x %lld, "
+               "model: %s, %lld layers (%s) + %s, dim %lld, %lld heads x %lld, "
                "%lld routed experts (%lld active) + %lld shared, vocab %lld, context up to %lld tokens\n",
-               model_variant(c).c_str(), (long long)c.n_layers, layer_kinds(c).c_str(), (long long)c.n_mtp_layers,
+               model_variant(c).c_str(), (long long)c.n_layers, layer_kinds(c).c_str(), draft_head.c_str(),
                (long long)c.dim, (long long)c.n_heads, (long long)c.head_dim, (long long)c.n_routed_experts,
                (long long)c.n_activated_experts, (long long)c.n_shared_experts, (long long)c.vocab_size,
                (long long)c.max_position_embeddings);
