@@ -173,3 +173,19 @@ TEST(GrammarMatcher, ActivatesAfterToken) {
 
 }  // namespace
 }  // namespace dsv4::text
+
+namespace dsv4::text {
+namespace {
+
+TEST(Grammar, StringCap) {
+  const Grammar g = json_object_grammar({4});
+  EXPECT_TRUE(grammar_accepts(g, R"({"abcd":"wxyz"})"));
+  EXPECT_FALSE(grammar_accepts(g, R"({"abcde":1})"));
+  EXPECT_FALSE(grammar_accepts(g, R"({"a":"vwxyz"})"));
+  const Grammar s = json_schema_grammar(ojson::parse(R"({"type":"string"})"), {3});
+  EXPECT_TRUE(grammar_accepts(s, "\"abc\""));
+  EXPECT_FALSE(grammar_accepts(s, "\"abcd\""));
+}
+
+}  // namespace
+}  // namespace dsv4::text

@@ -43,6 +43,9 @@ struct ServerOptions {
   // A prompt + max_tokens past the context length: cut max_tokens to fit
   // (--clamp-max-tokens) instead of answering 400.
   bool clamp_max_tokens = false;
+  // Constrained JSON: strings without a maxLength hold at most this many
+  // characters (0: unlimited), so a model that never closes one still ends.
+  int64_t grammar_max_string_chars = 0;
   std::vector<std::string> server_args;  // the command line ("--name=value"), for /get_server_info (secrets redacted)
 };
 

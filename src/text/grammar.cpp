@@ -189,16 +189,17 @@ void ParseState::push_stack(const std::vector<uint32_t>& stack) {
 }
 
 // Expands `stack` until every parse has a byte set on top: calls push the
-// callee's alternatives, ends return to the caller.
-void ParseState::settle(const Grammar& grammar, std::vector<uint32_t>& first) {
-  thread_local std::vector<std::vector<uint32_t>> work;
-  size_t base = work.size();
-  work.push_back(first);
+// callee's alternatives, ends return to the caller. Other alternatives wait
+// in a pool of vectors that keep their capacity (this runs once per byte of
+// every token walk: no allocation in the steady state).
+void ParseState::settle(const Grammar& grammar, std::vector<uint32_t>& stack) {
+  thread_local std::vector<std::vector<uint32_t>> pool;
+  thread_local size_t pooled = 0;
+  const size_t base = pooled;
   size_t budget = 100000;  // bounds the expansion of pathological grammars
-  while (work.size() > base) {
-    std::vector<uint32_t> stack = std::move(work.back());
-    work.pop_back();
-    while (budget-- > 0) {
+  for (;;) {
+    while (budget > 0) {
+      --budget;
       if (stack.empty()) {
         complete_ = true;
         break;
@@ -219,13 +220,15 @@ void ParseState::settle(const Grammar& grammar, std::vector<uint32_t>& first) {
       const std::vector<uint32_t>& starts = grammar.rule_starts[at.arg];
       if (starts.empty() || stack.size() >= kMaxDepth) break;
       for (size_t i = 0; i + 1 < starts.size(); ++i) {
-        work.push_back(stack);
-        work.back().push_back(starts[i]);
+        if (pooled == pool.size()) pool.emplace_back();
+        pool[pooled].assign(stack.begin(), stack.end());
+        pool[pooled++].push_back(starts[i]);
       }
       stack.push_back(starts.back());
     }
+    if (pooled == base) break;
+    stack.swap(pool[--pooled]);
   }
-  work.resize(base);
 }
 
 ParseState ParseState::initial(const Grammar& grammar) {
@@ -237,9 +240,10 @@ ParseState ParseState::initial(const Grammar& grammar) {
   return state;
 }
 
-ParseState ParseState::at_position(uint32_t position) {
+ParseState ParseState::from_stack(const uint32_t* frames, size_t count) {
   ParseState state;
-  state.push_stack({position});
+  state.data_.assign(frames, frames + count);
+  state.starts_ = {0, uint32_t(count)};
   return state;
 }
 

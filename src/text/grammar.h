@@ -114,9 +114,9 @@ class ParseState {
 
   // The start of the grammar (the root's alternatives, expanded).
   static ParseState initial(const Grammar& grammar);
-  // The parses that can start at position `position` of a byte set, alone:
-  // finishing its rule is `complete` (used to classify tokens per position).
-  static ParseState at_position(uint32_t position);
+  // One parse from the given stack (bottom first) alone: popping its bottom
+  // frame is `complete` (used to classify tokens by the top of a stack).
+  static ParseState from_stack(const uint32_t* frames, size_t count);
   // One stack of this state as a state of its own.
   ParseState single(size_t i) const;
 
@@ -127,6 +127,7 @@ class ParseState {
   static constexpr size_t kMaxDepth = 4096;
 
  private:
+  // Expands `stack` (used as scratch) into parses with a byte set on top.
   void settle(const Grammar& grammar, std::vector<uint32_t>& stack);
   void push_stack(const std::vector<uint32_t>& stack);
   std::vector<uint32_t> data_;

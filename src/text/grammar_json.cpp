@@ -25,7 +25,8 @@ constexpr int kMaxSchemaDepth = 128;
 
 class SchemaCompiler {
  public:
-  SchemaCompiler(GrammarBuilder& builder, const ojson* root) : b_(builder), root_(root) {}
+  SchemaCompiler(GrammarBuilder& builder, const ojson* root, const JsonGrammarOptions& options)
+      : b_(builder), root_(root), options_(options) {}
 
   // Schemas reached through $ref compile after the one that names them, from
   // a queue: a long $ref chain costs no recursion.
@@ -181,9 +182,10 @@ class SchemaCompiler {
     return *hex_;
   }
   Symbol string_value() {
-    if (!string_)
-      string_ =
-          b_.choice({b_.literal("\"") + Sequence{b_.star({string_char()}, "chars")} + b_.literal("\"")}, "string");
+    if (string_) return *string_;
+    const int64_t cap = options_.max_string_chars;
+    const Symbol chars = cap > 0 ? b_.repeat({string_char()}, 0, cap, {}, "chars") : b_.star({string_char()}, "chars");
+    string_ = b_.choice({b_.literal("\"") + Sequence{chars} + b_.literal("\"")}, "string");
     return *string_;
   }
   Symbol digits(int64_t min, int64_t max) { return b_.repeat({b_.byte_range('0', '9')}, min, max, {}, "digits"); }
@@ -272,7 +274,7 @@ class SchemaCompiler {
     if (number_) return *number_;
     const Symbol frac = b_.optional(b_.literal(".") + Sequence{digits(1, 15)}, "frac");
     const Symbol exp = b_.optional(Sequence{b_.choice({b_.literal("e"), b_.literal("E")}),
-                                            b_.optional({b_.choice({b_.literal("+"), b_.literal("-")})}), digits(1, 3)},
+                                            b_.optional({b_.choice({b_.literal("+"), b_.literal("-")})}), digits(1, 2)},
                                    "exp");
     number_ = b_.choice({{b_.optional(b_.literal("-")), int_part(), frac, exp}}, "number");
     return *number_;
@@ -354,6 +356,7 @@ class SchemaCompiler {
 
   GrammarBuilder& b_;
   const ojson* root_;
+  JsonGrammarOptions options_;
   std::map<std::string, uint32_t> refs_;
   std::vector<std::tuple<uint32_t, const ojson*, std::string>> pending_;
   std::map<int, uint32_t> any_value_rules_;  // depth -> rule + 1
@@ -362,33 +365,34 @@ class SchemaCompiler {
 
 }  // namespace
 
-uint32_t add_json_schema(GrammarBuilder& builder, const nlohmann::ordered_json& schema) {
-  return SchemaCompiler(builder, &schema).compile_root(schema);
+uint32_t add_json_schema(GrammarBuilder& builder, const nlohmann::ordered_json& schema,
+                         const JsonGrammarOptions& options) {
+  return SchemaCompiler(builder, &schema, options).compile_root(schema);
 }
 
-uint32_t add_any_json_value(GrammarBuilder& builder) {
-  SchemaCompiler compiler(builder, nullptr);
+uint32_t add_any_json_value(GrammarBuilder& builder, const JsonGrammarOptions& options) {
+  SchemaCompiler compiler(builder, nullptr, options);
   const uint32_t rule = builder.new_rule("json_value");
   builder.add_alternative(rule, {compiler.any_value(0)});
   return rule;
 }
 
-uint32_t add_any_json_object(GrammarBuilder& builder) {
-  SchemaCompiler compiler(builder, nullptr);
+uint32_t add_any_json_object(GrammarBuilder& builder, const JsonGrammarOptions& options) {
+  SchemaCompiler compiler(builder, nullptr, options);
   const uint32_t rule = builder.new_rule("json_object");
   builder.add_alternative(rule, {compiler.any_object(0)});
   return rule;
 }
 
-Grammar json_schema_grammar(const nlohmann::ordered_json& schema) {
+Grammar json_schema_grammar(const nlohmann::ordered_json& schema, const JsonGrammarOptions& options) {
   GrammarBuilder builder;
-  const uint32_t root = add_json_schema(builder, schema);
+  const uint32_t root = add_json_schema(builder, schema, options);
   return builder.build(root);
 }
 
-Grammar json_object_grammar() {
+Grammar json_object_grammar(const JsonGrammarOptions& options) {
   GrammarBuilder builder;
-  const uint32_t root = add_any_json_object(builder);
+  const uint32_t root = add_any_json_object(builder, options);
   return builder.build(root);
 }
 

@@ -3,9 +3,9 @@
 //
 // Output is compact, bounded JSON: no whitespace except an optional single
 // space after ':' and ','; numbers have at most 16 integer and 15 fraction
-// digits; free-form values nest at most kAnyJsonDepth deep. Bounds keep a
-// sampler that draws from a weak model inside structures it can finish, and
-// they never exclude a value a schema allows except by its spelling.
+// digits and a two-digit exponent (always a finite double); free-form values
+// nest at most kAnyJsonDepth deep. Bounds keep a sampler that draws from a
+// weak model inside structures it can finish.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +18,13 @@ namespace dsv4::text {
 
 constexpr int kAnyJsonDepth = 8;
 
+struct JsonGrammarOptions {
+  // Strings without a maxLength (free-form keys included) hold at most this
+  // many characters; 0: unlimited. A server option: a model that never closes
+  // a string (a test's random weights, a looping real one) ends anyway.
+  int64_t max_string_chars = 0;
+};
+
 // The rule of a JSON value that validates against `schema` (added to
 // `builder`). Supported: type (and lists of types), properties, required,
 // additionalProperties, items, minItems, maxItems, enum, const, anyOf, $ref
@@ -27,12 +34,13 @@ constexpr int kAnyJsonDepth = 8;
 // with `properties` get exactly those keys, in schema order (required ones
 // always, optional ones maybe): additional properties are never generated,
 // which any schema allows.
-uint32_t add_json_schema(GrammarBuilder& builder, const nlohmann::ordered_json& schema);
+uint32_t add_json_schema(GrammarBuilder& builder, const nlohmann::ordered_json& schema,
+                         const JsonGrammarOptions& options = {});
 // The rule of any JSON value / object (nesting bounded by kAnyJsonDepth).
-uint32_t add_any_json_value(GrammarBuilder& builder);
-uint32_t add_any_json_object(GrammarBuilder& builder);
+uint32_t add_any_json_value(GrammarBuilder& builder, const JsonGrammarOptions& options = {});
+uint32_t add_any_json_object(GrammarBuilder& builder, const JsonGrammarOptions& options = {});
 
-Grammar json_schema_grammar(const nlohmann::ordered_json& schema);
-Grammar json_object_grammar();
+Grammar json_schema_grammar(const nlohmann::ordered_json& schema, const JsonGrammarOptions& options = {});
+Grammar json_object_grammar(const JsonGrammarOptions& options = {});
 
 }  // namespace dsv4::text

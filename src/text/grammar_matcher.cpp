@@ -72,20 +72,25 @@ std::shared_ptr<const TokenTrie> TokenTrie::for_tokenizer(const std::shared_ptr<
 CompiledGrammar::CompiledGrammar(Grammar grammar, std::shared_ptr<const TokenTrie> trie)
     : grammar_(std::move(grammar)), trie_(std::move(trie)) {}
 
-const CompiledGrammar::PositionTokens& CompiledGrammar::tokens_at(uint32_t position) const {
+const CompiledGrammar::PositionTokens& CompiledGrammar::tokens_at(const ParseState& state, size_t i) const {
+  size_t length = 0;
+  const uint32_t* frames = state.stack(i, &length);
+  const size_t n = std::min(length, kContextFrames);
+  thread_local std::vector<uint32_t> key;
+  key.assign(frames + length - n, frames + length);
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    auto it = cache_.find(position);
+    auto it = cache_.find(key);
     if (it != cache_.end()) return *it->second;
   }
   // Computed outside the lock (two threads may both compute it: same result).
-  auto tokens = std::make_unique<PositionTokens>(classify(position));
+  auto tokens = std::make_unique<PositionTokens>(classify(key));
   std::lock_guard<std::mutex> lock(mutex_);
-  auto [it, inserted] = cache_.emplace(position, std::move(tokens));
+  auto [it, inserted] = cache_.emplace(key, std::move(tokens));
   return *it->second;
 }
 
-CompiledGrammar::PositionTokens CompiledGrammar::classify(uint32_t position) const {
+CompiledGrammar::PositionTokens CompiledGrammar::classify(const std::vector<uint32_t>& frames) const {
   const TokenTrie& t = *trie_;
   PositionTokens out;
   out.accepted.assign((t.vocab_size() + 63) / 64, 0);
@@ -93,7 +98,7 @@ CompiledGrammar::PositionTokens CompiledGrammar::classify(uint32_t position) con
   for (uint16_t d : t.depth_) max_depth = std::max(max_depth, d);
   std::vector<ParseState> states(size_t(max_depth) + 1);
   std::vector<char> escaped(size_t(max_depth) + 1, 0);  // some parse left the rule on the path here
-  states[0] = ParseState::at_position(position);
+  states[0] = ParseState::from_stack(frames.data(), frames.size());
   auto tokens_of = [&](uint32_t from, uint32_t to, auto&& action) {
     for (uint32_t k = t.tokens_begin_[from]; k < t.tokens_begin_[to]; ++k) action(t.token_ids_[k]);
   };
@@ -134,7 +139,7 @@ bool CompiledGrammar::advance(ParseState& state, int32_t token) const {
 
 void CompiledGrammar::fill_mask(const ParseState& state, TokenMask& mask) const {
   for (size_t i = 0; i < state.size(); ++i) {
-    const PositionTokens& tokens = tokens_at(state.top(i));
+    const PositionTokens& tokens = tokens_at(state, i);
     const size_t words = std::min(mask.size(), tokens.accepted.size());
     for (size_t w = 0; w < words; ++w) mask[w] |= tokens.accepted[w];
     if (tokens.uncertain.empty()) continue;

@@ -8,18 +8,21 @@
 // the grammar position at the top of the parse stack, not on what is below:
 // per position, a walk over the trie with that position alone sorts tokens
 // into accepted (consumed inside the position's rule), rejected, and
-// uncertain (they leave the rule, so the rest of the stack decides). That
-// walk is done once per position and kept with the compiled grammar; a mask
-// is then the accepted set of each live parse plus an exact check of its few
-// uncertain tokens (in a JSON string, those with a quote in them).
+// uncertain (they leave the rule, so the rest of the stack decides). The
+// "position" is the top kContextFrames frames of a stack: one frame alone
+// would leave a JSON string's one-character rule after every byte, three
+// cover the whole string. That walk is done once per such context and kept
+// with the compiled grammar; a mask is then the accepted set of each live
+// parse plus an exact check of its few uncertain tokens (in a JSON string,
+// those with a quote in them).
 #pragma once
 
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "text/grammar.h"
@@ -73,7 +76,9 @@ class CompiledGrammar {
     TokenMask accepted;
     std::vector<int32_t> uncertain;
   };
-  const PositionTokens& tokens_at(uint32_t position) const;
+  static constexpr size_t kContextFrames = 3;
+  // The classes of the top frames of `state`'s stack i.
+  const PositionTokens& tokens_at(const ParseState& state, size_t i) const;
 
   // Adds the tokens `state` can read next to `mask`.
   void fill_mask(const ParseState& state, TokenMask& mask) const;
@@ -81,11 +86,11 @@ class CompiledGrammar {
   bool advance(ParseState& state, int32_t token) const;
 
  private:
-  PositionTokens classify(uint32_t position) const;
+  PositionTokens classify(const std::vector<uint32_t>& frames) const;
   Grammar grammar_;
   std::shared_ptr<const TokenTrie> trie_;
   mutable std::mutex mutex_;
-  mutable std::unordered_map<uint32_t, std::unique_ptr<PositionTokens>> cache_;
+  mutable std::map<std::vector<uint32_t>, std::unique_ptr<PositionTokens>> cache_;
 };
 
 // One sequence's matcher. `activate_after` >= 0: the grammar starts only
