@@ -189,3 +189,76 @@ TEST(Grammar, StringCap) {
 
 }  // namespace
 }  // namespace dsv4::text
+
+#include "text/grammar_regex.h"
+
+namespace dsv4::text {
+namespace {
+
+TEST(Grammar, Regex) {
+  const Grammar phone = regex_grammar(R"(^\(\d{3}\) \d{3}-\d{4}$)");
+  EXPECT_TRUE(grammar_accepts(phone, "(555) 123-4567"));
+  EXPECT_FALSE(grammar_accepts(phone, "555-123-4567"));
+  const Grammar words = regex_grammar("(?:yes|no|maybe)+[!?]*");
+  EXPECT_TRUE(grammar_accepts(words, "yesnomaybe!?"));
+  EXPECT_FALSE(grammar_accepts(words, ""));
+  const Grammar unicode = regex_grammar("[^a-z]{2}é.");
+  EXPECT_TRUE(grammar_accepts(unicode, "Z€éx"));
+  EXPECT_TRUE(grammar_accepts(unicode,
+                              "\xF0\x9F\x98\x80"
+                              "1é\xE4\xB8\xAD"));
+  EXPECT_FALSE(grammar_accepts(unicode, "aZé1"));
+  EXPECT_FALSE(grammar_accepts(unicode, "ZZé\n"));
+  EXPECT_FALSE(grammar_accepts(unicode, "\xED\xA0\x80Zéx"));  // a surrogate is not a character
+  const Grammar classes = regex_grammar(R"([]a\-]+\w\s?[\d.]{1,2})");
+  EXPECT_TRUE(grammar_accepts(classes, "]-a_ 1."));
+  EXPECT_FALSE(grammar_accepts(classes, "b_1"));
+  for (const char* bad : {"(a", "a)", "(?=a)", "\\1", "a{3,2}", "*a", "[a", "\\bx", "a{20000}"})
+    EXPECT_THROW(regex_grammar(bad), GrammarError) << bad;
+}
+
+TEST(Grammar, Ebnf) {
+  const Grammar g = ebnf_grammar(R"G(
+    # arithmetic, right-recursive
+    root ::= expr
+    expr ::= term ("+" term)*
+    term ::= num | "(" expr ")"
+    num  ::= [1-9] [0-9]{0,3} | '0'
+  )G");
+  EXPECT_TRUE(grammar_accepts(g, "1+(20+3)+0"));
+  EXPECT_FALSE(grammar_accepts(g, "1+"));
+  EXPECT_FALSE(grammar_accepts(g, "01"));
+  EXPECT_FALSE(grammar_accepts(g, "12345"));
+  const Grammar escaped = ebnf_grammar("root ::= \"a\\n\\\"\" [\\u00e9]?");
+  EXPECT_TRUE(grammar_accepts(escaped, "a\n\"é"));
+  auto error_of = [](const char* text) {
+    try {
+      ebnf_grammar(text);
+    } catch (const GrammarError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error_of("root ::= a\na ::= a \"x\" | \"y\"").find("left-recursive"), std::string::npos);
+  EXPECT_NE(error_of("root ::= b").find("'b' is used but not defined"), std::string::npos);
+  EXPECT_NE(error_of("start ::= \"x\"").find("no 'root'"), std::string::npos);
+  EXPECT_NE(error_of("root ::= \"x").find("unterminated"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace dsv4::text
+
+namespace dsv4::text {
+namespace {
+
+TEST(Grammar, SchemaPattern) {
+  const Grammar g = schema(R"({"type":"object","properties":{"code":{"type":"string","pattern":"^[A-Z]{2}-\\d+$"},
+      "any":{"pattern":"[^x]+"}},"required":["code","any"]})");
+  EXPECT_TRUE(grammar_accepts(g, R"({"code":"AB-12","any":"yz"})"));
+  EXPECT_FALSE(grammar_accepts(g, R"({"code":"AB12","any":"yz"})"));
+  EXPECT_FALSE(grammar_accepts(g, R"({"code":"AB-1","any":"a\"b"})"));  // no quote from [^x]
+  EXPECT_THROW(schema(R"({"pattern":"a\"b"})"), GrammarError);
+}
+
+}  // namespace
+}  // namespace dsv4::text

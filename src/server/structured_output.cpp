@@ -3,6 +3,7 @@
 #include "text/grammar_dsml.h"
 #include "text/grammar_json.h"
 #include "text/grammar_matcher.h"
+#include "text/grammar_regex.h"
 
 namespace dsv4 {
 
@@ -77,8 +78,16 @@ std::optional<GrammarSource> format_source(const ojson& fields, const text::Json
     }
     found.push_back(schema_source("json_schema", schema, options));
   }
-  for (const char* key : {"regex", "ebnf"})
-    if (present(fields, key)) throw BadRequest(std::string("'") + key + "' is not supported yet");
+  if (present(fields, "regex")) {
+    if (!fields["regex"].is_string()) throw BadRequest("'regex' must be a string");
+    const std::string pattern = fields["regex"].get<std::string>();
+    found.push_back({"regex", "regex\n" + pattern, [pattern] { return text::regex_grammar(pattern); }});
+  }
+  if (present(fields, "ebnf")) {
+    if (!fields["ebnf"].is_string()) throw BadRequest("'ebnf' must be a string");
+    const std::string ebnf = fields["ebnf"].get<std::string>();
+    found.push_back({"ebnf", "ebnf\n" + ebnf, [ebnf] { return text::ebnf_grammar(ebnf); }});
+  }
   if (found.size() > 1) throw BadRequest("give at most one of 'response_format', 'json_schema', 'regex' and 'ebnf'");
   if (found.empty()) return std::nullopt;
   return found[0];

@@ -1,5 +1,7 @@
 #include "text/grammar_json.h"
 
+#include "text/grammar_regex.h"
+
 #include <map>
 #include <optional>
 #include <set>
@@ -20,7 +22,7 @@ const std::set<std::string> kAnnotations = {"title",  "description", "default", 
 const std::set<std::string> kSupported = {"type",      "properties", "required", "additionalProperties",
                                           "items",     "minItems",   "maxItems", "enum",
                                           "const",     "anyOf",      "$ref",     "minLength",
-                                          "maxLength", "format"};
+                                          "maxLength", "format",     "pattern"};
 constexpr int kMaxSchemaDepth = 128;
 
 class SchemaCompiler {
@@ -106,7 +108,8 @@ class SchemaCompiler {
       types = {"object"};
     } else if (schema.contains("items")) {
       types = {"array"};
-    } else if (schema.contains("format") || schema.contains("minLength") || schema.contains("maxLength")) {
+    } else if (schema.contains("format") || schema.contains("minLength") || schema.contains("maxLength") ||
+               schema.contains("pattern")) {
       types = {"string"};
     } else {
       return any_value(0);
@@ -192,6 +195,14 @@ class SchemaCompiler {
 
   Symbol string_schema(const ojson& schema, const std::string& where) {
     const bool lengths = schema.contains("minLength") || schema.contains("maxLength");
+    if (schema.contains("pattern")) {
+      if (lengths || schema.contains("format"))
+        throw GrammarError("'pattern' with 'format', 'minLength' or 'maxLength' at " + where + " is not supported");
+      if (!schema["pattern"].is_string()) throw GrammarError("'pattern' at " + where + " must be a string");
+      // A full match is also a match anywhere (JSON Schema's reading).
+      const uint32_t rule = add_regex(b_, schema["pattern"].get<std::string>(), /*inside_json_string=*/true);
+      return b_.choice({b_.literal("\"") + Sequence{GrammarBuilder::call(rule)} + b_.literal("\"")}, "pattern");
+    }
     if (schema.contains("format")) {
       if (lengths) throw GrammarError("'format' with 'minLength'/'maxLength' at " + where + " is not supported");
       return format(schema["format"], where);

@@ -28,8 +28,9 @@ struct JsonGrammarOptions {
 // The rule of a JSON value that validates against `schema` (added to
 // `builder`). Supported: type (and lists of types), properties, required,
 // additionalProperties, items, minItems, maxItems, enum, const, anyOf, $ref
-// into $defs / definitions / the root, minLength, maxLength and format
-// date-time, date, time, uuid, email, ipv4; annotations (title, description, default, examples, ...) are
+// into $defs / definitions / the root, minLength, maxLength, pattern (the
+// regex subset of grammar_regex.h; generated strings match it as a whole) and
+// format date-time, date, time, uuid, email, ipv4; annotations (title, description, default, examples, ...) are
 // ignored. Anything else is a GrammarError that names the keywords. Objects
 // with `properties` get exactly those keys, in schema order (required ones
 // always, optional ones maybe): additional properties are never generated,

@@ -3,8 +3,8 @@
 // constrained output must parse and validate (ajv) against its schema: random
 // schemas from a seeded generator, json_object, /v1/completions and /generate,
 // forced tool calls (named, required, one or several), thinking mode (the
-// grammar starts after </think>); unsupported schemas are 400s naming the
-// keyword. Run: node --test tests/server/structured.test.mjs
+// grammar starts after </think>), regex and ebnf; unsupported schemas are
+// 400s naming the keyword. Run: node --test tests/server/structured.test.mjs
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import Ajv from 'ajv';
@@ -46,6 +46,7 @@ function randomSchema(rand, depth = 0, defs = null) {
     () => ({ enum: ['red', 'green', 42, null, true].slice(0, 1 + Math.floor(rand() * 5)) }),
     () => ({ const: pick(['fixed', 7, false, { a: [1, 'b'] }]) }),
     () => ({ type: ['string', 'null'] }),
+    () => ({ type: 'string', pattern: pick(['^[a-z]{1,4}$', '^\\d{2}-[A-F]+$', 'id_[0-9]?']) }),
   ])();
   if (depth >= 3 || rand() < 0.35) return leaf();
   const kind = pick(['object', 'object', 'array', 'anyOf', 'ref']);
@@ -174,6 +175,7 @@ describe('response_format', () => {
       [{ oneOf: [{ type: 'string' }] }, 'oneOf'],
       [{ type: 'object', patternProperties: { x: {} } }, 'patternProperties'],
       [{ type: 'string', format: 'hostname' }, 'hostname'],
+      [{ type: 'string', pattern: '(?!x)y' }, 'lookaround'],
       [{ $ref: '#/$defs/missing' }, 'does not resolve'],
       [{ $ref: '#/$defs/a', $defs: { a: { anyOf: [{ $ref: '#/$defs/a' }, { type: 'null' }] } } }, 'left-recursive'],
     ];
@@ -199,6 +201,44 @@ const weather = {
   },
 };
 const search = { type: 'function', function: { name: 'search', parameters: { type: 'object', properties: { q: { type: 'string' } } } } };
+
+describe('regex and ebnf (SGLang parameters)', () => {
+  const phone = /^\(\d{3}\) \d{3}-\d{4}$/;
+  test('regex on chat, completions and /generate', async () => {
+    const regex = '\\(\\d{3}\\) \\d{3}-\\d{4}';
+    const chat = await postJSON(server.origin, '/v1/chat/completions', {
+      messages: user('phone?'), max_tokens: 100, seed: 1, regex, chat_template_kwargs: plain });
+    assert.equal(chat.status, 200, chat.text);
+    assert.match(chat.json.choices[0].message.content, phone);
+    assert.equal(chat.json.choices[0].finish_reason, 'stop');
+    const comp = await postJSON(server.origin, '/v1/completions', { prompt: 'phone:', max_tokens: 100, seed: 2, regex });
+    assert.match(comp.json.choices[0].text, phone, comp.text);
+    const gen = await postJSON(server.origin, '/generate', { text: 'phone:', sampling_params: { max_new_tokens: 100, regex } });
+    assert.match(gen.json.text, phone, gen.text);
+  });
+
+  test('ebnf on /generate and chat', async () => {
+    const ebnf = 'root ::= "answer: " ("yes" | "no") (", " num)?\nnum ::= [1-9] [0-9]{0,2}';
+    const re = /^answer: (yes|no)(, [1-9][0-9]{0,2})?$/;
+    for (const seed of [1, 2, 3]) {
+      const gen = await postJSON(server.origin, '/generate', { text: 'q:', sampling_params: { max_new_tokens: 100, ebnf, seed } });
+      assert.equal(gen.status, 200, gen.text);
+      assert.match(gen.json.text, re);
+    }
+    const chat = await postJSON(server.origin, '/v1/chat/completions', {
+      messages: user('q'), max_tokens: 100, ebnf, chat_template_kwargs: plain });
+    assert.match(chat.json.choices[0].message.content, re, chat.text);
+  });
+
+  test('bad regex / ebnf: 400', async () => {
+    for (const [field, value, word] of [['regex', '(a', "missing ')'"], ['regex', '(?=a)b', 'lookaround'],
+      ['ebnf', 'root ::= x', "'x' is used but not defined"], ['ebnf', 'root ::= root "a" | "b"', 'left-recursive']]) {
+      const r = await postJSON(server.origin, '/generate', { text: 'q', sampling_params: { max_new_tokens: 5, [field]: value } });
+      assert.equal(r.status, 400, r.text);
+      assert.ok(r.json.error.message.includes(word), r.json.error.message);
+    }
+  });
+});
 
 describe('forced tool calls', () => {
   test('named: exactly one call of that tool, arguments valid when strict', async () => {
