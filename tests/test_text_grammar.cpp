@@ -262,3 +262,61 @@ TEST(Grammar, SchemaPattern) {
 
 }  // namespace
 }  // namespace dsv4::text
+
+#include "text/grammar_dsml.h"
+#include "text/output_parser.h"
+
+namespace dsv4::text {
+namespace {
+
+TEST(GrammarMatcher, TriggeredToolCallBlock) {
+  // Free text until the block opener appears (split over tokens), then the
+  // block's grammar, which ends with the close tag.
+  const std::vector<std::string> vocab = {
+      "hi", " ",         "\n\n<", "｜DSML｜", "tool", "_calls", ">\n", "<", "invoke", " name=\"f\">\n",
+      "{}", "{\"a\":1}", "\n</",  ">",        "</",   "\n",     "x"};
+  auto trie = std::make_shared<const TokenTrie>(vocab);
+  const Grammar g =
+      dsml_tool_call_grammar({{"f", ojson::parse(R"({"type":"object","properties":{"a":{"type":"integer"}},
+      "required":["a"],"additionalProperties":false})")}},
+                             false, true, {}, /*after_opener=*/true);
+  auto compiled = std::make_shared<const CompiledGrammar>(g, trie);
+  GrammarMatcher m(compiled, -1, dsml_block_opener(false));
+  TokenMask mask(1);
+  std::string text;
+  auto take = [&](int32_t token) {
+    ASSERT_TRUE(m.accept(token)) << vocab[size_t(token)];
+    text += vocab[size_t(token)];
+  };
+  for (int32_t t : {0, 1, 16, 2, 3, 4, 5}) {
+    EXPECT_FALSE(m.fill_mask(mask)) << "free before the opener";
+    take(t);
+  }
+  // ">\n" ends the opener and starts the block in the same token.
+  EXPECT_FALSE(m.fill_mask(mask));
+  take(6);
+  ASSERT_TRUE(m.fill_mask(mask));
+  EXPECT_TRUE(mask_has(mask, 7));
+  EXPECT_FALSE(mask_has(mask, 16));
+  EXPECT_FALSE(m.accept(16));
+  for (int32_t t : {7, 3, 8, 9}) take(t);
+  mask.assign(1, 0);
+  m.fill_mask(mask);
+  EXPECT_FALSE(mask_has(mask, 10));  // {} lacks the required "a"
+  EXPECT_TRUE(mask_has(mask, 11));
+  for (int32_t t : {11, 12, 3, 8, 6, 14, 3, 4, 5, 13}) take(t);
+  EXPECT_TRUE(m.can_finish());
+  mask.assign(1, 0);
+  m.fill_mask(mask);
+  EXPECT_EQ(mask[0], 0u);
+  // The text parses into the call.
+  ParserConfig cfg;
+  cfg.tools_enabled = true;
+  const ParsedMessage msg = parse_output(cfg, text, StopReason::Stop);
+  ASSERT_EQ(msg.tool_calls.size(), 1u) << text;
+  EXPECT_EQ(msg.tool_calls[0].name, "f");
+  EXPECT_EQ(ojson::parse(msg.tool_calls[0].arguments), ojson::parse(R"({"a":1})"));
+}
+
+}  // namespace
+}  // namespace dsv4::text

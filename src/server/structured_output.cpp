@@ -25,15 +25,16 @@ class MatcherConstraint : public TokenConstraint {
 
 class MatcherFactory : public ConstraintFactory {
  public:
-  MatcherFactory(std::shared_ptr<const text::CompiledGrammar> grammar, int32_t activate_after)
-      : grammar_(std::move(grammar)), activate_after_(activate_after) {}
+  MatcherFactory(std::shared_ptr<const text::CompiledGrammar> grammar, int32_t activate_after, std::string trigger)
+      : grammar_(std::move(grammar)), activate_after_(activate_after), trigger_(std::move(trigger)) {}
   std::unique_ptr<TokenConstraint> start() const override {
-    return std::make_unique<MatcherConstraint>(text::GrammarMatcher(grammar_, activate_after_));
+    return std::make_unique<MatcherConstraint>(text::GrammarMatcher(grammar_, activate_after_, trigger_));
   }
 
  private:
   std::shared_ptr<const text::CompiledGrammar> grammar_;
   int32_t activate_after_;
+  std::string trigger_;
 };
 
 bool present(const ojson& j, const char* key) { return j.is_object() && j.contains(key) && !j[key].is_null(); }
@@ -43,6 +44,7 @@ struct GrammarSource {
   std::string what;  // for "at most one" errors
   std::string key;
   std::function<text::Grammar()> compile;
+  std::string trigger = {};  // non-empty: the grammar starts after this text
 };
 
 GrammarSource schema_source(const std::string& what, const ojson& schema, const text::JsonGrammarOptions& options) {
@@ -94,13 +96,22 @@ std::optional<GrammarSource> format_source(const ojson& fields, const text::Json
 }
 
 // tool_choice "required" or a named function: the DSML block, forced.
+// "auto" (or none given) with a strict tool: the block, once the model opens
+// it, completes as valid DSML with arguments that match the strict schemas.
 std::optional<GrammarSource> tool_source(const ojson& body, const text::ParserConfig& parser,
                                          const text::JsonGrammarOptions& options) {
-  if (!present(body, "tool_choice") || !present(body, "tools")) return std::nullopt;
-  const ojson& choice = body["tool_choice"];
+  if (!present(body, "tools") || !body["tools"].is_array() || body["tools"].empty()) return std::nullopt;
+  const ojson choice = present(body, "tool_choice") ? body["tool_choice"] : ojson("auto");
   std::string forced;
+  bool triggered = false;
   if (choice.is_object()) {
     forced = choice["function"]["name"].get<std::string>();  // check_tool_choice checked the shape
+  } else if (choice == "auto") {
+    // Only for strict tools: the grammar writes arguments as a JSON body,
+    // which a strict schema asks for; free tools keep the model's own format.
+    for (const ojson& tool : body["tools"])
+      triggered = triggered || (present(tool["function"], "strict") && tool["function"]["strict"].get<bool>());
+    if (!triggered) return std::nullopt;
   } else if (choice != "required") {
     return std::nullopt;
   }
@@ -118,9 +129,13 @@ std::optional<GrammarSource> tool_source(const ojson& body, const text::ParserCo
   const bool v41 = parser.tools == text::ToolParserKind::DeepSeekV41;
   ojson key = ojson::array();
   for (auto& s : specs) key.push_back({s.name, s.schema});
-  return GrammarSource{"tool_choice",
-                       std::string("tools\n") + (v41 ? "v41\n" : "v4\n") + (one ? "one\n" : "many\n") + key.dump(),
-                       [specs, v41, one, options] { return text::dsml_tool_call_grammar(specs, v41, one, options); }};
+  return GrammarSource{triggered ? "tools" : "tool_choice",
+                       std::string("tools\n") + (v41 ? "v41\n" : "v4\n") + (one ? "one\n" : "many\n") +
+                           (triggered ? "triggered\n" : "") + key.dump(),
+                       [specs, v41, one, options, triggered] {
+                         return text::dsml_tool_call_grammar(specs, v41, one, options, /*after_opener=*/triggered);
+                       },
+                       triggered ? text::dsml_block_opener(v41) : ""};
 }
 
 std::shared_ptr<const ConstraintFactory> make_factory(const GrammarSource& source,
@@ -128,7 +143,8 @@ std::shared_ptr<const ConstraintFactory> make_factory(const GrammarSource& sourc
                                                       int32_t activate_after, const text::JsonGrammarOptions& options) {
   try {
     const std::string key = "max_string_chars=" + std::to_string(options.max_string_chars) + "\n" + source.key;
-    return std::make_shared<MatcherFactory>(text::cached_grammar(key, tokenizer, source.compile), activate_after);
+    return std::make_shared<MatcherFactory>(text::cached_grammar(key, tokenizer, source.compile), activate_after,
+                                            source.trigger);
   } catch (const text::GrammarError& e) {
     throw BadRequest("'" + source.what + "': " + e.what());
   }
@@ -142,6 +158,9 @@ std::shared_ptr<const ConstraintFactory> chat_constraint(const ojson& body,
                                                          const text::JsonGrammarOptions& options) {
   std::optional<GrammarSource> format = format_source(body, options);
   std::optional<GrammarSource> tools = tool_source(body, parser, options);
+  // A response format with strict tools under "auto": the format wins (the
+  // content is the JSON; a tool call cannot also be guaranteed).
+  if (format && tools && !tools->trigger.empty()) tools.reset();
   if (format && tools)
     throw BadRequest("a forced tool call ('tool_choice') cannot be combined with '" + format->what + "'");
   if (!format && !tools) return nullptr;

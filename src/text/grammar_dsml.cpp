@@ -4,8 +4,10 @@
 
 namespace dsv4::text {
 
+std::string dsml_block_opener(bool v41) { return v41 ? "<｜DSML｜ calls>" : "<｜DSML｜tool_calls>"; }
+
 Grammar dsml_tool_call_grammar(const std::vector<ToolGrammarSpec>& tools, bool v41, bool exactly_one,
-                               const JsonGrammarOptions& options) {
+                               const JsonGrammarOptions& options, bool after_opener) {
   if (tools.empty()) throw GrammarError("no tool to call");
   const std::string dsml = "｜DSML｜";
   const std::string block = v41 ? " calls" : "tool_calls", invoke = v41 ? " invoke" : "invoke";
@@ -28,8 +30,8 @@ Grammar dsml_tool_call_grammar(const std::vector<ToolGrammarSpec>& tools, bool v
   const GrammarBuilder::Symbol one = b.choice(invokes, "invoke");
   const GrammarBuilder::Symbol calls = exactly_one ? one : b.repeat({one}, 1, -1, {}, "invokes");
   const uint32_t root = b.new_rule("tool_calls");
-  b.add_alternative(root, b.literal("\n\n<" + dsml + block + ">\n") + GrammarBuilder::Sequence{calls} +
-                              b.literal("</" + dsml + block + ">"));
+  b.add_alternative(root, b.literal((after_opener ? "" : "\n\n" + dsml_block_opener(v41)) + "\n") +
+                              GrammarBuilder::Sequence{calls} + b.literal("</" + dsml + block + ">"));
   return b.build(root);
 }
 

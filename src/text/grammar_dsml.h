@@ -25,7 +25,11 @@ struct ToolGrammarSpec {
 // then the block's close tag. The arguments are a JSON object body rather than
 // parameter tags: the parser accepts both, and JSON is where schemas apply
 // (SGLang's V4.1 grammar does the same).
+// `after_opener`: the block from right after its opener (for a constraint
+// triggered by the opener, tool_choice "auto").
 Grammar dsml_tool_call_grammar(const std::vector<ToolGrammarSpec>& tools, bool v41, bool exactly_one,
-                               const JsonGrammarOptions& options = {});
+                               const JsonGrammarOptions& options = {}, bool after_opener = false);
+// The block opener, "<｜DSML｜tool_calls>" (V4.1: "<｜DSML｜ calls>").
+std::string dsml_block_opener(bool v41);
 
 }  // namespace dsv4::text

@@ -154,26 +154,57 @@ void CompiledGrammar::fill_mask(const ParseState& state, TokenMask& mask) const 
 
 // ---- one sequence's matcher ----
 
-GrammarMatcher::GrammarMatcher(std::shared_ptr<const CompiledGrammar> grammar, int32_t activate_after)
-    : grammar_(std::move(grammar)), activate_after_(activate_after) {
-  const bool active = activate_after_ < 0;
-  history_.push_back({active, active ? ParseState::initial(grammar_->grammar()) : ParseState()});
+GrammarMatcher::GrammarMatcher(std::shared_ptr<const CompiledGrammar> grammar, int32_t activate_after,
+                               std::string trigger)
+    : grammar_(std::move(grammar)), activate_after_(activate_after), trigger_(std::move(trigger)) {
+  history_.push_back(started(activate_after_ >= 0 ? Phase::AwaitToken : Phase::AwaitTrigger));
+}
+
+// The step that enters `phase` (AwaitTrigger without a trigger is Active).
+GrammarMatcher::Step GrammarMatcher::started(Phase phase) const {
+  if (phase == Phase::AwaitTrigger && trigger_.empty()) phase = Phase::Active;
+  Step step;
+  step.phase = phase;
+  if (phase == Phase::Active) step.state = ParseState::initial(grammar_->grammar());
+  return step;
 }
 
 bool GrammarMatcher::fill_mask(TokenMask& mask) const {
   const Step& now = history_.back();
-  if (!now.active) return false;
+  if (now.phase != Phase::Active) return false;
   grammar_->fill_mask(now.state, mask);
   return true;
 }
 
-bool GrammarMatcher::can_finish() const { return !history_.back().active || history_.back().state.complete(); }
+bool GrammarMatcher::can_finish() const {
+  return history_.back().phase != Phase::Active || history_.back().state.complete();
+}
 
 bool GrammarMatcher::accept(int32_t token) {
   const Step& now = history_.back();
-  Step next{now.active, now.state};
-  if (!now.active) {
-    if (token == activate_after_) next = {true, ParseState::initial(grammar_->grammar())};
+  Step next = now;
+  if (now.phase == Phase::AwaitToken) {
+    if (token == activate_after_) next = started(Phase::AwaitTrigger);
+  } else if (now.phase == Phase::AwaitTrigger) {
+    if (token >= 0 && size_t(token) < grammar_->trie().vocab_size()) next.tail += grammar_->trie().token_bytes(token);
+    const size_t at = next.tail.find(trigger_);
+    if (at != std::string::npos) {
+      // The grammar starts right after the trigger, with whatever this token
+      // wrote after it. If that does not fit (the token was drawn freely), the
+      // block cannot be held to the grammar: keep watching.
+      const std::string rest = next.tail.substr(at + trigger_.size());
+      Step active = started(Phase::Active);
+      bool fits = true;
+      ParseState step_state;
+      for (char c : rest) {
+        active.state.advance(grammar_->grammar(), uint8_t(c), step_state);
+        std::swap(active.state, step_state);
+        fits = fits && !(active.state.empty() && !active.state.complete());
+      }
+      next = fits ? std::move(active) : Step{Phase::AwaitTrigger, {}, {}};
+    } else if (next.tail.size() >= trigger_.size()) {
+      next.tail.erase(0, next.tail.size() - (trigger_.size() - 1));
+    }
   } else if (!grammar_->advance(next.state, token)) {
     return false;
   }

@@ -93,12 +93,15 @@ class CompiledGrammar {
   mutable std::map<std::vector<uint32_t>, std::unique_ptr<PositionTokens>> cache_;
 };
 
-// One sequence's matcher. `activate_after` >= 0: the grammar starts only
-// after that token (</think>) was generated, for a reasoning model whose
-// reasoning comes first and unconstrained. Copyable (a clone).
+// One sequence's matcher. The grammar may start later than the first token:
+// `activate_after` >= 0: after that token (</think>: a reasoning model's
+// reasoning comes first and unconstrained); a non-empty `trigger`: after the
+// output contains that text (a tool-call block opener under tool_choice
+// "auto": the model decides to call, the grammar makes the call complete),
+// both in that order when both are given. Copyable (a clone).
 class GrammarMatcher {
  public:
-  GrammarMatcher(std::shared_ptr<const CompiledGrammar> grammar, int32_t activate_after = -1);
+  GrammarMatcher(std::shared_ptr<const CompiledGrammar> grammar, int32_t activate_after = -1, std::string trigger = {});
   // Fills `mask` with the tokens allowed next; false while not active yet
   // (every token allowed).
   bool fill_mask(TokenMask& mask) const;
@@ -108,16 +111,20 @@ class GrammarMatcher {
   bool accept(int32_t token);
   // Undoes the last n accepted tokens (at most kHistory).
   void rollback(int64_t n_tokens);
-  bool active() const { return history_.back().active; }
+  bool active() const { return history_.back().phase == Phase::Active; }
   static constexpr size_t kHistory = 64;
 
  private:
+  enum class Phase : uint8_t { AwaitToken, AwaitTrigger, Active };
   struct Step {
-    bool active = false;
+    Phase phase = Phase::Active;
     ParseState state;
+    std::string tail;  // AwaitTrigger: the last bytes, which may start the trigger
   };
+  Step started(Phase phase) const;
   std::shared_ptr<const CompiledGrammar> grammar_;
   int32_t activate_after_;
+  std::string trigger_;
   std::deque<Step> history_;
 };
 

@@ -299,6 +299,21 @@ describe('forced tool calls', () => {
     checkJson(args, weather.function.parameters, 'streamed call');
   });
 
+  test('auto with a strict tool: free until a block opens (never, on random weights)', async () => {
+    const r = await client.chat.completions.create({
+      model: 'dsv4-test', messages: user('weather?'), max_tokens: 20, seed: 1, tools: [weather, search],
+      chat_template_kwargs: plain,
+    });
+    assert.equal(r.choices[0].finish_reason, 'length');
+    assert.equal(r.usage.completion_tokens, 20);
+    // With a response format the format wins.
+    const j = await client.chat.completions.create({
+      model: 'dsv4-test', messages: user('weather?'), max_tokens: 2000, seed: 1, tools: [weather],
+      response_format: { type: 'json_object' }, chat_template_kwargs: plain,
+    });
+    checkJson(j.choices[0].message.content, { type: 'object' }, 'format with strict tools');
+  });
+
   test('Anthropic tool_choice tool: a tool_use block', async () => {
     const r = await postJSON(server.origin, '/v1/messages', {
       model: 'dsv4-test', max_tokens: 2000, messages: user('weather?'),
