@@ -318,5 +318,23 @@ TEST(GrammarMatcher, TriggeredToolCallBlock) {
   EXPECT_EQ(ojson::parse(msg.tool_calls[0].arguments), ojson::parse(R"({"a":1})"));
 }
 
+TEST(GrammarMatcher, V41ToolCallBlockParses) {
+  const Grammar g = dsml_tool_call_grammar({{"get", ojson()}, {"put", ojson()}}, /*v41=*/true, false);
+  const std::string text =
+      "\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"put\">\n{\"k\": [1, \"v\"]}\n</｜DSML｜ invoke>\n"
+      "<｜DSML｜ invoke name=\"get\">\n{}\n</｜DSML｜ invoke>\n</｜DSML｜ calls>";
+  ASSERT_TRUE(grammar_accepts(g, text));
+  EXPECT_FALSE(grammar_accepts(g, "\n\n<｜DSML｜ calls>\n</｜DSML｜ calls>"));  // at least one invoke
+  ParserConfig cfg;
+  cfg.reasoning = ReasoningParserKind::DeepSeekV41;
+  cfg.tools = ToolParserKind::DeepSeekV41;
+  cfg.tools_enabled = true;
+  const ParsedMessage msg = parse_output(cfg, text, StopReason::Stop);
+  ASSERT_EQ(msg.tool_calls.size(), 2u) << text;
+  EXPECT_EQ(msg.tool_calls[0].name, "put");
+  EXPECT_EQ(ojson::parse(msg.tool_calls[0].arguments), ojson::parse(R"({"k":[1,"v"]})"));
+  EXPECT_EQ(msg.tool_calls[1].arguments, "{}");
+}
+
 }  // namespace
 }  // namespace dsv4::text
