@@ -72,7 +72,8 @@ std::shared_ptr<const TokenTrie> TokenTrie::for_tokenizer(const std::shared_ptr<
 CompiledGrammar::CompiledGrammar(Grammar grammar, std::shared_ptr<const TokenTrie> trie)
     : grammar_(std::move(grammar)), trie_(std::move(trie)) {}
 
-const CompiledGrammar::PositionTokens& CompiledGrammar::tokens_at(const ParseState& state, size_t i) const {
+std::shared_ptr<const CompiledGrammar::PositionTokens> CompiledGrammar::tokens_at(const ParseState& state,
+                                                                                  size_t i) const {
   size_t length = 0;
   const uint32_t* frames = state.stack(i, &length);
   const size_t n = std::min(length, kContextFrames);
@@ -81,13 +82,13 @@ const CompiledGrammar::PositionTokens& CompiledGrammar::tokens_at(const ParseSta
   {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = cache_.find(key);
-    if (it != cache_.end()) return *it->second;
+    if (it != cache_.end()) return it->second;
   }
   // Computed outside the lock (two threads may both compute it: same result).
-  auto tokens = std::make_unique<PositionTokens>(classify(key));
+  auto tokens = std::make_shared<const PositionTokens>(classify(key));
   std::lock_guard<std::mutex> lock(mutex_);
-  auto [it, inserted] = cache_.emplace(key, std::move(tokens));
-  return *it->second;
+  if (cache_.size() < kMaxCachedContexts) cache_.emplace(key, tokens);
+  return tokens;
 }
 
 CompiledGrammar::PositionTokens CompiledGrammar::classify(const std::vector<uint32_t>& frames) const {
@@ -139,7 +140,8 @@ bool CompiledGrammar::advance(ParseState& state, int32_t token) const {
 
 void CompiledGrammar::fill_mask(const ParseState& state, TokenMask& mask) const {
   for (size_t i = 0; i < state.size(); ++i) {
-    const PositionTokens& tokens = tokens_at(state, i);
+    const std::shared_ptr<const PositionTokens> held = tokens_at(state, i);
+    const PositionTokens& tokens = *held;
     const size_t words = std::min(mask.size(), tokens.accepted.size());
     for (size_t w = 0; w < words; ++w) mask[w] |= tokens.accepted[w];
     if (tokens.uncertain.empty()) continue;
@@ -221,7 +223,7 @@ void GrammarMatcher::rollback(int64_t n_tokens) {
 std::shared_ptr<const CompiledGrammar> cached_grammar(const std::string& key,
                                                       const std::shared_ptr<const Tokenizer>& tokenizer,
                                                       const std::function<Grammar()>& compile) {
-  constexpr size_t kEntries = 64;
+  constexpr size_t kEntries = 32;
   static std::mutex mutex;
   static std::list<std::pair<std::string, std::shared_ptr<const CompiledGrammar>>> lru;  // most recent first
   const std::string full_key = std::to_string(reinterpret_cast<uintptr_t>(tokenizer.get())) + "\n" + key;

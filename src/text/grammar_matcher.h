@@ -78,7 +78,10 @@ class CompiledGrammar {
   };
   static constexpr size_t kContextFrames = 3;
   // The classes of the top frames of `state`'s stack i.
-  const PositionTokens& tokens_at(const ParseState& state, size_t i) const;
+  std::shared_ptr<const PositionTokens> tokens_at(const ParseState& state, size_t i) const;
+  // Kept classes per grammar (16 KB each for the V4 vocabulary): typical
+  // schemas need tens; beyond this, classes are computed and dropped.
+  static constexpr size_t kMaxCachedContexts = 512;
 
   // Adds the tokens `state` can read next to `mask`.
   void fill_mask(const ParseState& state, TokenMask& mask) const;
@@ -90,7 +93,7 @@ class CompiledGrammar {
   Grammar grammar_;
   std::shared_ptr<const TokenTrie> trie_;
   mutable std::mutex mutex_;
-  mutable std::map<std::vector<uint32_t>, std::unique_ptr<PositionTokens>> cache_;
+  mutable std::map<std::vector<uint32_t>, std::shared_ptr<const PositionTokens>> cache_;
 };
 
 // One sequence's matcher. The grammar may start later than the first token:
@@ -130,7 +133,7 @@ class GrammarMatcher {
 
 // Compiled grammars by a key the caller chooses (the kind and the canonical
 // text of a schema, regex or EBNF): a repeated schema compiles once and keeps
-// its warm per-position classes. Bounded (least recently used goes).
+// its warm per-position classes. Bounded (the 32 least recently used stay).
 std::shared_ptr<const CompiledGrammar> cached_grammar(const std::string& key,
                                                       const std::shared_ptr<const Tokenizer>& tokenizer,
                                                       const std::function<Grammar()>& compile);

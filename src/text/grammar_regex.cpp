@@ -187,6 +187,12 @@ class Reader {
     return v;
   }
 
+  // A code point that UTF-8 can encode (not a surrogate, not past U+10FFFF).
+  uint32_t checked(uint32_t code) {
+    if (code > kMaxCode || (code >= 0xD800 && code <= 0xDFFF)) fail("escape of a code point that is not a character");
+    return code;
+  }
+
   // After a backslash: a class escape (\d ...) into `set`, or one character.
   // Returns false when it was a class.
   bool read_escape(uint32_t* code, CodeSet* set) {
@@ -208,8 +214,8 @@ class Reader {
       case 'v': *code = '\v'; return true;
       case '0': *code = 0; return true;
       case 'x': *code = read_hex(2); return true;
-      case 'u': *code = read_hex(4); return true;
-      case 'U': *code = read_hex(8); return true;
+      case 'u': *code = checked(read_hex(4)); return true;
+      case 'U': *code = checked(read_hex(8)); return true;
       default: break;
     }
     if (std::isalnum(uint8_t(c))) fail(std::string("unsupported escape \\") + c);
