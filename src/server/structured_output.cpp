@@ -143,8 +143,9 @@ std::shared_ptr<const ConstraintFactory> make_factory(const GrammarSource& sourc
                                                       int32_t activate_after, const text::JsonGrammarOptions& options) {
   try {
     const std::string key = "max_string_chars=" + std::to_string(options.max_string_chars) + "\n" + source.key;
-    return std::make_shared<MatcherFactory>(text::cached_grammar(key, tokenizer, source.compile), activate_after,
-                                            source.trigger);
+    auto grammar = text::cached_grammar(key, tokenizer, source.compile);
+    grammar->warm_start();
+    return std::make_shared<MatcherFactory>(std::move(grammar), activate_after, source.trigger);
   } catch (const text::GrammarError& e) {
     throw BadRequest("'" + source.what + "': " + e.what());
   }

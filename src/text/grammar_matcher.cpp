@@ -138,6 +138,11 @@ bool CompiledGrammar::advance(ParseState& state, int32_t token) const {
   return true;
 }
 
+void CompiledGrammar::warm_start() const {
+  const ParseState start = ParseState::initial(grammar_);
+  for (size_t i = 0; i < start.size(); ++i) tokens_at(start, i);
+}
+
 void CompiledGrammar::fill_mask(const ParseState& state, TokenMask& mask) const {
   for (size_t i = 0; i < state.size(); ++i) {
     const std::shared_ptr<const PositionTokens> held = tokens_at(state, i);

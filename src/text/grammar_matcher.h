@@ -85,6 +85,9 @@ class CompiledGrammar {
 
   // Adds the tokens `state` can read next to `mask`.
   void fill_mask(const ParseState& state, TokenMask& mask) const;
+  // Computes the token classes of the start state now (the server calls it on
+  // the request's thread, so the engine's first draw does not wait for them).
+  void warm_start() const;
   // `state` after the token's bytes; false (state unchanged) if it cannot read them.
   bool advance(ParseState& state, int32_t token) const;
 
