@@ -21,7 +21,7 @@ configure() {  # dir sanitizer
 echo "== ASan + UBSan"
 configure build-asan address
 cmake --build "$ROOT/build-asan" -j"$JOBS" --target dsv4 test_engine test_scheduler test_model_golden \
-      test_model_rollback test_sampler
+      test_model_rollback test_sampler test_speculative
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 # Unit tests with leak checking. The golden tests that compare bits across
 # SIMD paths, thread counts and chunkings repeat the same code many times
@@ -34,7 +34,7 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 # latency, which ASan changes).
 (cd "$ROOT/build-asan" &&
  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 ctest --output-on-failure -j1 --timeout 1200 \
-       -R '^(Engine|EngineScheduler|EngineValidate|Sampler|Golden/GoldenModel\.(LogitsMatch|MtpLogitsMatch|Batching|Snapshot)|Golden/Rollback)' &&
+       -R '^(Engine|EngineScheduler|EngineValidate|Sampler|Golden/GoldenModel\.(LogitsMatch|MtpLogitsMatch|Batching|Snapshot)|Golden/Rollback|Ngram|SpecAccept|SpecGate|SpecEngine\.(NgramSampled|EagleDrafts|SimulatedAcceptance|StopToken))' &&
  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 ctest --output-on-failure -j1 --timeout 1200 \
        -R '^(server_make_model|server_npm_install|server_api|server_lifecycle|server_curl)$')
 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 DSV4_BIN="$ROOT/build-asan/dsv4" \
@@ -43,8 +43,9 @@ ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 DSV4_BIN="$ROOT/build-asan/dsv4" \
 
 echo "== TSan"
 configure build-tsan thread
-cmake --build "$ROOT/build-tsan" -j"$JOBS" --target test_engine test_scheduler
+cmake --build "$ROOT/build-tsan" -j"$JOBS" --target test_engine test_scheduler test_speculative
 export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 OMP_NUM_THREADS=1
 "$ROOT/build-tsan/test_engine"
+"$ROOT/build-tsan/test_speculative" --gtest_filter='SpecEngine.NgramSampled*:SpecEngine.StopToken*'
 "$ROOT/build-tsan/test_scheduler"
 echo "sanitizers: all passed"

@@ -185,10 +185,10 @@ TEST_F(BrokenCheckpoint, UnsupportedModelTypeIsNamed) {
 
 TEST_F(BrokenCheckpoint, UnsupportedFeatureIsNamed) {
   write_checkpoint();
-  edit_config([](json& c) { c["dspark_block_size"] = 5; });
-  EXPECT_NE(load_error().find("dspark_block_size"), std::string::npos);
+  edit_config([](json& c) { c["engram_layer_ids"] = {1}; });
+  EXPECT_NE(load_error().find("engram_layer_ids"), std::string::npos);
   edit_config([](json& c) {
-    c.erase("dspark_block_size");
+    c.erase("engram_layer_ids");
     c["scoring_func"] = "softmax";
   });
   EXPECT_NE(load_error().find("scoring_func \"softmax\""), std::string::npos);

@@ -15,6 +15,8 @@
 #include <random>
 #include <sstream>
 
+#include "bench_costs.h"
+#include "bench_speculative.h"
 #include "commands.h"
 #include "core/error.h"
 #include "core/machine.h"
@@ -38,104 +40,12 @@ struct BenchArgs {
   std::vector<int64_t> batches = {1};
   int threads = 0;
   uint32_t seed = 1;
+  std::string speculative;  // EAGLE or NGRAM: also bench speculative decoding
+  std::vector<double> accept_lens = {2, 3, 4};
   bool no_mmap = false;
 };
 
-// Multiply-adds of a prefill of n tokens from position 0: every layer's
-// matrix products for every token, attention at each position, and the head
-// for the last token only (the only logits a prefill needs).
-int64_t prefill_macs(const ModelConfig& c, const Model::TokenCost& cost, int64_t n) {
-  int64_t macs = cost.head_macs;
-  for (const Model::LayerCost& l : cost.layers) {
-    macs += n * l.linear_macs;
-    for (int64_t p = 0; p < n; ++p) macs += Model::attention_macs(c, l.layout, p);
-  }
-  return macs;
-}
-
-// Multiply-adds of one decode step of `batch` tokens at `position`: every
-// token runs its own experts, attention and the head, whatever the batch.
-double decode_step_macs(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch, int64_t position) {
-  double macs = double(cost.head_macs);
-  for (const Model::LayerCost& l : cost.layers)
-    macs += double(l.linear_macs) + double(Model::attention_macs(c, l.layout, position));
-  return double(batch) * macs;
-}
-
-// Routed experts a step of `batch` tokens picks at least once, with uniform
-// routing (random weights): E * (1 - (1 - k/E)^b) per layer instead of k.
-double expected_distinct_experts(const ModelConfig& c, int64_t batch) {
-  const double e = double(c.n_routed_experts), k = double(c.n_activated_experts);
-  return e * (1.0 - std::pow(1.0 - k / e, double(batch)));
-}
-
-double decode_step_bytes(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch) {
-  const double k = double(c.n_activated_experts), distinct = expected_distinct_experts(c, batch);
-  double bytes = double(cost.head_bytes + batch * cost.other_bytes);
-  for (const Model::LayerCost& l : cost.layers)
-    bytes += double(l.weight_bytes) + (distinct - k) * double(l.expert_bytes);
-  return bytes;
-}
-
-// The compute floor of a decode step of `batch` tokens: each weight the step
-// reads is decoded once, at the rate its format reaches with one token from
-// L2 (`rates`, weights/s; that includes one FMA lane per weight), and every
-// other multiply-add (the other tokens', attention) runs at the fp32 FMA
-// ceiling. A kernel that decodes in registers cannot beat it; on a machine
-// with few cores per GB/s it, not the bytes, bounds a batched step.
-double decode_step_floor_seconds(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch, int64_t position,
-                                 const std::array<double, 4>& rates, double fma_macs_per_s) {
-  const double distinct = expected_distinct_experts(c, batch);
-  double seconds = 0, decoded = 0;
-  auto decode = [&](WeightFormat format, double weights) {
-    const double rate = rates[size_t(format)];
-    if (weights <= 0 || rate <= 0) return;
-    seconds += weights / rate;
-    decoded += weights;
-  };
-  for (size_t f = 0; f < cost.head_weights.size(); ++f) decode(WeightFormat(f), double(cost.head_weights[f]));
-  for (const Model::LayerCost& l : cost.layers) {
-    for (size_t f = 0; f < l.dense_weights.size(); ++f) decode(WeightFormat(f), double(l.dense_weights[f]));
-    decode(cost.expert_format, distinct * double(l.expert_weights));
-  }
-  const double macs = decode_step_macs(c, cost, batch, position);
-  return seconds + std::max(0.0, macs - decoded) / fma_macs_per_s;
-}
-
-struct FlashCost {
-  int64_t decode_bytes = 0, prefill_macs = 0;
-  Model::TokenCost cost;  // per layer, in the V4-Flash schedule
-};
-
-// Costs of the official V4-Flash schedule, compress_ratios [0,0] + [4,128]*20
-// + [4] (window, window, then CSA and HCA alternating, then CSA), built from
-// this model's CSA and HCA layers (a window-only layer is an HCA layer
-// without its compressor).
-std::optional<FlashCost> flash_schedule_cost(const ModelConfig& c, const Model::TokenCost& cost, int64_t prompt) {
-  const Model::LayerCost* by_kind[2] = {nullptr, nullptr};  // CSA, HCA
-  for (const Model::LayerCost& l : cost.layers) {
-    if (l.layout.kind == LayerKind::CompressedIndexed && !by_kind[0]) by_kind[0] = &l;
-    if (l.layout.kind == LayerKind::Compressed && l.layout.ratio == 128 && !by_kind[1]) by_kind[1] = &l;
-  }
-  if (!by_kind[0] || !by_kind[1]) return std::nullopt;
-  Model::LayerCost window = *by_kind[1];
-  window.layout = LayerLayout{};
-  window.weight_bytes -= window.compressor_bytes;
-  window.linear_macs -= window.compressor_macs;
-  window.compressor_bytes = window.compressor_macs = 0;
-  for (size_t f = 0; f < window.dense_weights.size(); ++f) window.dense_weights[f] -= window.compressor_weights[f];
-  window.compressor_weights = {};
-  Model::TokenCost flash = cost;
-  flash.layers = {window, window};
-  for (int i = 0; i < 20; ++i) flash.layers.insert(flash.layers.end(), {*by_kind[0], *by_kind[1]});
-  flash.layers.push_back(*by_kind[0]);
-  FlashCost out;
-  out.decode_bytes = flash.head_bytes + flash.other_bytes;
-  for (const Model::LayerCost& l : flash.layers) out.decode_bytes += l.weight_bytes;
-  out.prefill_macs = prefill_macs(c, flash, prompt);
-  out.cost = flash;
-  return out;
-}
+}  // namespace
 
 int run_bench(const BenchArgs& a) {
   set_compute_threads(a.threads);
@@ -144,7 +54,7 @@ int run_bench(const BenchArgs& a) {
   LoadOptions load_options;
   load_options.progress = load_progress;
   load_options.no_mmap = a.no_mmap;
-  auto model = Model::load(a.model, load_options);
+  std::shared_ptr<Model> model = Model::load(a.model, load_options);
   {
     // Page faults belong to loading, not to the first timed steps.
     const double t0 = now_seconds();
@@ -387,6 +297,15 @@ int run_bench(const BenchArgs& a) {
   } else {
     std::printf("(no extrapolation to V4-Flash: the model lacks a ratio-4 or a ratio-128 layer)\n");
   }
+  if (!a.speculative.empty()) {
+    SpeculativeBenchArgs spec;
+    spec.algorithm = a.speculative;
+    spec.accept_lens = a.accept_lens;
+    spec.batches = a.batches;
+    spec.decode = std::max<int64_t>(a.decode, 8);
+    MachineLimits limits{bandwidth, one_token_rates, fma_ceiling.flops / 2};
+    run_speculative_bench(model, spec, limits, csv ? &csv : nullptr);
+  }
   if (!a.plot.empty()) {
     std::ofstream out(a.plot);
     const std::string subtitle = a.model + num(": %.0f layers, ", double(c.n_layers)) +
@@ -399,6 +318,8 @@ int run_bench(const BenchArgs& a) {
   }
   return 0;
 }
+
+namespace {
 
 std::vector<int64_t> parse_list(const std::string& s) {
   std::vector<int64_t> out;
@@ -435,9 +356,21 @@ void register_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--csv", a->csv, "Also write the results as CSV");
   cmd->add_flag("--no-mmap", a->no_mmap, "Copy the weights into huge-page memory instead of mapping the files");
   cmd->add_option("--plot", a->plot, "Also write an SVG chart of the results against the rooflines");
-  cmd->callback([a, batches, &exit_code] {
+  cmd->add_option("--speculative", a->speculative,
+                  "Also compare plain and speculative decoding through the engine: EAGLE (the MTP head) or NGRAM");
+  auto accept = std::make_shared<std::string>("2,3,4");
+  cmd->add_option("--accept-len", *accept, "Simulated accept lengths for --speculative (default 2,3,4)");
+  cmd->callback([a, batches, accept, &exit_code] {
     try {
       a->batches = parse_list(*batches);
+      a->accept_lens.clear();
+      std::stringstream list(*accept);
+      for (std::string item; std::getline(list, item, ',');) {
+        char* end = nullptr;
+        const double v = std::strtod(item.c_str(), &end);
+        if (item.empty() || *end != '\0' || !(v >= 1.0)) throw Error("--accept-len: numbers >= 1, comma-separated");
+        a->accept_lens.push_back(v);
+      }
       exit_code = run_bench(*a);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "dsv4 bench: error: %s\n", e.what());

@@ -17,6 +17,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <limits>
 #include <memory>
@@ -470,6 +471,31 @@ std::string make_svg(const std::vector<Outcome>& rs, const std::string& subtitle
 
 // ---- the benchmark ----
 
+// The server's speculative-decoding counters (dsv4's /metrics), to report
+// the acceptance of the run as sglang.bench_serving does; all zero when the
+// server does not speculate or is not dsv4.
+struct SpecCounters {
+  double verifies = 0, drafted = 0, accepted = 0;
+};
+SpecCounters scrape_spec_counters(const std::string& scheme_host_port) {
+  SpecCounters out;
+  httplib::Client cli(scheme_host_port);
+  cli.set_connection_timeout(5, 0);
+  auto r = cli.Get("/metrics");
+  if (!r || r->status != 200) return out;
+  std::istringstream lines(r->body);
+  for (std::string line; std::getline(lines, line);) {
+    auto value = [&](const char* name, double& into) {
+      if (line.rfind(name, 0) == 0 && line.size() > std::strlen(name) && line[std::strlen(name)] == '{')
+        into = std::strtod(line.c_str() + line.rfind(' ') + 1, nullptr);
+    };
+    value("dsv4:spec_verify_total", out.verifies);
+    value("dsv4:spec_draft_tokens_total", out.drafted);
+    value("dsv4:spec_accepted_tokens_total", out.accepted);
+  }
+  return out;
+}
+
 int run_bench_serve(const BenchServeArgs& a) {
   Target t;
   t.backend = a.backend;
@@ -536,6 +562,7 @@ int run_bench_serve(const BenchServeArgs& a) {
   std::exponential_distribution<double> gap(std::isinf(rate) ? 1.0 : rate);
   std::vector<std::thread> threads;
   threads.reserve(prompts.size());
+  const SpecCounters spec_before = scrape_spec_counters(t.scheme_host_port);
   const auto start = Clock::now();
   auto next_arrival = start;
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -604,6 +631,15 @@ int run_bench_serve(const BenchServeArgs& a) {
   line("Output token throughput (tok/s):", fmt(double(out_tokens) / duration, 2));
   line("Total token throughput (tok/s):", fmt(double(in_tokens + out_tokens) / duration, 2));
   line("Concurrency:", fmt(concurrency, 2));
+  const SpecCounters spec_after = scrape_spec_counters(t.scheme_host_port);
+  const double verifies = spec_after.verifies - spec_before.verifies;
+  const double accept_length = verifies > 0 ? (spec_after.accepted - spec_before.accepted + verifies) / verifies : 0;
+  const double drafted = spec_after.drafted - spec_before.drafted;
+  const double accept_rate = drafted > 0 ? (spec_after.accepted - spec_before.accepted) / drafted : 0;
+  if (verifies > 0) {
+    line("Accept length:", fmt(accept_length, 2));
+    line("Accept rate:", fmt(accept_rate, 2));
+  }
   std::printf("%s\n", "----------------End-to-End Latency----------------");
   line("Mean E2E Latency (ms):", fmt(mean(e2e), 2));
   line("Median E2E Latency (ms):", fmt(percentile(e2e, 50), 2));
@@ -684,6 +720,7 @@ int run_bench_serve(const BenchServeArgs& a) {
               {"mean_itl_ms", mean(itl)},
               {"median_itl_ms", percentile(itl, 50)},
               {"p99_itl_ms", percentile(itl, 99)}};
+    if (verifies > 0) j["accept_length"] = accept_length, j["accept_rate"] = accept_rate;
     std::ofstream out(a.output_json, std::ios::app);  // one JSON line per run, like sglang's --output-file
     if (!out) throw std::runtime_error("cannot write " + a.output_json);
     out << j.dump() << "\n";

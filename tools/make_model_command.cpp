@@ -20,8 +20,10 @@ void register_make_model_command(CLI::App& app, int& exit_code) {
   CLI::App* cmd =
       app.add_subcommand("make-model", "Write a random DeepSeek-V4-shaped checkpoint in the official format");
   cmd->add_option("--out", a->out, "Output directory")->required();
-  cmd->add_option("--preset", a->spec.preset, "smoke (tiny, real tokenizer), flash or pro (real shapes)")
-      ->check(CLI::IsMember({"smoke", "flash", "pro"}));
+  cmd->add_option(
+         "--preset", a->spec.preset,
+         "smoke (tiny, real tokenizer), flash or pro (real shapes), flash-0731 or pro-0813 (with a DSpark head)")
+      ->check(CLI::IsMember({"smoke", "flash", "pro", "flash-0731", "pro-0813", "smoke-0731"}));
   cmd->add_option("--layers", a->spec.layers, "Main layers (alternating CSA/HCA); default 2")->check(CLI::Range(1, 64));
   cmd->add_option("--dtype", a->dtype, "fp8 (FP8 weights, FP4 experts, like the official files) or bf16")
       ->check(CLI::IsMember({"fp8", "bf16"}));

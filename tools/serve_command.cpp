@@ -50,12 +50,19 @@ struct ServeArgs {
   bool allow_special_tokens_in_content = false;
   std::vector<std::string> allowed_origins;
   int64_t max_request_bytes = 32 << 20;
+  int64_t responses_store_size = 1024, responses_store_mb = 256;
   HttpLimits http;
   double hicache_size_gb = 0, hicache_ratio = 0;
   uint64_t random_seed = 0;
   int threads = 0;
   double prefix_cache_gb = 1.0;
   std::string speculative_algorithm, hicache_storage_backend;
+  // Speculative decoding (SGLang's flags); -1: not given.
+  int64_t speculative_num_steps = -1, speculative_eagle_topk = -1, speculative_num_draft_tokens = -1;
+  int64_t speculative_dspark_block_size = -1;
+  int64_t ngram_min_match = 1, ngram_max_match = 12, ngram_min_bfs = 1, ngram_max_bfs = 10;
+  std::string ngram_match_type = "BFS";
+  bool disable_speculative_bypass = false;
   std::vector<std::string> argv;
 };
 
@@ -83,8 +90,11 @@ std::string gib(int64_t bytes) {
 // The official checkpoints by shape; anything else (the synthetic test
 // models, a sliced checkpoint) is named by its architecture.
 std::string model_variant(const ModelConfig& c) {
-  if (c.dim == 4096 && c.n_routed_experts == 256) return "DeepSeek-V4-Flash-shaped";
-  if (c.dim == 7168 && c.n_routed_experts == 384) return "DeepSeek-V4-Pro-shaped";
+  const bool dspark = c.dspark_stages > 0;
+  if (c.dim == 4096 && c.n_routed_experts == 256)
+    return dspark ? "DeepSeek-V4-Flash-0731-shaped" : "DeepSeek-V4-Flash-shaped";
+  if (c.dim == 7168 && c.n_routed_experts == 384)
+    return dspark ? "DeepSeek-V4-Pro-0813-shaped" : "DeepSeek-V4-Pro-shaped";
   return c.architecture + " (custom shape)";
 }
 
@@ -148,10 +158,108 @@ void print_startup_summary(const Model& model, const Engine& engine, const Serve
                (long long)eo.max_queued_requests, chunk.c_str());
 }
 
+// SGLang's speculative flags resolved into the engine's options, with the
+// refusals a user needs to hear at startup rather than as slow decoding.
+SpeculativeOptions speculative_options(const ServeArgs& a, const Model& model) {
+  SpeculativeOptions o;
+  o.algorithm = parse_speculative_algorithm(a.speculative_algorithm);
+  o.auto_bypass = !a.disable_speculative_bypass;
+  if (const char* simulate = std::getenv("SGLANG_SIMULATE_ACC_LEN"); simulate && *simulate) {
+    char* end = nullptr;
+    o.simulate_accept_len = std::strtod(simulate, &end);
+    if (*end != '\0' || !(o.simulate_accept_len >= 1.0))
+      throw Error(std::string("SGLANG_SIMULATE_ACC_LEN=") + simulate + ": expected a number >= 1");
+  }
+  if (o.algorithm == SpeculativeAlgorithm::None) {
+    if (o.simulate_accept_len > 0)
+      std::fprintf(stderr, "note: SGLANG_SIMULATE_ACC_LEN has no effect without --speculative-algorithm\n");
+    o.simulate_accept_len = 0;
+    return o;
+  }
+  if (a.speculative_eagle_topk > 1)
+    throw Error("--speculative-eagle-topk " + std::to_string(a.speculative_eagle_topk) +
+                ": only 1 (a chain of drafts) is supported; tree drafting is not implemented");
+  const bool dspark = model.weights().dspark.has_value();
+  if (o.algorithm == SpeculativeAlgorithm::Dspark) {
+    if (!dspark)
+      throw Error(model.has_mtp()
+                      ? "--speculative-algorithm DSPARK: this checkpoint has no DSpark draft head (no dspark_* config "
+                        "fields); its MTP head drafts with --speculative-algorithm EAGLE"
+                      : "--speculative-algorithm DSPARK: this checkpoint has no DSpark draft head; use NGRAM");
+    o.dspark_block =
+        a.speculative_dspark_block_size > 0 ? a.speculative_dspark_block_size : model.config().dspark_block_size;
+    if (o.dspark_block > 16) throw Error("--speculative-dspark-block-size must be at most 16");
+    o.num_draft_tokens = o.dspark_block + 1;  // SGLang's verify window
+    if (a.speculative_num_steps > 0 || a.speculative_eagle_topk > 0)
+      std::fprintf(stderr, "note: --speculative-num-steps / --speculative-eagle-topk have no effect with DSPARK\n");
+    if (a.speculative_num_draft_tokens > 0 && a.speculative_num_draft_tokens != o.num_draft_tokens)
+      std::fprintf(stderr, "note: DSPARK verifies block + 1 = %lld tokens; --speculative-num-draft-tokens ignored\n",
+                   (long long)o.num_draft_tokens);
+    return o;
+  }
+  if (o.algorithm == SpeculativeAlgorithm::Eagle) {
+    // SGLang accepts EAGLE here and then accepts nothing: say what to use.
+    if (dspark)
+      throw Error(
+          "--speculative-algorithm EAGLE: this checkpoint bundles a DSpark draft head, not an MTP head "
+          "(its mtp.* tensors are DSpark stages): draft with --speculative-algorithm DSPARK");
+    if (!model.has_mtp())
+      throw Error(
+          "--speculative-algorithm EAGLE drafts with the checkpoint's MTP head, and this checkpoint has none "
+          "(num_nextn_predict_layers = 0); use --speculative-algorithm NGRAM");
+    o.num_steps = a.speculative_num_steps > 0 ? a.speculative_num_steps : 3;
+    // SGLang's chain: num_draft_tokens = num_steps + 1 with top-k 1.
+    o.num_draft_tokens = a.speculative_num_draft_tokens > 0 ? std::min(a.speculative_num_draft_tokens, o.num_steps + 1)
+                                                            : o.num_steps + 1;
+    if (a.speculative_num_steps > 16) throw Error("--speculative-num-steps must be at most 16");
+  } else {
+    if (a.ngram_min_match < 1 || a.ngram_max_match < a.ngram_min_match)
+      throw Error("--speculative-ngram-min/max-match-window-size: need 1 <= min <= max");
+    o.ngram_min_match = a.ngram_min_match;
+    o.ngram_max_match = a.ngram_max_match;
+    // SGLang's default: as many drafts as the longest match window.
+    o.num_draft_tokens = a.speculative_num_draft_tokens > 0 ? a.speculative_num_draft_tokens : a.ngram_max_match;
+    if (a.ngram_match_type != "BFS" && a.ngram_match_type != "PROB")
+      throw Error("--speculative-ngram-match-type must be BFS or PROB");
+    if (a.ngram_max_bfs > 1 || a.ngram_match_type != "BFS")
+      std::fprintf(stderr,
+                   "note: NGRAM drafts one chain (the most recent longest match); --speculative-ngram-max-bfs-breadth "
+                   "and --speculative-ngram-match-type PROB have no effect\n");
+  }
+  if (o.num_draft_tokens < 2 || o.num_draft_tokens > 64)
+    throw Error("--speculative-num-draft-tokens must be in [2, 64] (the last sampled token plus its drafts)");
+  return o;
+}
+
+void print_speculative_summary(const Model& model, const SpeculativeOptions& o) {
+  const ModelConfig& c = model.config();
+  std::string bundled = model.has_mtp() ? "an MTP head (EAGLE)" : "no draft head";
+  if (model.weights().dspark) {
+    std::string targets;
+    for (int64_t id : c.dspark_target_layer_ids) targets += (targets.empty() ? "" : ",") + std::to_string(id);
+    bundled = "a DSpark head (" + std::to_string(c.dspark_stages) + " stages, block " +
+              std::to_string(c.dspark_block_size) + ", reading layers " + targets + "; --speculative-algorithm DSPARK)";
+  }
+  if (o.algorithm == SpeculativeAlgorithm::None) {
+    std::fprintf(stderr, "speculative decoding: off (the checkpoint bundles %s)\n", bundled.c_str());
+    return;
+  }
+  std::fprintf(stderr, "speculative decoding: %s, up to %lld drafts per step%s; the checkpoint bundles %s; %s\n",
+               speculative_algorithm_name(o.algorithm), (long long)(o.num_draft_tokens - 1),
+               o.algorithm == SpeculativeAlgorithm::Eagle    ? " (MTP top-1 chain)"
+               : o.algorithm == SpeculativeAlgorithm::Dspark ? " (one DSpark block)"
+                                                             : " (prompt lookup)",
+               bundled.c_str(),
+               o.auto_bypass ? "bypassed at batch sizes where it measures slower than plain decoding"
+                             : "never bypassed (--disable-speculative-bypass)");
+  if (o.simulate_accept_len > 0)
+    std::fprintf(stderr,
+                 "WARNING: SGLANG_SIMULATE_ACC_LEN=%.2f: verification accepts %.2f tokens per step whatever the model "
+                 "says. For benchmarks only: THE OUTPUT IS NOT THE MODEL'S.\n",
+                 o.simulate_accept_len, o.simulate_accept_len);
+}
+
 int run_serve(ServeArgs& a) {
-  if (!a.speculative_algorithm.empty())
-    throw Error("--speculative-algorithm " + a.speculative_algorithm +
-                " is not supported by this build yet (speculative decoding is not implemented)");
   if (!a.hicache_storage_backend.empty())
     throw Error("--hicache-storage-backend is not supported yet: the prefix cache has a host-RAM tier only");
   if (a.schedule_policy != "fcfs")
@@ -195,8 +303,11 @@ int run_serve(ServeArgs& a) {
   if (a.hicache_size_gb > 0) cache_gb = a.hicache_size_gb;
   eo.prefix_cache_bytes = a.disable_radix_cache ? 0 : int64_t(cache_gb * double(int64_t(1) << 30));
   eo.pin_threads = true;
+  eo.speculative = speculative_options(a, *model);
+  eo.log = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
   auto engine = std::make_shared<Engine>(model, eo);
   print_startup_summary(*model, *engine, a);
+  print_speculative_summary(*model, eo.speculative);
 
   ServerOptions so;
   so.host = a.host;
@@ -215,6 +326,8 @@ int run_serve(ServeArgs& a) {
   so.enable_cache_report = a.enable_cache_report;
   so.clamp_max_tokens = a.clamp_max_tokens;
   so.grammar_max_string_chars = a.grammar_max_string_chars;
+  so.responses_store_size = a.responses_store_size;
+  so.responses_store_bytes = a.responses_store_mb << 20;
   so.server_args = a.argv;
   so.allowed_origins = a.allowed_origins;
   so.max_request_bytes = a.max_request_bytes;
@@ -293,6 +406,13 @@ void register_serve_command(CLI::App& app, int& exit_code) {
                   "this many characters; 0 (default): unlimited. Bounds generation by a model that never closes a "
                   "string")
       ->check(CLI::Range(int64_t(0), int64_t(10000)));
+  cmd->add_option("--responses-store-size", a->responses_store_size,
+                  "Finished /v1/responses responses kept for GET and previous_response_id (least recently used "
+                  "evicted first; 0: none)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--responses-store-mb", a->responses_store_mb,
+                  "Memory budget of that store in MiB (its responses' and conversations' JSON text)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 30));
   cmd->add_option("--schedule-policy", a->schedule_policy, "fcfs");
   cmd->add_flag("--disable-radix-cache", a->disable_radix_cache, "Disable prefix reuse");
   cmd->add_flag("--no-mmap", a->no_mmap,
@@ -303,7 +423,29 @@ void register_serve_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--hicache-ratio", a->hicache_ratio, "Accepted for compatibility (no device tier here)");
   cmd->add_option("--prefix-cache-gb", a->prefix_cache_gb, "Prefix cache size in GB (default 1)");
   cmd->add_option("--hicache-storage-backend", a->hicache_storage_backend, "Not supported yet (refused)");
-  cmd->add_option("--speculative-algorithm", a->speculative_algorithm, "Not supported yet (refused)");
+  // Speculative decoding (docs/speculative.md).
+  cmd->add_option("--speculative-algorithm", a->speculative_algorithm,
+                  "EAGLE (the checkpoint's MTP head; NEXTN/MTP are aliases) or NGRAM (prompt lookup); DSPARK is "
+                  "refused on checkpoints without a DSpark head");
+  cmd->add_option("--speculative-num-steps", a->speculative_num_steps, "EAGLE: MTP steps chained per draft (3)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--speculative-eagle-topk", a->speculative_eagle_topk, "EAGLE: 1 (a chain; trees are refused)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--speculative-num-draft-tokens", a->speculative_num_draft_tokens,
+                  "Tokens verified per step, the last sampled one included (EAGLE: num-steps + 1; NGRAM: "
+                  "max-match-window-size)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--speculative-dspark-block-size", a->speculative_dspark_block_size, "DSPARK: drafted positions")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--speculative-ngram-min-match-window-size", a->ngram_min_match,
+                  "NGRAM: shortest suffix matched (1)");
+  cmd->add_option("--speculative-ngram-max-match-window-size", a->ngram_max_match,
+                  "NGRAM: longest suffix matched (12)");
+  cmd->add_option("--speculative-ngram-min-bfs-breadth", a->ngram_min_bfs, "NGRAM: accepted (one chain is drafted)");
+  cmd->add_option("--speculative-ngram-max-bfs-breadth", a->ngram_max_bfs, "NGRAM: accepted (one chain is drafted)");
+  cmd->add_option("--speculative-ngram-match-type", a->ngram_match_type, "NGRAM: BFS (PROB is accepted, no effect)");
+  cmd->add_flag("--disable-speculative-bypass", a->disable_speculative_bypass,
+                "Speculate at every batch size, even where it measures slower than plain decoding");
   // HTTP limits (docs: README, Security).
   cmd->add_option("--allowed-origins", a->allowed_origins,
                   "Origins whose web pages may call the API (CORS), or '*'; default: none without --api-key, "
@@ -358,10 +500,8 @@ void register_serve_command(CLI::App& app, int& exit_code) {
                            "--hicache-io-backend",
                            "--hicache-mem-layout",
                            "--disaggregation-transfer-backend",
-                           "--speculative-num-steps",
-                           "--speculative-eagle-topk",
-                           "--speculative-num-draft-tokens",
-                           "--speculative-dspark-block-size",
+                           "--speculative-ngram-branch-length",
+                           "--speculative-ngram-capacity",
                            "--nnodes",
                            "--node-rank",
                            "--dist-init-addr"}) {

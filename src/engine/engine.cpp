@@ -7,46 +7,16 @@
 #include "core/machine.h"
 #include "core/scratch.h"
 #include "core/threads.h"
+#include "engine/sequence.h"
 
 namespace dsv4 {
 
-struct Engine::Sequence {
-  std::shared_ptr<RequestHandle> handle;
-  std::vector<int32_t> prompt;
-  SamplingParams params;
-  Phase phase = Phase::Queued;
-  SequenceState state;
-  int64_t fed = 0;              // tokens of prompt+output already in `state`
-  std::vector<int32_t> output;  // generated tokens
-  PenaltyState penalties;
-  std::vector<int32_t> stop_ids;     // stop_token_ids plus EOS unless ignore_eos
-  std::vector<float> cached_logits;  // after the prompt, from a full prefix-cache hit
-  // Constrained decoding state (null: unconstrained); only the thread that
-  // draws this sequence's token touches it.
-  std::unique_ptr<TokenConstraint> constraint;
-  int64_t reserved_tokens = 0;
-
-  int64_t known() const { return int64_t(prompt.size() + output.size()); }
-  std::vector<int32_t> tokens(int64_t start, int64_t n) const {
-    std::vector<int32_t> t;
-    t.reserve(size_t(n));
-    for (int64_t i = start; i < start + n; ++i)
-      t.push_back(i < int64_t(prompt.size()) ? prompt[size_t(i)] : output[size_t(i) - prompt.size()]);
-    return t;
-  }
-  RunningSummary summary() const {
-    RunningSummary r;
-    r.phase = phase;
-    r.fed = fed;
-    r.known = known();
-    r.cached_logits = !cached_logits.empty();
-    r.cancelled = handle->cancelled();
-    return r;
-  }
-};
-
 Engine::Engine(std::shared_ptr<const Model> model, EngineOptions options)
-    : model_(std::move(model)), options_(options), executor_(*model_), cache_(options.prefix_cache_bytes) {
+    : model_(std::move(model)),
+      options_(options),
+      executor_(*model_),
+      cache_(options.prefix_cache_bytes),
+      gate_(options.speculative.auto_bypass) {
   const int64_t model_max = model_->config().max_position_embeddings;
   if (options_.context_length <= 0 || options_.context_length > model_max) options_.context_length = model_max;
   if (options_.chunked_prefill_size <= 0) options_.chunked_prefill_size = options_.context_length;
@@ -161,6 +131,11 @@ EngineMetrics Engine::metrics() const {
   for (auto& [t, n] : recent_tokens_)
     if (now - t <= window) tokens += n;
   m.gen_throughput = double(tokens) / window;
+  if (m.spec_verify_total > 0) {
+    m.spec_accept_length = double(m.spec_accepted_tokens_total + m.spec_verify_total) / double(m.spec_verify_total);
+    m.spec_accept_rate =
+        m.spec_draft_tokens_total > 0 ? double(m.spec_accepted_tokens_total) / double(m.spec_draft_tokens_total) : 0.0;
+  }
   return m;
 }
 
@@ -250,16 +225,54 @@ void Engine::start(Sequence& s) {
 // logits last).
 void Engine::step(std::vector<std::unique_ptr<Sequence>>& running) {
   const int64_t V = model_->config().vocab_size;
+  const SpeculativeOptions& spec = options_.speculative;
   std::vector<RunningSummary> summaries;
   summaries.reserve(running.size());
-  for (auto& s : running) summaries.push_back(s->summary());
+  int64_t decoding = 0;
+  for (auto& s : running) {
+    summaries.push_back(s->summary());
+    decoding += summaries.back().phase == Phase::Decoding && !summaries.back().cancelled;
+  }
+  // Drafts first: the scheduler widens a decoding item by its drafts.
+  const double t_draft = now_seconds();
+  bool speculating = false;
+  if (spec.algorithm != SpeculativeAlgorithm::None && decoding > 0) {
+    speculating = gate_.speculate(decoding);
+    if (speculating) {
+      propose_drafts(running, summaries);
+    } else {
+      std::lock_guard<std::mutex> lock(mutex_);
+      ++totals_.spec_bypassed_steps_total;
+    }
+  }
   const StepPlan plan = schedule_batch(summaries, budgets_);
 
+  // EAGLE keeps the main model's final HC rows that the MTP block will read:
+  // a window's worth of every item, all rows of a verified one.
+  const bool keep_hc_rows = spec.algorithm == SpeculativeAlgorithm::Eagle;
+  // DSPARK feeds the target layers' states of every committed row to the
+  // head's rings (a window's worth of a long chunk suffices).
+  const bool keep_dspark = spec.algorithm == SpeculativeAlgorithm::Dspark;
+  std::vector<std::vector<float>> hc(plan.items.size()), dspark(plan.items.size());
   std::vector<ExecItem> exec;
   exec.reserve(plan.items.size());
-  for (const PlanItem& item : plan.items) {
+  bool has_prefill = false;
+  for (size_t i = 0; i < plan.items.size(); ++i) {
+    const PlanItem& item = plan.items[i];
     Sequence& s = *running[item.seq];
-    exec.push_back({&s.state, s.tokens(item.start, item.n), item.logits});
+    const int64_t drafted = item.prefill ? 0 : int64_t(s.drafts.size());
+    std::vector<int32_t> tokens = s.tokens(item.start, item.n - drafted);
+    if (drafted > 0) tokens.insert(tokens.end(), s.drafts.begin(), s.drafts.end());
+    exec.push_back({&s.state, std::move(tokens), item.logits});
+    if (keep_hc_rows) {
+      exec.back().final_hc = &hc[i];
+      exec.back().final_hc_rows = drafted > 0 ? item.n : std::min(item.n, model_->config().window);
+    }
+    if (keep_dspark) {
+      exec.back().dspark_hidden = &dspark[i];
+      exec.back().dspark_rows = drafted > 0 ? item.n : std::min(item.n, model_->config().window);
+    }
+    has_prefill |= item.prefill;
   }
   const double t_forward = now_seconds();
   const StepLogits logits = executor_.run(exec);
@@ -267,24 +280,47 @@ void Engine::step(std::vector<std::unique_ptr<Sequence>>& running) {
 
   // Sampling is a pure function of (logits, params, history, step), so the
   // sequences sample in parallel; events are emitted in order afterwards.
-  // Items wanting every row carry drafts to verify, which this engine does
-  // not propose yet: only last-row items sample.
-  auto samples = [&](size_t i) { return plan.items[i].logits == LogitRows::Last; };
+  // Items wanting every row verify drafts.
   std::vector<SampledToken> drawn(plan.items.size());
+  std::vector<std::vector<SampledToken>> verified(plan.items.size());
+  std::vector<int64_t> accepted(plan.items.size(), 0);
   int64_t n_sampled = 0;
-  for (size_t i = 0; i < plan.items.size(); ++i) n_sampled += samples(i);
+  for (const PlanItem& item : plan.items) n_sampled += item.logits != LogitRows::None;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads_for(n_sampled* V * 4))
-  for (size_t i = 0; i < plan.items.size(); ++i)
-    if (samples(i)) drawn[i] = draw(*running[plan.items[i].seq], logits.last_row(i));
-  const double t_emit = now_seconds();
   for (size_t i = 0; i < plan.items.size(); ++i) {
-    Sequence& s = *running[plan.items[i].seq];
-    s.fed += plan.items[i].n;
+    const Sequence& s = *running[plan.items[i].seq];
+    if (plan.items[i].logits == LogitRows::Last) drawn[i] = draw(s, logits.last_row(i));
+    if (plan.items[i].logits == LogitRows::All) verified[i] = verify(s, logits, i, &accepted[i]);
+  }
+  const double t_emit = now_seconds();
+  int64_t emitted = 0;
+  for (size_t i = 0; i < plan.items.size(); ++i) {
+    const PlanItem& item = plan.items[i];
+    Sequence& s = *running[item.seq];
+    if (item.logits == LogitRows::All) {
+      emitted += int64_t(verified[i].size());
+      accept(s, item.start, verified[i], accepted[i], keep_hc_rows ? &hc[i] : nullptr,
+             keep_dspark ? &dspark[i] : nullptr, logits, i);
+      continue;
+    }
+    s.fed += item.n;
+    if (keep_hc_rows) {
+      const int64_t rows = int64_t(hc[i].size()) / (model_->config().hc_mult * model_->config().dim);
+      keep_hc(s, item.start + item.n - rows, hc[i].data(), rows);
+    }
+    if (keep_dspark) {
+      const int64_t width = int64_t(model_->config().dspark_target_layer_ids.size()) * model_->config().dim;
+      const int64_t rows = int64_t(dspark[i].size()) / width;
+      model_->dspark_extend(s.state, dspark[i].data(), item.start + item.n - rows, rows);
+    }
     if (s.fed <= int64_t(s.prompt.size())) {
       std::lock_guard<std::mutex> lock(mutex_);
-      totals_.prompt_tokens_total += plan.items[i].n;
+      totals_.prompt_tokens_total += item.n;
     }
-    if (samples(i)) emit(s, logits.last_row(i), drawn[i]);
+    if (item.logits == LogitRows::Last) {
+      emit(s, logits.last_row(i), drawn[i]);
+      ++emitted;
+    }
   }
   for (size_t k : plan.sample_cached) {
     Sequence& s = *running[k];
@@ -293,7 +329,14 @@ void Engine::step(std::vector<std::unique_ptr<Sequence>>& running) {
     emit(s, row.data(), draw(s, row.data()));
   }
   const double t_end = now_seconds();
+  // The gate compares pure decode steps only: a prefill chunk in the step
+  // would charge its time to whichever mode ran.
+  if (spec.algorithm != SpeculativeAlgorithm::None && decoding > 0 && !has_prefill && plan.sample_cached.empty())
+    gate_.record(decoding, speculating, t_end - t_draft, emitted);
+  if (decoding > 0 && options_.decode_log_interval > 0 && ++decode_steps_ % options_.decode_log_interval == 0)
+    log_decode(decoding);
   std::lock_guard<std::mutex> lock(mutex_);
+  totals_.draft_seconds += t_forward - t_draft;
   totals_.forward_seconds += t_sample - t_forward;
   totals_.sample_seconds += t_emit - t_sample;
   totals_.emit_seconds += t_end - t_emit;

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -21,6 +22,7 @@
 #include "engine/request.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
+#include "engine/speculative.h"
 #include "engine/validate.h"
 #include "model/model.h"
 
@@ -34,6 +36,11 @@ struct EngineOptions {
   int64_t max_total_tokens = 0;                   // admission budget over running requests; 0 = unlimited
   int64_t prefix_cache_bytes = int64_t(1) << 30;  // 0 disables the prefix cache
   bool pin_threads = false;                       // pin the model thread's OpenMP team (pin_compute_threads)
+  SpeculativeOptions speculative;                 // none by default (docs/speculative.md)
+  // Every `decode_log_interval` decode steps, one line through `log` (SGLang's
+  // "Decode batch" line, with the acceptance of speculation); 0 or no log: none.
+  int64_t decode_log_interval = 40;
+  std::function<void(const std::string&)> log;
 };
 
 struct EngineMetrics {
@@ -47,6 +54,18 @@ struct EngineMetrics {
   // passes, sampling, and emitting events (cache inserts, handles).
   double step_seconds = 0, forward_seconds = 0, sample_seconds = 0, emit_seconds = 0;
   int64_t steps_total = 0;
+  // Speculative decoding: verify steps (one per sequence and step that
+  // verified drafts), drafted and accepted tokens, the time spent drafting,
+  // and steps where the gate chose plain decoding although speculation is on.
+  int64_t spec_verify_total = 0, spec_draft_tokens_total = 0, spec_accepted_tokens_total = 0;
+  int64_t spec_bypassed_steps_total = 0;
+  double draft_seconds = 0;
+  // Per draft position j (0 = first draft): how often a verify step drafted
+  // that far, and how often position j was accepted.
+  std::vector<int64_t> spec_position_drafted, spec_position_accepted;
+  // Over the last decode-log interval: tokens per verify (accepted + 1) and
+  // accepted per drafted; 0 before any verify.
+  double spec_accept_length = 0, spec_accept_rate = 0;
 };
 
 // An id that a running or waiting request already has: two requests with
@@ -100,6 +119,18 @@ class Engine {
   void admit(std::vector<std::unique_ptr<Sequence>>& running);
   void start(Sequence& s);
   void step(std::vector<std::unique_ptr<Sequence>>& running);
+  // Speculative decoding (engine_speculative.cpp): drafts for the decoding
+  // sequences (their decode states checkpointed), and the acceptance of a
+  // verified item, which rolls the state back to what it accepted.
+  void propose_drafts(std::vector<std::unique_ptr<Sequence>>& running, std::vector<RunningSummary>& summaries);
+  void propose_mtp(const std::vector<Sequence*>& sequences, const std::vector<int64_t>& limits);
+  void propose_dspark(const std::vector<Sequence*>& sequences, const std::vector<int64_t>& limits);
+  std::vector<SampledToken> verify(const Sequence& s, const StepLogits& logits, size_t item, int64_t* accepted) const;
+  void accept(Sequence& s, int64_t start, const std::vector<SampledToken>& tokens, int64_t accepted,
+              const std::vector<float>* hc, const std::vector<float>* dspark_hidden, const StepLogits& logits,
+              size_t item);
+  void keep_hc(Sequence& s, int64_t first_position, const float* rows, int64_t n) const;
+  void log_decode(int64_t batch);
   SampledToken draw(const Sequence& s, const float* logits) const;
   void emit(Sequence& s, const float* logits, const SampledToken& t);
   void retire(std::vector<std::unique_ptr<Sequence>>& running);
@@ -110,6 +141,11 @@ class Engine {
   SchedulerBudgets budgets_;
   Executor executor_;
   CachePolicy cache_;
+  SpeculationGate gate_;
+  int64_t decode_steps_ = 0;  // engine thread only
+  struct SpecWindow {
+    int64_t verifies = 0, drafted = 0, accepted = 0;
+  } spec_window_;  // since the last decode log line (engine thread only)
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<std::unique_ptr<Sequence>> waiting_;

@@ -1,5 +1,7 @@
 #include "engine/executor.h"
 
+#include <algorithm>
+
 namespace dsv4 {
 
 StepLogits Executor::run(std::vector<ExecItem>& items) const {
@@ -14,6 +16,8 @@ StepLogits Executor::run(std::vector<ExecItem>& items) const {
     total += rows;
   }
   out.data_.resize(size_t(total * V));
+  const int64_t hc_width = model_.config().hc_mult * model_.config().dim;
+  const int64_t dspark_width = int64_t(model_.config().dspark_target_layer_ids.size()) * model_.config().dim;
   std::vector<BatchItem> batch;
   batch.reserve(items.size());
   for (size_t i = 0; i < items.size(); ++i) {
@@ -21,8 +25,21 @@ StepLogits Executor::run(std::vector<ExecItem>& items) const {
     float* logits = out.rows_[i] > 0 ? out.data_.data() + out.offset_[i] : nullptr;
     // Only the last row when that is all the item needs: the vocabulary-sized
     // head is then skipped for the other rows of a prefill chunk.
-    batch.push_back(
-        {it.state, it.tokens.data(), int64_t(it.tokens.size()), logits, nullptr, it.logits != LogitRows::All});
+    float* hc = nullptr;
+    const int64_t hc_rows = std::min<int64_t>(it.final_hc_rows, int64_t(it.tokens.size()));
+    if (it.final_hc && hc_rows > 0) {
+      it.final_hc->resize(size_t(hc_rows * hc_width));
+      hc = it.final_hc->data();
+    }
+    BatchItem b{it.state, it.tokens.data(), int64_t(it.tokens.size()), logits, hc, it.logits != LogitRows::All,
+                hc_rows};
+    const int64_t dspark_rows = std::min<int64_t>(it.dspark_rows, int64_t(it.tokens.size()));
+    if (it.dspark_hidden && dspark_rows > 0) {
+      it.dspark_hidden->resize(size_t(dspark_rows * dspark_width));
+      b.dspark_hidden = it.dspark_hidden->data();
+      b.dspark_hidden_rows = dspark_rows;
+    }
+    batch.push_back(b);
   }
   if (!batch.empty()) model_.forward_batch(batch);
   return out;

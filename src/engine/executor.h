@@ -14,6 +14,14 @@ struct ExecItem {
   SequenceState* state = nullptr;
   std::vector<int32_t> tokens;  // fed at positions state->n_tokens ...
   LogitRows logits = LogitRows::None;
+  // The model's final HC state of the last `final_hc_rows` fed rows (the MTP
+  // drafter's input), or null.
+  std::vector<float>* final_hc = nullptr;
+  int64_t final_hc_rows = 0;
+  // The DSpark head's inputs (BatchItem::dspark_hidden) of the last
+  // `dspark_rows` fed rows, or null.
+  std::vector<float>* dspark_hidden = nullptr;
+  int64_t dspark_rows = 0;
 };
 
 // The logits of one forward pass: item i has rows(i) rows of `vocab` floats

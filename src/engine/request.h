@@ -45,6 +45,11 @@ class RequestHandle {
   int64_t prompt_tokens() const { return prompt_tokens_; }
   int64_t cached_tokens() const { return cached_tokens_.load(); }
   RequestTimes times() const;
+  // Speculative decoding of this request: verify steps, drafted tokens,
+  // accepted drafts (SGLang's meta_info spec_verify_ct etc.).
+  int64_t spec_verify_ct() const { return spec_verify_ct_.load(); }
+  int64_t spec_draft_tokens() const { return spec_draft_tokens_.load(); }
+  int64_t spec_accepted_tokens() const { return spec_accepted_tokens_.load(); }
 
  private:
   friend class Engine;
@@ -53,6 +58,7 @@ class RequestHandle {
   int64_t prompt_tokens_ = 0;
   std::atomic<int64_t> cached_tokens_{0};
   std::atomic<bool> cancelled_{false};
+  std::atomic<int64_t> spec_verify_ct_{0}, spec_draft_tokens_{0}, spec_accepted_tokens_{0};
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<TokenEvent> events_;

@@ -72,10 +72,8 @@ ModelConfig parse_config(const std::string& text, const std::string& origin) {
     c.architecture = j["architectures"][0].get<std::string>();
   if (!c.architecture.empty() && c.architecture != "DeepseekV4ForCausalLM")
     throw Error(origin + ": unsupported architecture \"" + c.architecture + "\"");
-  for (const char* key :
-       {"dspark_block_size", "dspark_target_layer_ids", "engram_layer_ids", "kv_source_layer_ids", "vision_config"})
-    if (j.contains(key))
-      throw Error(origin + ": feature \"" + key + "\" is not supported yet (DSpark / V4.1 checkpoints)");
+  for (const char* key : {"engram_layer_ids", "kv_source_layer_ids", "vision_config"})
+    if (j.contains(key)) throw Error(origin + ": feature \"" + key + "\" is not supported yet (V4.1 checkpoints)");
 
   c.vocab_size = r.integer("vocab_size");
   c.dim = r.integer("hidden_size");
@@ -133,12 +131,36 @@ ModelConfig parse_config(const std::string& text, const std::string& origin) {
                   " is not supported (0, 4 with overlap, or a power of two above 4)");
     c.compress_ratios.push_back(m);
   }
-  require(int64_t(c.compress_ratios.size()) == c.n_layers + c.n_mtp_layers,
+  if (j.contains("dspark_block_size")) {
+    // The refreshed checkpoints: the stages follow the main layers in
+    // compress_ratios, and mtp.* holds them instead of an MTP head.
+    c.n_mtp_layers = 0;
+    c.dspark_block_size = r.integer("dspark_block_size", 1);
+    c.dspark_noise_token_id = r.integer("dspark_noise_token_id", 0);
+    c.dspark_markov_rank = r.integer("dspark_markov_rank", 1);
+    const json& targets = r.need("dspark_target_layer_ids");
+    if (!targets.is_array() || targets.empty())
+      throw Error(origin + ": dspark_target_layer_ids must be a non-empty list");
+    for (auto& v : targets) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= c.n_layers)
+        throw Error(origin + ": dspark_target_layer_ids must hold main-layer ids in [0, " + std::to_string(c.n_layers) +
+                    ")");
+      c.dspark_target_layer_ids.push_back(v.get<int64_t>());
+    }
+    c.dspark_stages = int64_t(c.compress_ratios.size()) - c.n_layers;
+    require(c.dspark_stages >= 1, origin +
+                                      ": compress_ratios has no entries for the DSpark stages (one 0 per stage "
+                                      "after the main layers)");
+    require(c.dspark_noise_token_id < c.vocab_size, origin + ": dspark_noise_token_id is outside the vocabulary");
+  }
+  require(int64_t(c.compress_ratios.size()) == c.n_layers + c.n_mtp_layers + c.dspark_stages,
           origin + ": compress_ratios has " + std::to_string(c.compress_ratios.size()) +
               " entries, expected num_hidden_layers + num_nextn_predict_layers = " +
               std::to_string(c.n_layers + c.n_mtp_layers));
-  for (int64_t l = c.n_layers; l < c.n_layers + c.n_mtp_layers; ++l)
-    require(c.compress_ratios[size_t(l)] == 0, origin + ": MTP layers must have compress ratio 0");
+  for (int64_t l = c.n_layers; l < c.n_layers + c.n_mtp_layers + c.dspark_stages; ++l)
+    require(c.compress_ratios[size_t(l)] == 0,
+            origin + (c.dspark_stages > 0 ? ": DSpark stages must have compress ratio 0"
+                                          : ": MTP layers must have compress ratio 0"));
   require(c.n_mtp_layers <= 1,
           origin + ": num_nextn_predict_layers " + std::to_string(c.n_mtp_layers) + " > 1 is not supported yet");
 

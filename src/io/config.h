@@ -20,7 +20,7 @@ struct ModelConfig {
   int64_t o_groups = 0;
   int64_t o_lora_rank = 0;
   int64_t window = 0;                    // sliding_window
-  std::vector<int64_t> compress_ratios;  // n_layers + n_mtp_layers entries
+  std::vector<int64_t> compress_ratios;  // n_layers + n_mtp_layers + dspark_stages entries
   double rope_theta = 0, compress_rope_theta = 0;
   double rope_factor = 1;
   int64_t original_seq_len = 0;
@@ -35,6 +35,14 @@ struct ModelConfig {
   float hc_eps = 0, norm_eps = 0;
   int64_t bos_token_id = 0, eos_token_id = 1;
   int64_t max_position_embeddings = 0;
+  // DSpark draft head of the refreshed checkpoints (V4-Flash-0731,
+  // V4-Pro-0813): `dspark_stages` window-only blocks stored as mtp.0 ..
+  // mtp.{stages-1} (compress_ratios ends with one 0 per stage), reading the
+  // main model's hidden states of `dspark_target_layer_ids`. Such a
+  // checkpoint has no MTP head (its legacy num_nextn_predict_layers is
+  // ignored). 0 stages: no DSpark head.
+  int64_t dspark_stages = 0, dspark_block_size = 0, dspark_noise_token_id = 0, dspark_markov_rank = 0;
+  std::vector<int64_t> dspark_target_layer_ids;
   bool fp8_weights = false;  // quantization_config present (fp8 e4m3, ue8m0, 128x128)
   std::string expert_dtype;  // "fp4", "fp8" or "" (same as the other linears)
 

@@ -70,27 +70,59 @@ std::vector<std::vector<int32_t>> indexer_select(const KernelBackend& kb, const 
 
 }  // namespace
 
+AttentionQueries attention_queries(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w,
+                                   const RopeTable& rope, const int64_t* positions, const float* x, int64_t n,
+                                   bool head_norm) {
+  const int64_t H = c.n_heads, hd = c.head_dim, nope = hd - c.rope_dim;
+  AttentionQueries out{kb.buffer(n * c.q_lora_rank), kb.buffer(n * H * hd)};
+  kb.linear(w.wq_a, x, n, out.qr.data());
+  kb.rms_norm(out.qr.data(), n, c.q_lora_rank, c.q_lora_rank, w.q_norm.data(), c.norm_eps);
+  kb.linear(w.wq_b, out.qr.data(), n, out.q.data());
+  if (head_norm) kb.rms_norm(out.q.data(), n * H, hd, hd, nullptr, c.norm_eps);
+  kb.rope(out.q.data() + nope, n * H, hd, positions, H, rope, false);
+  return out;
+}
+
+Buffer attention_kv_rows(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w,
+                         const RopeTable& rope, const int64_t* positions, const float* x, int64_t n) {
+  const int64_t hd = c.head_dim, nope = hd - c.rope_dim;
+  // Rounded as the reference caches them.
+  Buffer kv = kb.buffer(n * hd);
+  kb.linear(w.wkv, x, n, kv.data());
+  kb.rms_norm(kv.data(), n, hd, hd, w.kv_norm.data(), c.norm_eps);
+  kb.rope(kv.data() + nope, n, hd, positions, 1, rope, false);
+  kb.fp8_round(kv.data(), n, nope, hd, 64);
+  return kv;
+}
+
+void attention_output(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w, const RopeTable& rope,
+                      const int64_t* positions, float* o, int64_t n, float* out) {
+  const int64_t H = c.n_heads, hd = c.head_dim, nope = hd - c.rope_dim;
+  kb.rope(o + nope, n * H, hd, positions, H, rope, /*inverse=*/true);
+  // Grouped low-rank output: group g of heads goes through rows
+  // [g*R, (g+1)*R) of wo_a; the concatenation goes through wo_b.
+  const int64_t G = c.o_groups, R = c.o_lora_rank, group_width = H * hd / G;
+  Buffer z = kb.buffer(n * G * R), group_in = kb.buffer(n * group_width);
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t t = 0; t < n; ++t)
+      std::memcpy(group_in.data() + t * group_width, o + t * H * hd + g * group_width, size_t(group_width) * 4);
+    kb.linear(w.wo_a, group_in.data(), n, z.data() + g * R, g * R, (g + 1) * R, G * R);
+  }
+  kb.linear(w.wo_b, z.data(), n, out);
+}
+
 void attention_forward(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w, const RopeTable& rope,
                        const LayerLayout& layout, const std::vector<Segment>& segments, const float* x, int64_t n_rows,
                        float* out) {
-  const int64_t H = c.n_heads, hd = c.head_dim, rd = c.rope_dim, nope = hd - rd;
+  const int64_t H = c.n_heads, hd = c.head_dim;
   const int64_t win = c.window, n = n_rows;
   const RowMap rows(segments, n);
   const std::vector<int64_t>& position = rows.position;
 
-  // Query path; qr is shared with the indexer.
-  Buffer qr = kb.buffer(n * c.q_lora_rank), q = kb.buffer(n * H * hd);
-  kb.linear(w.wq_a, x, n, qr.data());
-  kb.rms_norm(qr.data(), n, c.q_lora_rank, c.q_lora_rank, w.q_norm.data(), c.norm_eps);
-  kb.linear(w.wq_b, qr.data(), n, q.data());
-  kb.rms_norm(q.data(), n * H, hd, hd, nullptr, c.norm_eps);
-  kb.rope(q.data() + nope, n * H, hd, position.data(), H, rope, false);
-  // Window rows of this batch, rounded as the reference caches them.
-  Buffer kv = kb.buffer(n * hd);
-  kb.linear(w.wkv, x, n, kv.data());
-  kb.rms_norm(kv.data(), n, hd, hd, w.kv_norm.data(), c.norm_eps);
-  kb.rope(kv.data() + nope, n, hd, position.data(), 1, rope, false);
-  kb.fp8_round(kv.data(), n, nope, hd, 64);
+  AttentionQueries queries = attention_queries(kb, c, w, rope, position.data(), x, n, true);
+  Buffer& qr = queries.qr;
+  Buffer& q = queries.q;
+  Buffer kv = attention_kv_rows(kb, c, w, rope, position.data(), x, n);
 
   std::vector<std::vector<int32_t>> selected;
   if (layout.has_indexer()) selected = indexer_select(kb, c, w.indexer, rope, layout, segments, rows, x, qr.data(), n);
@@ -156,24 +188,13 @@ void attention_forward(const KernelBackend& kb, const ModelConfig& c, const Atte
   Buffer o = kb.buffer(n * H * hd);
   kb.sink_attention(
       {q.data(), n, H, hd, keys.data(), key_begin.data(), w.sink.data(), 1.0f / std::sqrt(float(hd)), o.data()});
-  kb.rope(o.data() + nope, n * H, hd, position.data(), H, rope, /*inverse=*/true);
-
   // The ring keeps the last `win` window rows of each sequence. Every row
   // goes through it in order (not only a chunk's last `win`), so that a
   // rollback into the chunk finds the ring a shorter run would have left.
   for (const Segment& s : segments)
     for (int64_t t = 0; t < s.n; ++t) s.state->write_window(s.start + t, kv.data() + (s.row0 + t) * hd);
 
-  // Grouped low-rank output: group g of heads goes through rows
-  // [g*R, (g+1)*R) of wo_a; the concatenation goes through wo_b.
-  const int64_t G = c.o_groups, R = c.o_lora_rank, group_width = H * hd / G;
-  Buffer z = kb.buffer(n * G * R), group_in = kb.buffer(n * group_width);
-  for (int64_t g = 0; g < G; ++g) {
-    for (int64_t t = 0; t < n; ++t)
-      std::memcpy(group_in.data() + t * group_width, o.data() + t * H * hd + g * group_width, size_t(group_width) * 4);
-    kb.linear(w.wo_a, group_in.data(), n, z.data() + g * R, g * R, (g + 1) * R, G * R);
-  }
-  kb.linear(w.wo_b, z.data(), n, out);
+  attention_output(kb, c, w, rope, position.data(), o.data(), n, out);
 }
 
 }  // namespace dsv4

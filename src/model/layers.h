@@ -41,6 +41,22 @@ void compressor_push(const KernelBackend& kb, const ModelConfig& c, const Compre
                      bool indexer_keys, LayerState& layer, const CompressorProjections& proj, int64_t row0,
                      int64_t start, int64_t n);
 
+// The pieces of attention that every variant shares: the queries (qr feeds
+// the indexer; `head_norm`: the per-head RMS norm of V4's queries), the
+// window KV rows of the batch rounded as the reference caches them, and the
+// output of the attended values (inverse RoPE, grouped low-rank projection;
+// `o` is rotated in place).
+struct AttentionQueries {
+  Buffer qr, q;  // [n, q_lora_rank], [n, heads, head_dim]
+};
+AttentionQueries attention_queries(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w,
+                                   const RopeTable& rope, const int64_t* positions, const float* x, int64_t n,
+                                   bool head_norm);
+Buffer attention_kv_rows(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w,
+                         const RopeTable& rope, const int64_t* positions, const float* x, int64_t n);
+void attention_output(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w, const RopeTable& rope,
+                      const int64_t* positions, float* o, int64_t n, float* out);
+
 // Attention over a batch of rows from one or more sequences.
 void attention_forward(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w, const RopeTable& rope,
                        const LayerLayout& layout, const std::vector<Segment>& segments, const float* x, int64_t n_rows,

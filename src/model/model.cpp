@@ -99,9 +99,33 @@ void Model::forward_batch(const std::vector<BatchItem>& items) const {
   };
   const bool observe = hc_observer_ && items.size() == 1;
   if (observe) hc_observer_(0, x_hc.data(), items[0].state->n_tokens, rows);
+  // DSpark's inputs: the mean of the HC copies after each target layer.
+  auto keep_dspark_hidden = [&](int64_t layer) {
+    const int64_t targets = int64_t(c.dspark_target_layer_ids.size());
+    for (int64_t j = 0; j < targets; ++j) {
+      if (c.dspark_target_layer_ids[size_t(j)] != layer) continue;
+      int64_t r0 = 0;
+      for (const BatchItem& it : items) {
+        if (it.dspark_hidden) {
+          const int64_t keep = it.dspark_hidden_rows < 0 ? it.n : std::min(it.n, it.dspark_hidden_rows);
+          for (int64_t t = 0; t < keep; ++t) {
+            const float* x = x_hc.data() + (r0 + it.n - keep + t) * width;
+            float* out = it.dspark_hidden + (t * targets + j) * c.dim;
+            for (int64_t i = 0; i < c.dim; ++i) {
+              float sum = 0;
+              for (int64_t k = 0; k < c.hc_mult; ++k) sum += x[k * c.dim + i];
+              out[i] = sum / float(c.hc_mult);
+            }
+          }
+        }
+        r0 += it.n;
+      }
+    }
+  };
   for (int64_t l = 0; l < c.n_layers; ++l) {
     block_forward(weights_.layers[size_t(l)], segments_for(l), x_hc.data(), tokens.data(), rows);
     if (observe) hc_observer_(l + 1, x_hc.data(), items[0].state->n_tokens, rows);
+    if (has_dspark()) keep_dspark_hidden(l);
   }
   // The head runs only on the rows whose logits someone asked for.
   std::vector<int64_t> head_rows;
@@ -124,7 +148,10 @@ void Model::forward_batch(const std::vector<BatchItem>& items) const {
   int64_t row0 = 0, head_index = 0;
   for (const BatchItem& it : items) {
     it.state->n_tokens += it.n;
-    if (it.final_hc) std::copy_n(x_hc.begin() + row0 * width, it.n * width, it.final_hc);
+    if (it.final_hc) {
+      const int64_t keep = it.final_hc_rows < 0 ? it.n : std::min(it.n, it.final_hc_rows);
+      std::copy_n(x_hc.begin() + (row0 + it.n - keep) * width, keep * width, it.final_hc);
+    }
     if (it.logits && it.n > 0) {
       int64_t rows_out = it.last_logits_only ? 1 : it.n;
       std::copy_n(logits.begin() + head_index * c.vocab_size, rows_out * c.vocab_size, it.logits);
@@ -173,12 +200,32 @@ void Model::forward_mtp_batch(const std::vector<MtpBatchItem>& items) const {
     row0 += it.n;
   }
   block_forward(m.block, segments, x_hc.data(), next.data(), n);
-  std::vector<float> logits(size_t(n * c.vocab_size));
-  head_forward(m.hc_head, m.norm, x_hc.data(), n, logits.data());
+  // The head only on the rows whose logits someone asked for.
+  std::vector<int64_t> head_rows;
   row0 = 0;
   for (const MtpBatchItem& it : items) {
+    if (it.logits && it.n > 0)
+      for (int64_t t = it.last_logits_only ? it.n - 1 : 0; t < it.n; ++t) head_rows.push_back(row0 + t);
+    row0 += it.n;
+  }
+  const int64_t width = H * D;
+  std::vector<float> logits(head_rows.size() * size_t(c.vocab_size));
+  if (!head_rows.empty()) {
+    std::vector<float> selected(head_rows.size() * size_t(width));
+    for (size_t i = 0; i < head_rows.size(); ++i)
+      std::copy_n(x_hc.data() + head_rows[i] * width, width, selected.begin() + int64_t(i) * width);
+    head_forward(m.hc_head, m.norm, selected.data(), int64_t(head_rows.size()), logits.data());
+  }
+  row0 = 0;
+  int64_t head_index = 0;
+  for (const MtpBatchItem& it : items) {
     it.state->mtp_tokens += it.n;
-    std::copy_n(logits.begin() + row0 * c.vocab_size, it.n * c.vocab_size, it.logits);
+    if (it.last_hc && it.n > 0) std::copy_n(x_hc.data() + (row0 + it.n - 1) * width, width, it.last_hc);
+    if (it.logits && it.n > 0) {
+      const int64_t rows_out = it.last_logits_only ? 1 : it.n;
+      std::copy_n(logits.begin() + head_index * c.vocab_size, rows_out * c.vocab_size, it.logits);
+      head_index += rows_out;
+    }
     row0 += it.n;
   }
 }
@@ -197,11 +244,10 @@ Model::TokenCost Model::token_cost() const {
   add_dense(weights_.head, cost.head_bytes, cost.head_macs, cost.head_weights);
   add_dense(weights_.hc_head.fn, cost.head_bytes, cost.head_macs, cost.head_weights);
   cost.other_bytes = weights_.embed.weight_bytes() / c.vocab_size;
-  for (size_t i = 0; i < size_t(c.n_layers); ++i) {
-    const BlockWeights& b = weights_.layers[i];
+  auto layer_cost = [&](const BlockWeights& b, const LayerLayout& layout) {
     const AttentionWeights& a = b.attn;
     LayerCost l;
-    l.layout = layouts_[i];
+    l.layout = layout;
     for (const Linear* w : {&b.hc_attn.fn, &b.hc_ffn.fn, &a.wq_a, &a.wq_b, &a.wkv, &a.wo_a, &a.wo_b})
       add_dense(*w, l.weight_bytes, l.linear_macs, l.dense_weights);
     if (a.has_compressor)
@@ -224,7 +270,23 @@ Model::TokenCost Model::token_cost() const {
     l.weight_bytes += l.compressor_bytes;
     l.linear_macs += l.compressor_macs;
     for (size_t f = 0; f < l.dense_weights.size(); ++f) l.dense_weights[f] += l.compressor_weights[f];
-    cost.layers.push_back(l);
+    return l;
+  };
+  for (size_t i = 0; i < size_t(c.n_layers); ++i) cost.layers.push_back(layer_cost(weights_.layers[i], layouts_[i]));
+  for (size_t i = 0; i < weights_.mtp.size(); ++i) {
+    const MtpWeights& m = weights_.mtp[i];
+    LayerCost l = layer_cost(m.block, layouts_[size_t(c.n_layers) + i]);
+    for (const Linear* w : {&m.e_proj, &m.h_proj, &m.hc_head.fn})
+      add_dense(*w, l.weight_bytes, l.linear_macs, l.dense_weights);
+    cost.mtp_layers.push_back(l);
+  }
+  if (weights_.dspark) {
+    const DsparkWeights& d = *weights_.dspark;
+    for (size_t i = 0; i < d.stages.size(); ++i)
+      cost.dspark_layers.push_back(layer_cost(d.stages[i], layer_layout(c, c.n_layers + int64_t(i))));
+    cost.dspark_main_proj_bytes = d.main_proj.weight_bytes();
+    cost.dspark_markov_bytes = d.markov_w2.weight_bytes();
+    cost.dspark_other_bytes = d.hc_head.fn.weight_bytes() + d.confidence.weight_bytes();
   }
   return cost;
 }

@@ -37,6 +37,25 @@ struct BatchItem {
   // Only the last token's logits: what generation needs after a prefill
   // chunk; saves the vocabulary-sized head for the other rows.
   bool last_logits_only = false;
+  // final_hc receives only the last `final_hc_rows` rows ([rows, hc_mult,
+  // dim]; -1: all n). The MTP drafter needs just the window's worth of a
+  // long prefill chunk.
+  int64_t final_hc_rows = -1;
+  // DSpark: the mean over HC copies of the outputs of the checkpoint's
+  // target layers, concatenated ([rows, targets * dim]), of the last
+  // `dspark_hidden_rows` rows (-1: all n), or null.
+  float* dspark_hidden = nullptr;
+  int64_t dspark_hidden_rows = -1;
+};
+
+// One sequence's share of a DSpark draft (see Model::dspark_draft).
+struct DsparkDraftItem {
+  SequenceState* state;         // its rings hold positions up to p = state->dspark_tokens - 1
+  int32_t first_token;          // y: the token at p+1, sampled and not yet fed
+  int64_t block;                // drafted positions p+1 .. p+block
+  int32_t* ids;                 // [block + 1]: y, then the drafts (ids[i+1] predicts p+2+i)
+  float* logits = nullptr;      // [block, vocab] with the Markov bias, or null
+  float* confidence = nullptr;  // [block], or null
 };
 
 // One sequence's share of a batched MTP call (see forward_mtp).
@@ -45,7 +64,11 @@ struct MtpBatchItem {
   const float* hc;
   const int32_t* next_tokens;
   int64_t n;
-  float* logits;
+  float* logits;  // [n, vocab], [vocab] with last_logits_only, or null
+  bool last_logits_only = false;
+  // The MTP block's own final HC state of the last row ([hc_mult, dim]) or
+  // null: a chained draft feeds it back as the next position's `hc`.
+  float* last_hc = nullptr;
 };
 
 struct LoadOptions {
@@ -87,6 +110,15 @@ class Model {
   void forward_mtp_batch(const std::vector<MtpBatchItem>& items) const;
   bool has_mtp() const { return !weights_.mtp.empty(); }
 
+  // DSpark head (model/dspark.cpp; docs/speculative.md). dspark_extend
+  // writes the stages' ring rows of positions first .. first+n-1 from the
+  // main model's target-layer states (BatchItem::dspark_hidden rows);
+  // dspark_draft drafts a block after the last position the rings hold,
+  // greedily (temperature 0). The state is not changed by a draft.
+  bool has_dspark() const { return weights_.dspark.has_value(); }
+  void dspark_extend(SequenceState& state, const float* main_hidden, int64_t first, int64_t n) const;
+  void dspark_draft(const std::vector<DsparkDraftItem>& items) const;
+
   // Observer of the HC residual state: called with layer index 0 after the
   // embedding and l+1 after main layer l, for a chunk of n tokens at `start`.
   using HcObserver = std::function<void(int64_t index, const float* x_hc, int64_t start, int64_t n)>;
@@ -117,6 +149,14 @@ class Model {
     int64_t head_bytes = 0, head_macs = 0;  // LM head and HC head
     int64_t other_bytes = 0;                // one embedding row
     std::vector<LayerCost> layers;          // main layers
+    // MTP blocks (with their input projections and HC head; the LM head
+    // they share is head_bytes).
+    std::vector<LayerCost> mtp_layers;
+    // DSpark stages, and the head's other weights: main_proj (read when the
+    // rings learn rows), the Markov projection W2 (read once per drafted
+    // position: the chain is sequential) and the rest (HC head, confidence).
+    std::vector<LayerCost> dspark_layers;
+    int64_t dspark_main_proj_bytes = 0, dspark_markov_bytes = 0, dspark_other_bytes = 0;
     std::array<int64_t, 4> head_weights{};  // by WeightFormat
     WeightFormat expert_format = WeightFormat::F32;
   };
@@ -130,6 +170,8 @@ class Model {
   Model() = default;
   void block_forward(const BlockWeights& block, const std::vector<Segment>& segments, float* x_hc,
                      const int32_t* tokens, int64_t n_rows) const;
+  void dspark_stage(const BlockWeights& stage, size_t index, const std::vector<DsparkDraftItem>& items, float* x_hc,
+                    const int32_t* tokens, const int64_t* positions, int64_t n) const;
   void head_forward(const HyperConnectionWeights& hc_head, const std::vector<float>& norm, const float* x_hc, int64_t n,
                     float* logits) const;
 

@@ -87,6 +87,9 @@ void SequenceState::reset(const ModelConfig& c) {
   for (int64_t l = 0; l < c.n_layers; ++l) reset_layer(layers[size_t(l)], c, layer_layout(c, l));
   mtp_layers.resize(size_t(c.n_mtp_layers));
   for (int64_t k = 0; k < c.n_mtp_layers; ++k) reset_layer(mtp_layers[size_t(k)], c, layer_layout(c, c.n_layers + k));
+  dspark_tokens = 0;
+  dspark_rings.assign(size_t(c.dspark_stages), KvRows(c.head_dim, c.nope_dim()));
+  for (KvRows& ring : dspark_rings) ring.resize(c.window);
 }
 
 void SequenceState::checkpoint() {
@@ -238,6 +241,7 @@ int64_t SequenceState::memory_bytes() const {
   };
   for (auto& l : layers) add(l);
   for (auto& l : mtp_layers) add(l);
+  for (auto& ring : dspark_rings) total += ring.memory_bytes();
   return total;
 }
 

@@ -63,6 +63,15 @@ struct SequenceState {
   std::vector<LayerState> layers;
   int64_t mtp_tokens = 0;  // positions already processed by the MTP block
   std::vector<LayerState> mtp_layers;
+  // DSpark head: each stage's ring of window KV rows of the main model's
+  // projected hidden states, position p in slot p % window, for positions
+  // before `dspark_tokens`. Only positions the main model committed are
+  // written (the engine extends them after verification), so a rollback
+  // never needs to undo them. Not part of a snapshot: a restored state
+  // starts with empty rings, which costs draft quality for one window, not
+  // correctness.
+  std::vector<KvRows> dspark_rings;
+  int64_t dspark_tokens = 0;
 
   void reset(const ModelConfig& config);
   bool empty() const { return layers.empty(); }

@@ -51,8 +51,13 @@ json synthetic_config(const SyntheticSpec& s) {
             {"torch_dtype", "bfloat16"},
             {"vocab_size", 129280},
             {"num_nextn_predict_layers", 1}};
+  // The refreshed checkpoints with a DSpark head: the base preset's shapes.
+  std::string base = s.preset;
+  // (smoke-0731: the smoke shapes with a DSpark head, for tests.)
+  const bool dspark = base == "flash-0731" || base == "pro-0813" || base == "smoke-0731";
+  if (dspark) base = base.substr(0, base.find('-'));
   int64_t layers;
-  if (s.preset == "smoke") {
+  if (base == "smoke") {
     layers = s.layers > 0 ? s.layers : 2;
     c.update({{"hidden_size", 256},
               {"num_attention_heads", 4},
@@ -68,7 +73,7 @@ json synthetic_config(const SyntheticSpec& s) {
               {"moe_intermediate_size", 256},
               {"routed_scaling_factor", 1.5},
               {"num_hash_layers", 1}});
-  } else if (s.preset == "flash") {
+  } else if (base == "flash") {
     layers = s.layers > 0 ? s.layers : 2;
     c.update({{"hidden_size", 4096},
               {"num_attention_heads", 64},
@@ -84,7 +89,7 @@ json synthetic_config(const SyntheticSpec& s) {
               {"moe_intermediate_size", 2048},
               {"routed_scaling_factor", 1.5},
               {"num_hash_layers", 0}});
-  } else if (s.preset == "pro") {
+  } else if (base == "pro") {
     layers = s.layers > 0 ? s.layers : 2;
     c.update({{"hidden_size", 7168},
               {"num_attention_heads", 128},
@@ -101,7 +106,7 @@ json synthetic_config(const SyntheticSpec& s) {
               {"routed_scaling_factor", 2.5},
               {"num_hash_layers", 0}});
   } else {
-    throw Error("unknown preset \"" + s.preset + "\" (smoke, flash or pro)");
+    throw Error("unknown preset \"" + s.preset + "\" (smoke, flash, pro, flash-0731, pro-0813 or smoke-0731)");
   }
   // Real-shaped slices alternate CSA (ratio 4) and HCA (ratio 128) layers,
   // like the bulk of the official schedules; the MTP block is window-only.
@@ -109,6 +114,22 @@ json synthetic_config(const SyntheticSpec& s) {
   for (int64_t l = 0; l < layers; ++l)
     ratios.push_back(default_ratio(l % 2 == 0 ? LayerKind::CompressedIndexed : LayerKind::Compressed));
   ratios.push_back(default_ratio(LayerKind::Window));
+  if (dspark) {
+    // 0731 / 0813: the MTP entry becomes the first of three window-only
+    // DSpark stages (num_nextn_predict_layers stays 1, ignored, as in the
+    // official files). The stages read the last three main layers (a slice
+    // with fewer repeats its first).
+    ratios.push_back(default_ratio(LayerKind::Window));
+    ratios.push_back(default_ratio(LayerKind::Window));
+    std::vector<int64_t> targets;
+    for (int64_t i = 0; i < 3; ++i) targets.push_back(std::max<int64_t>(0, layers - 3 + i));
+    c.update({{"dspark_block_size", 5},
+              {"dspark_noise_token_id", 128799},
+              {"dspark_target_layer_ids", targets},
+              {"dspark_markov_rank", base == "pro"     ? 512
+                                     : base == "flash" ? 256
+                                                       : 32}});
+  }
   c["num_hidden_layers"] = layers;
   c["compress_ratios"] = ratios;
   if (s.fp8) {
@@ -359,6 +380,21 @@ class CheckpointWriter {
       add(p + ".hc_head_fn", Storage::F32, c.hc_mult, c.hc_mult * c.dim, 0.01f / std::sqrt(float(c.hc_mult * c.dim)));
       add(p + ".hc_head_base", Storage::F32, c.hc_mult, 0, 0, Fill::Zeros);
       add(p + ".hc_head_scale", Storage::F32, 1, 0, 0, Fill::Ones);
+    }
+    for (int64_t k = 0; k < c.dspark_stages; ++k) block("mtp." + std::to_string(k), c.n_layers + k);
+    if (c.dspark_stages > 0) {
+      const int64_t targets = int64_t(c.dspark_target_layer_ids.size()), rank = c.dspark_markov_rank;
+      linear("mtp.0.main_proj", c.dim, targets * c.dim);
+      add("mtp.0.main_norm.weight", Storage::BF16, c.dim, 0, 0, Fill::Ones);
+      const std::string last = "mtp." + std::to_string(c.dspark_stages - 1);
+      add(last + ".norm.weight", Storage::BF16, c.dim, 0, 0, Fill::Ones);
+      add(last + ".hc_head_fn", Storage::F32, c.hc_mult, c.hc_mult * c.dim,
+          0.01f / std::sqrt(float(c.hc_mult * c.dim)));
+      add(last + ".hc_head_base", Storage::F32, c.hc_mult, 0, 0, Fill::Zeros);
+      add(last + ".hc_head_scale", Storage::F32, 1, 0, 0, Fill::Ones);
+      add(last + ".markov_head.markov_w1.weight", Storage::BF16, c.vocab_size, rank, 1.0f);
+      add(last + ".markov_head.markov_w2.weight", Storage::BF16, c.vocab_size, rank, 1.0f / std::sqrt(float(rank)));
+      add(last + ".confidence_head.proj.weight", Storage::BF16, 1, c.dim + rank, 1.0f / std::sqrt(float(c.dim + rank)));
     }
   }
 

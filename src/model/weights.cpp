@@ -246,7 +246,7 @@ ModelWeights bind_weights(const ModelConfig& c, const TensorStore& store,
                           const std::function<void(int64_t, int64_t)>& progress) {
   Binder b(c, store);
   ModelWeights w;
-  int64_t total = c.n_layers + c.n_mtp_layers + 1;
+  int64_t total = c.n_layers + c.n_mtp_layers + 1;  // DSpark stages count with the last step
   w.embed = b.linear("embed", c.vocab_size, c.dim, Storage::Dense);
   w.head = b.linear("head", c.vocab_size, c.dim, Storage::Dense);
   w.norm = b.vec("norm.weight", c.dim);
@@ -268,6 +268,21 @@ ModelWeights bind_weights(const ModelConfig& c, const TensorStore& store,
     m.hc_head = b.hyper(p + ".hc_head", c.hc_mult, 1);
     w.mtp.push_back(std::move(m));
     if (progress) progress(c.n_layers + k + 2, total);
+  }
+  if (c.dspark_stages > 0) {
+    DsparkWeights d;
+    for (int64_t k = 0; k < c.dspark_stages; ++k)
+      d.stages.push_back(b.block("mtp." + std::to_string(k), c.n_layers + k));
+    const int64_t targets = int64_t(c.dspark_target_layer_ids.size());
+    d.main_proj = b.linear("mtp.0.main_proj", c.dim, targets * c.dim, Storage::Quantized);
+    d.main_norm = b.vec("mtp.0.main_norm.weight", c.dim);
+    const std::string last = "mtp." + std::to_string(c.dspark_stages - 1);
+    d.norm = b.vec(last + ".norm.weight", c.dim);
+    d.hc_head = b.hyper(last + ".hc_head", c.hc_mult, 1);
+    d.markov_w1 = b.linear(last + ".markov_head.markov_w1", c.vocab_size, c.dspark_markov_rank, Storage::Dense);
+    d.markov_w2 = b.linear(last + ".markov_head.markov_w2", c.vocab_size, c.dspark_markov_rank, Storage::Dense);
+    d.confidence = b.linear(last + ".confidence_head.proj", 1, c.dim + c.dspark_markov_rank, Storage::Dense);
+    w.dspark = std::move(d);
   }
   w.total_bytes = b.total_bytes;
   return w;

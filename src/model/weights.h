@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -73,12 +74,27 @@ struct MtpWeights {
   HyperConnectionWeights hc_head;
 };
 
+// The DSpark draft head of the refreshed checkpoints: window-only stage
+// blocks (mtp.0 ..), the projection of the target layers' hidden states
+// (stage 0), and the last stage's norm, HC head, Markov head (W1 embeds a
+// drafted token into `dspark_markov_rank` dims, W2 projects back onto the
+// vocabulary) and confidence head. The stages share embed and head.
+struct DsparkWeights {
+  std::vector<BlockWeights> stages;
+  Linear main_proj;  // [dim, targets * dim]
+  std::vector<float> main_norm, norm;
+  HyperConnectionWeights hc_head;
+  Linear markov_w1, markov_w2;  // [vocab, rank] each
+  Linear confidence;            // [1, dim + rank]
+};
+
 struct ModelWeights {
   Linear embed, head;
   std::vector<float> norm;
   HyperConnectionWeights hc_head;
   std::vector<BlockWeights> layers;
   std::vector<MtpWeights> mtp;
+  std::optional<DsparkWeights> dspark;
   int64_t total_bytes = 0;  // bytes of all bound tensors
 };
 

@@ -493,6 +493,15 @@ void Server::Impl::generate(const std::string& raw, HttpResponse& res) {
                   {"completion_tokens", c.completion_tokens()},
                   {"e2e_latency", (t.finished > 0 ? t.finished : now_seconds()) - t.submitted}};
     if (report_cached) meta["cached_tokens"] = c.handle().cached_tokens();
+    // SGLang's speculative fields (present when the request verified drafts).
+    if (const int64_t verifies = c.handle().spec_verify_ct(); verifies > 0) {
+      const int64_t drafted = c.handle().spec_draft_tokens(), accepted = c.handle().spec_accepted_tokens();
+      meta["spec_verify_ct"] = verifies;
+      meta["spec_draft_token_num"] = drafted;
+      meta["spec_accept_token_num"] = accepted;
+      meta["spec_accept_length"] = double(accepted + verifies) / double(verifies);
+      meta["spec_accept_rate"] = drafted > 0 ? double(accepted) / double(drafted) : 0.0;
+    }
     if (return_logprob) {
       ojson lp = ojson::array(), top = ojson::array();
       for (auto& s : c.sampled()) {

@@ -298,9 +298,16 @@ class Session : public std::enable_shared_from_this<Session>, public ResponseStr
     if (ec == bhttp::error::header_limit)
       return refuse(431, "the request header block is too large (limit " +
                              std::to_string(server_->limits.max_header_bytes) + " bytes)");
-    if (ec == bhttp::error::body_limit)
+    if (ec == bhttp::error::body_limit) {
+      // The parser may refuse a declared length as it completes the header,
+      // before on_header ran: drain the body the client is sending anyway.
+      const auto length = parser_->content_length();
+      if (drain_ == 0)
+        drain_ = int64_t(std::min<uint64_t>(length ? *length + (64 << 10) : server_->limits.max_body_bytes,
+                                            4 * server_->limits.max_body_bytes));
       return refuse(
           413, "the request body is too large (limit " + std::to_string(server_->limits.max_body_bytes) + " bytes)");
+    }
     refuse(400, std::string("malformed HTTP request: ") + ec.message());
   }
 

@@ -69,6 +69,27 @@ std::string ServerMetrics::render(const EngineMetrics& m, const std::string& mod
   metric("counter", "dsv4:engine_sample_seconds_total", m.sample_seconds, "Seconds sampling.");
   metric("counter", "dsv4:engine_emit_seconds_total", m.emit_seconds,
          "Seconds emitting tokens (cache policy, request events).");
+  // Speculative decoding: SGLang's gauges (over the whole run here), then
+  // the counters they come from and the acceptance of each draft position.
+  metric("gauge", "sglang:spec_accept_length", m.spec_accept_length,
+         "Tokens per speculative verify step (accepted drafts + 1); 0 before any.");
+  metric("gauge", "sglang:spec_accept_rate", m.spec_accept_rate, "Accepted drafts per drafted token.");
+  metric("counter", "dsv4:spec_verify_total", double(m.spec_verify_total), "Verify steps (per sequence).");
+  metric("counter", "dsv4:spec_draft_tokens_total", double(m.spec_draft_tokens_total), "Drafted tokens verified.");
+  metric("counter", "dsv4:spec_accepted_tokens_total", double(m.spec_accepted_tokens_total),
+         "Drafted tokens accepted.");
+  metric("counter", "dsv4:spec_bypassed_steps_total", double(m.spec_bypassed_steps_total),
+         "Decode steps run without drafts because speculation measured slower at that batch size.");
+  metric("counter", "dsv4:engine_draft_seconds_total", m.draft_seconds, "Seconds proposing drafts.");
+  if (!m.spec_position_drafted.empty()) {
+    o << "# HELP dsv4:spec_position_accept_rate Acceptance of the j-th draft of a step, when drafted.\n"
+      << "# TYPE dsv4:spec_position_accept_rate gauge\n";
+    for (size_t j = 0; j < m.spec_position_drafted.size(); ++j)
+      o << "dsv4:spec_position_accept_rate{" << labels << ",position=\"" << j + 1 << "\"} "
+        << (m.spec_position_drafted[j] > 0 ? double(m.spec_position_accepted[j]) / double(m.spec_position_drafted[j])
+                                           : 0.0)
+        << "\n";
+  }
   double total_prompt = double(m.prompt_tokens_total + m.cached_tokens_total);
   metric("gauge", "sglang:cache_hit_rate", total_prompt > 0 ? double(m.cached_tokens_total) / total_prompt : 0.0,
          "Fraction of prompt tokens served from the prefix cache.");

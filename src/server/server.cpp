@@ -49,7 +49,8 @@ Server::Impl::Impl(std::shared_ptr<Engine> e, std::shared_ptr<const text::Tokeni
       profile(p),
       render_options(text::RenderOptions::from_environment(p)),
       opt(std::move(o)),
-      seeds(opt.deterministic, opt.random_seed) {}
+      seeds(opt.deterministic, opt.random_seed),
+      responses_store(std::make_unique<ResponsesStore>(opt.responses_store_size, opt.responses_store_bytes)) {}
 
 void Server::Impl::log(const std::string& level, const std::string& msg) const {
   static const char* order[] = {"debug", "info", "warning", "error"};
@@ -94,6 +95,8 @@ void Server::Impl::setup_routes() {
   // Anthropic's Messages API (errors in its shape: router.cpp).
   post("/v1/messages", [this](const std::string& b, HttpResponse& r) { anthropic_messages(b, r); });
   post("/v1/messages/count_tokens", [this](const std::string& b, HttpResponse& r) { anthropic_count_tokens(b, r); });
+  // OpenAI's Responses API (responses_routes.cpp).
+  setup_responses_routes();
   post("/v1/completions", [this](const std::string& b, HttpResponse& r) { completions(b, r); });
   post("/generate", [this](const std::string& b, HttpResponse& r) { generate(b, r); });
   routes.push_back({"PUT", "/generate", false, [this](const HttpRequest& q, HttpResponse& r) { generate(q.body, r); }});

@@ -46,6 +46,11 @@ struct ServerOptions {
   // Constrained JSON: strings without a maxLength hold at most this many
   // characters (0: unlimited), so a model that never closes one still ends.
   int64_t grammar_max_string_chars = 0;
+  // The Responses API's store of finished responses (GET /v1/responses/{id},
+  // previous_response_id): at most this many, least recently used evicted
+  // first; 0 stores none. The byte budget bounds their JSON text.
+  int64_t responses_store_size = 1024;
+  int64_t responses_store_bytes = int64_t(256) << 20;
   std::vector<std::string> server_args;  // the command line ("--name=value"), for /get_server_info (secrets redacted)
 };
 

@@ -12,6 +12,7 @@
 #include "server/http_server.h"
 #include "server/metrics.h"
 #include "server/request_fields.h"
+#include "server/responses_store.h"
 #include "server/server.h"
 #include "text/chat_encoder.h"
 #include "text/grammar_json.h"
@@ -33,6 +34,8 @@ struct Server::Impl {
   ServerMetrics metrics;
   SeedSource seeds;
   std::atomic<bool> ready{false};
+  // Finished Responses API responses (GET /v1/responses/{id}, previous_response_id).
+  std::unique_ptr<ResponsesStore> responses_store;
 
   std::string model_name() const { return opt.served_model_name; }
   int64_t vocab_size() const { return engine->model().config().vocab_size; }
@@ -73,6 +76,9 @@ struct Server::Impl {
   void anthropic_messages(const std::string& raw, HttpResponse& res);
   void anthropic_count_tokens(const std::string& raw, HttpResponse& res);
   std::vector<int32_t> anthropic_prompt(const AnthropicRequest& a, text::RenderedPrompt& rendered);
+  // responses_routes.cpp
+  void setup_responses_routes();
+  void responses_create(const std::string& raw, HttpResponse& res);
 };
 
 }  // namespace dsv4

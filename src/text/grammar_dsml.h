@@ -1,4 +1,4 @@
-// The DSML tool-call block as a grammar (serving.md §2.7's structural tag),
+// The DSML tool-call block as a grammar (SGLang's structural tag for DeepSeek),
 // for tool_choice "required" and a named function: what the model writes then
 // always parses into tool calls (output_parser.h).
 #pragma once

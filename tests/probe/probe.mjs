@@ -391,6 +391,7 @@ const CACHE_ARGS = ['--enable-cache-report'];
 
 const CHAT = (extra = {}) => ({ messages: [{ role: 'user', content: 'hello there' }], max_tokens: 1, ...extra });
 const COMPL = (extra = {}) => ({ prompt: 'hello there', max_tokens: 1, ...extra });
+const RESP = (extra = {}) => ({ input: 'hello there', max_output_tokens: 1, ...extra });
 const GEN = (extra = {}, sp = {}) => ({ text: 'hello there', sampling_params: { max_new_tokens: 1, ...sp }, ...extra });
 
 // ================================================================ 1. deep JSON
@@ -411,6 +412,8 @@ const DEEP_CASES = [
   ['chat.response_format', '/v1/chat/completions', CHAT({ response_format: { type: 'json_schema', json_schema: { name: 's', schema: '__DEEP__' } } }), 'obj'],
   ['chat.chat_template_kwargs', '/v1/chat/completions', CHAT({ chat_template_kwargs: '__DEEP__' }), 'obj'],
   ['chat.top_level_extra', '/v1/chat/completions', CHAT({ extra_body: '__DEEP__' }), 'arr'],
+  ['responses.input', '/v1/responses', RESP({ input: '__DEEP__' }), 'arr'],
+  ['responses.tools_parameters', '/v1/responses', RESP({ tools: [{ type: 'function', name: 'f', parameters: '__DEEP__' }] }), 'obj'],
   ['completions.prompt', '/v1/completions', COMPL({ prompt: '__DEEP__' }), 'arr'],
   ['completions.logit_bias', '/v1/completions', COMPL({ logit_bias: '__DEEP__' }), 'obj'],
   ['generate.sampling_params', '/generate', { text: 'hello', sampling_params: '__DEEP__' }, 'obj'],
@@ -836,6 +839,23 @@ function typeCases() {
   add(chat, 'top_logprobs', ['5', 1.5, {}, true], (v) => CHAT({ logprobs: true, top_logprobs: v }));
   add(chat, 'presence_penalty', ['1', {}], (v) => CHAT({ presence_penalty: v }));
   add(chat, 'chat_template_kwargs', [5, 'x', []], (v) => CHAT({ chat_template_kwargs: v }));
+  // responses
+  const resp = '/v1/responses';
+  add(resp, 'input', [5, {}, true, [5], [{ role: 5, content: 'hi' }], [{ role: 'user', content: 5 }], [{ role: 'user', content: [{ type: 'input_text', text: 5 }] }],
+    [{ type: 'function_call', call_id: 5, name: 'f', arguments: '{}' }], [{ type: 'function_call_output', call_id: 'c', output: 5 }], [{ type: 'reasoning', summary: 5 }]],
+  (v) => RESP({ input: v }));
+  add(resp, 'tools', [5, {}, [5], [{ type: 'function', name: 5 }], [{ type: 'function', name: 'f', parameters: 5 }], [{ type: 'function', name: 'f', strict: 'yes' }]],
+    (v) => RESP({ tools: v }));
+  add(resp, 'tool_choice', [5, [], true, 'sometimes', { type: 'function', name: 5 }], (v) => RESP({ tools: [{ type: 'function', name: 'f' }], tool_choice: v }));
+  add(resp, 'reasoning', [5, 'high', { effort: 5 }, { effort: 'extreme' }], (v) => RESP({ reasoning: v }));
+  add(resp, 'text', [5, { format: 5 }, { format: { type: 5 } }, { format: { type: 'json_schema', name: 'a', schema: 5 } }], (v) => RESP({ text: v }));
+  add(resp, 'max_output_tokens', [...BAD.notInt, -1, 0], (v) => RESP({ max_output_tokens: v }));
+  add(resp, 'temperature', BAD.notNumber, (v) => RESP({ temperature: v }));
+  add(resp, 'stream', BAD.scalarsNotBool, (v) => RESP({ stream: v }));
+  add(resp, 'store', BAD.scalarsNotBool, (v) => RESP({ store: v }));
+  add(resp, 'metadata', [5, 'x', [], { a: 5 }], (v) => RESP({ metadata: v }));
+  add(resp, 'previous_response_id', [5, {}, 'resp_missing'], (v) => RESP({ previous_response_id: v }));
+  add(resp, 'background', [true], (v) => RESP({ background: v }));
   // completions
   add(compl, 'prompt', [5, {}, [{}], [['a']], true, null, [], [1.5]], (v) => COMPL({ prompt: v }));
   add(compl, 'stream', BAD.scalarsNotBool, (v) => COMPL({ stream: v }));

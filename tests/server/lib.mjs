@@ -36,9 +36,9 @@ export function checkPrerequisites() {
 
 // Starts `dsv4 serve --port 0` and resolves once it printed its address.
 // Returns { proc, pid, port, origin, baseURL, stderr(), stop() }.
-export async function startServer(extraArgs = [], { timeoutMs = 60000, env = {} } = {}) {
+export async function startServer(extraArgs = [], { timeoutMs = 60000, env = {}, model = modelDir } = {}) {
   checkPrerequisites();
-  const args = ['serve', '--model-path', modelDir, '--host', HOST, '--port', '0', ...extraArgs];
+  const args = ['serve', '--model-path', model, '--host', HOST, '--port', '0', ...extraArgs];
   if (process.env.DSV4_TEST_THREADS) args.push('--threads', process.env.DSV4_TEST_THREADS);
   // Passive OpenMP waiting: on a small shared CI box, spinning worker threads
   // of an idle server compete with the test client and other test processes.

@@ -154,6 +154,18 @@ describe('response_format', () => {
     }
   });
 
+  test('Responses API text.format json_schema', async () => {
+    const schema = { type: 'object', properties: { items: { type: 'array', items: { type: 'integer' }, maxItems: 4 } }, required: ['items'], additionalProperties: false };
+    const r = await postJSON(server.origin, '/v1/responses', {
+      model: 'dsv4-test', input: 'list', max_output_tokens: 2000, reasoning: { effort: 'none' },
+      text: { format: { type: 'json_schema', name: 'list', schema, strict: true } },
+    });
+    assert.equal(r.status, 200, r.text);
+    const message = r.json.output.find((o) => o.type === 'message');
+    assert.ok(message, r.text);
+    checkJson(message.content.map((c) => c.text ?? '').join(''), schema, 'responses');
+  });
+
   test('thinking mode: free reasoning first, the JSON after </think>', async () => {
     const think = await postJSON(server.origin, '/tokenize', { prompt: '</think>' });
     assert.equal(think.json.tokens.length, 1);
@@ -325,5 +337,27 @@ describe('forced tool calls', () => {
     const use = r.json.content.find((b) => b.type === 'tool_use');
     assert.equal(use.name, 'get_weather');
     assert.equal(typeof use.input, 'object');
+  });
+});
+
+describe('with speculative decoding', () => {
+  let spec;
+  before(async () => {
+    spec = await startServer(['--speculative-algorithm', 'NGRAM', '--speculative-num-draft-tokens', '6',
+      '--disable-speculative-bypass', '--grammar-max-string-chars', '12']);
+  });
+  after(async () => { await spec?.stop(); });
+
+  test('constrained requests decode plainly beside speculating ones and stay valid', async () => {
+    const schemas = Array.from({ length: 12 }, (_, i) => schemaFor(1000 + i));
+    const free = Array.from({ length: 4 }, (_, i) => postJSON(spec.origin, '/generate', {
+      text: 'a b a b a b a b', sampling_params: { max_new_tokens: 64, ignore_eos: true, seed: i } }));
+    await pool(schemas, 6, async (schema, i) => {
+      const r = await postJSON(spec.origin, '/generate', { text: 'JSON:', sampling_params: { max_new_tokens: 3000, json_schema: schema, seed: i } });
+      assert.equal(r.status, 200, r.text);
+      assert.equal(r.json.meta_info.finish_reason.type, 'stop', r.text);
+      checkJson(r.json.text, schema, `speculative server, schema ${i}`);
+    });
+    for (const f of await Promise.all(free)) assert.equal(f.status, 200, f.text);
   });
 });

@@ -1,0 +1,261 @@
+// The engine's side of speculative decoding: proposing drafts before a step,
+// verifying them after it (docs/speculative.md).
+#include <algorithm>
+
+#include "engine/engine.h"
+#include "engine/sequence.h"
+
+namespace dsv4 {
+
+namespace {
+
+int32_t argmax(const float* row, int64_t n) { return int32_t(std::max_element(row, row + n) - row); }
+
+}  // namespace
+
+void Engine::propose_drafts(std::vector<std::unique_ptr<Sequence>>& running, std::vector<RunningSummary>& summaries) {
+  const SpeculativeOptions& spec = options_.speculative;
+  std::vector<Sequence*> mtp_sequences;
+  std::vector<int64_t> mtp_limits;
+  for (size_t i = 0; i < running.size(); ++i) {
+    Sequence& s = *running[i];
+    const RunningSummary& r = summaries[i];
+    // Only a sequence whose one unfed token is its last sampled one drafts.
+    if (r.phase != Phase::Decoding || r.cancelled || r.known - r.fed != 1) continue;
+    if (s.constraint) continue;  // a grammar-constrained sequence decodes plainly (sequence.h)
+    // Every token of a verify step may be emitted: drafts never run past
+    // max_new_tokens (which validate_request fitted into the context).
+    int64_t limit =
+        std::min<int64_t>(spec.num_draft_tokens - 1, s.params.max_new_tokens - int64_t(s.output.size()) - 1);
+    if (spec.algorithm == SpeculativeAlgorithm::Eagle) limit = std::min(limit, spec.num_steps);
+    if (limit <= 0) continue;
+    if (spec.algorithm == SpeculativeAlgorithm::Ngram) {
+      if (s.history.empty()) s.ngram = NgramIndex(spec.ngram_min_match, spec.ngram_max_match);
+      if (s.history.empty()) s.history = s.prompt;
+      s.history.insert(s.history.end(), s.output.begin() + (int64_t(s.history.size()) - int64_t(s.prompt.size())),
+                       s.output.end());
+      s.ngram.extend(s.history);
+      s.drafts = s.ngram.propose(s.history, limit);
+      // Simulated acceptance measures the cost of a full verify width.
+      if (spec.simulate_accept_len > 0) s.drafts.resize(size_t(limit), s.history.back());
+      if (!s.drafts.empty()) s.state.checkpoint();
+    } else {
+      mtp_sequences.push_back(&s);
+      mtp_limits.push_back(limit);
+    }
+  }
+  if (!mtp_sequences.empty()) {
+    if (spec.algorithm == SpeculativeAlgorithm::Eagle) propose_mtp(mtp_sequences, mtp_limits);
+    if (spec.algorithm == SpeculativeAlgorithm::Dspark) propose_dspark(mtp_sequences, mtp_limits);
+  }
+  for (size_t i = 0; i < running.size(); ++i) summaries[i].draft_tokens = int64_t(running[i]->drafts.size());
+}
+
+// EAGLE with the checkpoint's MTP block, a top-1 chain. The block at
+// position p reads the main model's final HC state of p and the token at
+// p+1 and predicts p+2. First it catches up on the positions the main model
+// ran since its last call (exact inputs; the last of them yields the first
+// draft); then each further draft feeds the block's own HC output and the
+// previous draft at the next position. Those chained positions are undone
+// after verification, with the main model's rejected rows.
+void Engine::propose_mtp(const std::vector<Sequence*>& sequences, const std::vector<int64_t>& limits) {
+  const ModelConfig& c = model_->config();
+  const int64_t width = c.hc_mult * c.dim, vocab = c.vocab_size;
+  std::vector<Sequence*> active;
+  std::vector<int64_t> active_limits;
+  std::vector<std::vector<int32_t>> next;
+  std::vector<MtpBatchItem> items;
+  for (size_t i = 0; i < sequences.size(); ++i) {
+    Sequence& s = *sequences[i];
+    const int64_t fed = s.fed, have = int64_t(s.hc.size()) / width;
+    // The HC state of position fed-1 is needed (absent after a full
+    // prefix-cache hit, until one plain step has run).
+    if (have == 0 || s.hc_start + have != fed) continue;
+    // The block attends a window only, and a position's window row depends
+    // on its own inputs alone: positions before fed - window cannot affect
+    // the draft, so a long prompt costs the block one window of rows.
+    const int64_t first = std::max({s.state.mtp_tokens, s.hc_start, fed - c.window});
+    s.state.mtp_tokens = first;
+    next.push_back(s.tokens(first + 1, fed - first));
+    active.push_back(&s);
+    active_limits.push_back(limits[i]);
+  }
+  if (active.empty()) return;
+  std::vector<float> logits(active.size() * size_t(vocab)), last_hc(active.size() * size_t(width));
+  for (size_t i = 0; i < active.size(); ++i) {
+    Sequence& s = *active[i];
+    const int64_t first = s.state.mtp_tokens;
+    items.push_back({&s.state, s.hc.data() + (first - s.hc_start) * width, next[i].data(), int64_t(next[i].size()),
+                     logits.data() + i * vocab, true, last_hc.data() + i * width});
+  }
+  model_->forward_mtp_batch(items);
+  int64_t longest = 0;
+  for (size_t i = 0; i < active.size(); ++i) {
+    Sequence& s = *active[i];
+    s.drafts = {argmax(logits.data() + i * vocab, vocab)};
+    s.hc.clear();  // consumed: the block has run every position before `fed`
+    s.hc_start = s.fed;
+    s.state.checkpoint();
+    s.mtp_checkpoint = s.state.mtp_tokens;
+    longest = std::max(longest, active_limits[i]);
+  }
+  for (int64_t step = 1; step < longest; ++step) {
+    items.clear();
+    std::vector<size_t> in_step;
+    for (size_t i = 0; i < active.size(); ++i) {
+      if (active_limits[i] <= step) continue;
+      Sequence& s = *active[i];
+      float* hc = last_hc.data() + i * width;
+      items.push_back({&s.state, hc, &s.drafts.back(), 1, logits.data() + i * vocab, true, hc});
+      in_step.push_back(i);
+    }
+    model_->forward_mtp_batch(items);
+    for (size_t i : in_step) active[i]->drafts.push_back(argmax(logits.data() + i * vocab, vocab));
+  }
+}
+
+// DSpark: one block per sequence after the last position its rings hold,
+// which the engine keeps equal to the main model's (extended after every
+// forward pass with the committed rows). The block is always the
+// configured size (its attention is bidirectional, so a shorter block would
+// draft differently); what does not fit before max_new_tokens is dropped.
+void Engine::propose_dspark(const std::vector<Sequence*>& sequences, const std::vector<int64_t>& limits) {
+  const int64_t block = options_.speculative.dspark_block;
+  std::vector<DsparkDraftItem> items;
+  std::vector<Sequence*> drafting;
+  std::vector<int64_t> keep;
+  std::vector<std::vector<int32_t>> ids;
+  for (size_t i = 0; i < sequences.size(); ++i) {
+    Sequence& s = *sequences[i];
+    if (s.state.dspark_tokens != s.fed || s.fed == 0) continue;
+    drafting.push_back(&s);
+    keep.push_back(std::min(block, limits[i]));
+  }
+  ids.resize(drafting.size(), std::vector<int32_t>(size_t(block + 1)));
+  for (size_t i = 0; i < drafting.size(); ++i)
+    items.push_back({&drafting[i]->state, drafting[i]->output.back(), block, ids[i].data()});
+  if (items.empty()) return;
+  model_->dspark_draft(items);
+  for (size_t i = 0; i < drafting.size(); ++i) {
+    Sequence& s = *drafting[i];
+    s.drafts.assign(ids[i].begin() + 1, ids[i].begin() + 1 + keep[i]);
+    s.state.checkpoint();
+    s.mtp_checkpoint = -1;
+  }
+}
+
+// Row j of a verified item decides draft j; the first rejected draft is
+// replaced by the row's own token, and when every draft is accepted the last
+// row adds one more. Each row samples as plain decoding would at that index
+// (penalties and min_new_tokens included), so greedy output is unchanged.
+std::vector<SampledToken> Engine::verify(const Sequence& s, const StepLogits& logits, size_t item,
+                                         int64_t* accepted) const {
+  const int64_t vocab = model_->config().vocab_size;
+  const int64_t drafted = int64_t(s.drafts.size());
+  const double simulate = options_.speculative.simulate_accept_len;
+  const int64_t forced = simulate > 0 ? simulated_accepts(simulate, s.handle->spec_verify_ct()) : -1;
+  PenaltyState penalties = s.penalties;
+  std::vector<SampledToken> out;
+  *accepted = 0;
+  for (int64_t j = 0; j <= drafted; ++j) {
+    const float* row = logits.row(item, j);
+    const int64_t step = int64_t(s.output.size()) + j;
+    std::vector<int32_t> blocked;
+    if (step < s.params.min_new_tokens) blocked = s.stop_ids;
+    SampledToken token;
+    bool ok = false;
+    if (j < drafted && forced >= 0) {
+      ok = j < forced;
+      token = ok ? forced_token(row, vocab, s.params, s.drafts[size_t(j)])
+                 : sample_token(row, vocab, s.params, penalties, s.prompt, step, blocked);
+    } else if (j < drafted) {
+      VerifiedToken v = verify_draft(row, vocab, s.params, penalties, s.prompt, step, blocked, s.drafts[size_t(j)]);
+      token = std::move(v.token);
+      ok = v.accepted;
+    } else {
+      token = sample_token(row, vocab, s.params, penalties, s.prompt, step, blocked);
+    }
+    penalties.add(token.token);
+    *accepted += ok;
+    const bool stop = std::find(s.stop_ids.begin(), s.stop_ids.end(), token.token) != s.stop_ids.end();
+    out.push_back(std::move(token));
+    if (!ok || stop || int64_t(s.output.size() + out.size()) >= s.params.max_new_tokens) break;
+  }
+  return out;
+}
+
+// The state goes back to what the emitted tokens need (the last one is
+// never fed), the rows the MTP block will need are kept, and the tokens are
+// emitted in order.
+void Engine::accept(Sequence& s, int64_t start, const std::vector<SampledToken>& tokens, int64_t accepted,
+                    const std::vector<float>* hc, const std::vector<float>* dspark_hidden, const StepLogits& logits,
+                    size_t item) {
+  const int64_t emitted = int64_t(tokens.size()), drafted = int64_t(s.drafts.size());
+  s.state.rollback(start + emitted, s.mtp_checkpoint);
+  s.state.end_checkpoint();
+  s.fed = start + emitted;
+  if (hc) keep_hc(s, start, hc->data(), emitted);
+  if (dspark_hidden) model_->dspark_extend(s.state, dspark_hidden->data(), start, emitted);
+  s.drafts.clear();
+  s.mtp_checkpoint = -1;
+  ++s.handle->spec_verify_ct_;
+  s.handle->spec_draft_tokens_ += drafted;
+  s.handle->spec_accepted_tokens_ += accepted;
+  ++spec_window_.verifies;
+  spec_window_.drafted += drafted;
+  spec_window_.accepted += accepted;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++totals_.spec_verify_total;
+    totals_.spec_draft_tokens_total += drafted;
+    totals_.spec_accepted_tokens_total += accepted;
+    if (int64_t(totals_.spec_position_drafted.size()) < drafted) {
+      totals_.spec_position_drafted.resize(size_t(drafted), 0);
+      totals_.spec_position_accepted.resize(size_t(drafted), 0);
+    }
+    for (int64_t j = 0; j < drafted; ++j) ++totals_.spec_position_drafted[size_t(j)];
+    for (int64_t j = 0; j < accepted; ++j) ++totals_.spec_position_accepted[size_t(j)];
+  }
+  for (int64_t j = 0; j < emitted && s.phase != Phase::Finished; ++j) emit(s, logits.row(item, j), tokens[size_t(j)]);
+}
+
+void Engine::keep_hc(Sequence& s, int64_t first_position, const float* rows, int64_t n) const {
+  const ModelConfig& c = model_->config();
+  const int64_t width = c.hc_mult * c.dim;
+  if (n <= 0) return;
+  if (s.hc.empty() || s.hc_start + int64_t(s.hc.size()) / width != first_position) {
+    s.hc.clear();
+    s.hc_start = first_position;
+  }
+  s.hc.insert(s.hc.end(), rows, rows + n * width);
+  const int64_t have = int64_t(s.hc.size()) / width;
+  if (have > c.window) {
+    s.hc.erase(s.hc.begin(), s.hc.begin() + (have - c.window) * width);
+    s.hc_start += have - c.window;
+  }
+}
+
+void Engine::log_decode(int64_t batch) {
+  if (!options_.log) return;
+  const SpecWindow w = spec_window_;
+  spec_window_ = {};
+  const EngineMetrics m = metrics();
+  char line[320];
+  if (options_.speculative.algorithm == SpeculativeAlgorithm::None) {
+    std::snprintf(line, sizeof line,
+                  "Decode batch. #running-req: %lld, #queue-req: %lld, gen throughput (token/s): %.2f",
+                  (long long)m.running, (long long)m.queued, m.gen_throughput);
+  } else {
+    const double length = w.verifies > 0 ? double(w.accepted + w.verifies) / double(w.verifies) : 0;
+    const double rate = w.drafted > 0 ? double(w.accepted) / double(w.drafted) : 0;
+    const double gain = gate_.gain(batch);
+    std::snprintf(line, sizeof line,
+                  "Decode batch. #running-req: %lld, #queue-req: %lld, gen throughput (token/s): %.2f, accept len: "
+                  "%.2f, accept rate: %.2f, %s speculation gain at batch %lld: %.2f",
+                  (long long)m.running, (long long)m.queued, m.gen_throughput, length, rate,
+                  speculative_algorithm_name(options_.speculative.algorithm), (long long)batch, gain);
+  }
+  options_.log(line);
+}
+
+}  // namespace dsv4

@@ -1,0 +1,160 @@
+#include "engine/speculative.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "core/error.h"
+
+namespace dsv4 {
+
+const char* speculative_algorithm_name(SpeculativeAlgorithm a) {
+  switch (a) {
+    case SpeculativeAlgorithm::None: return "none";
+    case SpeculativeAlgorithm::Eagle: return "EAGLE";
+    case SpeculativeAlgorithm::Ngram: return "NGRAM";
+    case SpeculativeAlgorithm::Dspark: return "DSPARK";
+  }
+  return "";
+}
+
+SpeculativeAlgorithm parse_speculative_algorithm(const std::string& name) {
+  std::string upper = name;
+  for (char& ch : upper) ch = char(std::toupper(static_cast<unsigned char>(ch)));
+  if (upper.empty() || upper == "NONE") return SpeculativeAlgorithm::None;
+  if (upper == "EAGLE" || upper == "NEXTN" || upper == "MTP") return SpeculativeAlgorithm::Eagle;
+  if (upper == "NGRAM") return SpeculativeAlgorithm::Ngram;
+  if (upper == "DSPARK") return SpeculativeAlgorithm::Dspark;
+  throw Error("--speculative-algorithm " + name +
+              ": expected EAGLE (the checkpoint's MTP head; NEXTN and MTP are aliases), NGRAM or DSPARK");
+}
+
+// ---- n-gram index ---------------------------------------------------------
+
+uint64_t NgramIndex::key_at(const std::vector<int32_t>& tokens, int64_t end) const {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (int64_t i = end - min_match_; i < end; ++i) {
+    h ^= uint32_t(tokens[size_t(i)]);
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+void NgramIndex::extend(const std::vector<int32_t>& tokens) {
+  const int64_t n = int64_t(tokens.size());
+  // The n-gram ending at the history's last token is not indexed until a
+  // token follows it: an occurrence is only useful with a continuation.
+  for (int64_t end = std::max(indexed_, min_match_); end < n; ++end) {
+    auto& slots = ends_.try_emplace(key_at(tokens, end)).first->second;
+    if (slots[0] == 0) slots.fill(-1);
+    std::move_backward(slots.begin(), slots.end() - 1, slots.end());
+    slots[0] = end;
+  }
+  indexed_ = std::max(indexed_, n);
+}
+
+std::vector<int32_t> NgramIndex::propose(const std::vector<int32_t>& tokens, int64_t max_drafts) const {
+  const int64_t n = int64_t(tokens.size());
+  if (max_drafts <= 0 || n < min_match_ + 1) return {};
+  auto it = ends_.find(key_at(tokens, n));
+  if (it == ends_.end()) return {};
+  int64_t best_end = -1, best_len = 0;
+  for (int64_t end : it->second) {
+    if (end <= 0 || end >= n) continue;
+    // Length of the common suffix of tokens[..end) and tokens[..n), capped.
+    int64_t len = 0;
+    while (len < max_match_ && end - len > 0 && tokens[size_t(end - 1 - len)] == tokens[size_t(n - 1 - len)]) ++len;
+    if (len < min_match_) continue;                      // a hash collision
+    if (len > best_len) best_len = len, best_end = end;  // most recent first: ties keep the latest
+  }
+  if (best_end < 0) return {};
+  const int64_t take = std::min(max_drafts, n - best_end);
+  return std::vector<int32_t>(tokens.begin() + best_end, tokens.begin() + best_end + take);
+}
+
+// ---- acceptance -------------------------------------------------------------
+
+namespace {
+
+float raw_logprob(const float* logits, int64_t vocab, int32_t token) {
+  double mx = -std::numeric_limits<double>::infinity();
+  for (int64_t v = 0; v < vocab; ++v) mx = std::max(mx, double(logits[v]));
+  double sum = 0;
+  for (int64_t v = 0; v < vocab; ++v) sum += std::exp(double(logits[v]) - mx);
+  return float(double(logits[token]) - (mx + std::log(sum)));
+}
+
+}  // namespace
+
+SampledToken forced_token(const float* logits, int64_t vocab, const SamplingParams& params, int32_t token) {
+  SampledToken out;
+  out.token = token;
+  out.logprob = raw_logprob(logits, vocab, token);
+  if (params.top_logprobs > 0) {
+    // The alternatives are a property of the row, not of the chosen token.
+    SamplingParams greedy = params;
+    greedy.temperature = 0;
+    greedy.logit_bias.clear();
+    out.top = sample_token(logits, vocab, greedy, {}, {}, 0, {}).top;
+  }
+  return out;
+}
+
+VerifiedToken verify_draft(const float* logits, int64_t vocab, const SamplingParams& params,
+                           const PenaltyState& penalties, const std::vector<int32_t>& prompt, int64_t step,
+                           const std::vector<int32_t>& blocked, int32_t draft) {
+  VerifiedToken out;
+  out.token = sample_token(logits, vocab, params, penalties, prompt, step, blocked);
+  out.accepted = out.token.token == draft;
+  return out;
+}
+
+int64_t simulated_accepts(double accept_len, int64_t step) {
+  // Tokens per step alternate between floor and ceil of accept_len so that
+  // after k steps exactly floor(k * accept_len) tokens were produced.
+  const double tokens = std::floor(double(step + 1) * accept_len) - std::floor(double(step) * accept_len);
+  return std::max<int64_t>(0, int64_t(tokens) - 1);
+}
+
+// ---- the gate ---------------------------------------------------------------
+
+size_t SpeculationGate::bucket_of(int64_t batch) {
+  size_t b = 0;
+  while (b + 1 < std::tuple_size<decltype(buckets_)>::value && (int64_t(1) << b) < batch) ++b;
+  return b;
+}
+
+bool SpeculationGate::speculate(int64_t batch) {
+  if (!enabled_) return true;
+  Bucket& b = buckets_[bucket_of(batch)];
+  if (b.spec_samples < 3) return true;
+  if (b.plain_samples < 3) return false;
+  const bool spec_wins = b.spec_rate >= b.plain_rate;
+  if (++b.since_probe >= b.probe_interval) {
+    b.since_probe = 0;
+    return !spec_wins;  // measure the other mode again
+  }
+  return spec_wins;
+}
+
+void SpeculationGate::record(int64_t batch, bool speculative, double seconds, int64_t tokens) {
+  if (seconds <= 0 || batch <= 0) return;
+  Bucket& b = buckets_[bucket_of(batch)];
+  const double rate = double(tokens) / seconds / double(batch);  // per sequence: buckets mix sizes
+  constexpr double kWeight = 0.25;
+  double& avg = speculative ? b.spec_rate : b.plain_rate;
+  int64_t& samples = speculative ? b.spec_samples : b.plain_samples;
+  avg = samples == 0 ? rate : avg + kWeight * (rate - avg);
+  ++samples;
+  if (speculative && b.plain_samples >= 3) {
+    // A probe that lost waits twice as long for the next one.
+    b.probe_interval = b.spec_rate < b.plain_rate ? std::min<int64_t>(b.probe_interval * 2, 256) : 16;
+  }
+}
+
+double SpeculationGate::gain(int64_t batch) const {
+  const Bucket& b = buckets_[bucket_of(batch)];
+  return b.plain_rate > 0 && b.spec_samples > 0 ? b.spec_rate / b.plain_rate : 0;
+}
+
+}  // namespace dsv4

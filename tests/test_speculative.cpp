@@ -1,0 +1,324 @@
+// Speculative decoding's promises: the tokens and logprobs of a request are
+// bitwise those of plain decoding (greedy and seeded sampling), whatever the
+// drafter, the number of drafts, the batch and the chunking; drafts do get
+// accepted (n-gram drafting on looping output), partly and fully; the
+// rejection rule keeps the target distribution; simulated acceptance hits
+// its mean; the gate turns a losing speculation off.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <map>
+
+#include "engine/engine.h"
+#include "engine/speculative.h"
+#include "golden_util.h"
+
+namespace dsv4::test {
+namespace {
+
+std::shared_ptr<const Model> model_named(const std::string& name) {
+  static std::map<std::string, std::shared_ptr<const Model>> models;
+  auto& m = models[name];
+  if (!m) m.reset(Model::load(model_dir(name)).release());
+  return m;
+}
+
+// Prompts that repeat a short motif: the tiny random models then tend to
+// continue in loops, which n-gram drafting predicts.
+std::vector<int32_t> prompt_of(int64_t n, int32_t salt, int64_t period) {
+  std::vector<int32_t> p = {0};
+  for (int64_t i = 1; i < n; ++i) p.push_back(int32_t(((i % period) * 131 + salt * 17) % 511 + 1));
+  return p;
+}
+
+struct Outcome {
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  std::vector<std::vector<std::pair<int32_t, float>>> tops;
+  FinishReason reason = FinishReason::None;
+  int64_t verifies = 0, drafted = 0, accepted = 0;
+};
+
+Outcome drain(const std::shared_ptr<RequestHandle>& h) {
+  Outcome o;
+  std::vector<TokenEvent> ev;
+  for (bool done = false; !done;) {
+    h->wait(ev, 5.0);
+    for (auto& e : ev) {
+      if (e.has_token) {
+        o.tokens.push_back(e.sampled.token);
+        o.logprobs.push_back(e.sampled.logprob);
+        o.tops.push_back(e.sampled.top);
+      }
+      if (e.finished) done = true, o.reason = e.reason;
+    }
+    ev.clear();
+  }
+  o.verifies = h->spec_verify_ct();
+  o.drafted = h->spec_draft_tokens();
+  o.accepted = h->spec_accepted_tokens();
+  return o;
+}
+
+SamplingParams greedy(int64_t max_new) {
+  SamplingParams p;
+  p.temperature = 0;
+  p.max_new_tokens = max_new;
+  p.ignore_eos = true;
+  p.top_logprobs = 2;
+  return p;
+}
+
+SamplingParams sampled(uint64_t seed, int64_t max_new) {
+  SamplingParams p;
+  p.temperature = 0.8f;
+  p.top_k = 20;
+  p.seed = seed;
+  p.max_new_tokens = max_new;
+  p.ignore_eos = true;
+  p.repetition_penalty = 1.05f;
+  return p;
+}
+
+struct Case {
+  std::string id;
+  std::vector<int32_t> prompt;
+  SamplingParams params;
+};
+
+std::vector<Case> cases(int count, bool sampling) {
+  std::vector<Case> out;
+  for (int i = 0; i < count; ++i) {
+    const int64_t n = 20 + 29 * i, max_new = 12 + 7 * (i % 4);
+    out.push_back({"r" + std::to_string(i), prompt_of(n, i, 3 + i % 5),
+                   sampling ? sampled(uint64_t(100 + i), max_new) : greedy(max_new)});
+  }
+  return out;
+}
+
+std::vector<Outcome> run(const std::string& model, const EngineOptions& options, const std::vector<Case>& batch) {
+  Engine engine(model_named(model), options);
+  std::vector<std::shared_ptr<RequestHandle>> handles;
+  for (const Case& c : batch) handles.push_back(engine.submit(c.id, c.prompt, c.params));
+  std::vector<Outcome> out;
+  for (auto& h : handles) out.push_back(drain(h));
+  return out;
+}
+
+EngineOptions plain_options(int64_t chunk) {
+  EngineOptions o;
+  o.chunked_prefill_size = chunk;
+  o.prefix_cache_bytes = 0;
+  return o;
+}
+
+EngineOptions spec_options(SpeculativeAlgorithm algorithm, int64_t drafts, int64_t chunk) {
+  EngineOptions o = plain_options(chunk);
+  o.speculative.algorithm = algorithm;
+  o.speculative.num_draft_tokens = drafts + 1;
+  o.speculative.num_steps = drafts;
+  o.speculative.ngram_min_match = 1;
+  o.speculative.ngram_max_match = 4;
+  o.speculative.auto_bypass = false;  // speculate on every step: the gate is timing-dependent
+  return o;
+}
+
+void expect_same(const std::vector<Outcome>& plain, const std::vector<Outcome>& spec, const std::string& what) {
+  ASSERT_EQ(plain.size(), spec.size());
+  for (size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_EQ(plain[i].tokens, spec[i].tokens) << what << " request " << i;
+    ASSERT_EQ(plain[i].logprobs.size(), spec[i].logprobs.size());
+    for (size_t t = 0; t < plain[i].logprobs.size(); ++t)
+      EXPECT_EQ(std::memcmp(&plain[i].logprobs[t], &spec[i].logprobs[t], 4), 0) << what << " request " << i;
+    EXPECT_EQ(plain[i].tops, spec[i].tops) << what << " request " << i;
+    EXPECT_EQ(plain[i].reason, spec[i].reason);
+  }
+}
+
+// ---- units -------------------------------------------------------------------
+
+TEST(Ngram, ProposesWhatFollowedTheLongestRecentMatch) {
+  NgramIndex index(1, 4);
+  std::vector<int32_t> h = {5, 6, 7, 8, 1, 6, 7, 9, 2, 6, 7};
+  index.extend(h);
+  // Suffix [6, 7]: occurred ending at 3 (followed by 8) and at 7 (followed by
+  // 9); both match 2 tokens, the more recent wins.
+  EXPECT_EQ(index.propose(h, 2), (std::vector<int32_t>{9, 2}));
+  h.push_back(9);
+  index.extend(h);
+  // [6, 7, 9] matches 3 tokens at end 8 only.
+  EXPECT_EQ(index.propose(h, 5), (std::vector<int32_t>{2, 6, 7, 9}));
+  std::vector<int32_t> none = {1, 2, 3};
+  NgramIndex empty(2, 4);
+  empty.extend(none);
+  EXPECT_TRUE(empty.propose(none, 4).empty());
+}
+
+TEST(SpecAccept, SimulatedAcceptanceHasTheRequestedMean) {
+  for (double len : {1.0, 2.0, 2.5, 3.3, 4.0}) {
+    int64_t tokens = 0;
+    for (int64_t step = 0; step < 1000; ++step) tokens += simulated_accepts(len, step) + 1;
+    EXPECT_NEAR(double(tokens) / 1000.0, len, 1e-3) << len;
+  }
+}
+
+TEST(SpecAccept, RejectionRuleKeepsTheTargetDistribution) {
+  // A fixed row of logits; the draft is token 2. Over many seeds, the draft
+  // is accepted with probability p(2) and the emitted tokens follow p.
+  const std::vector<float> logits = {1.0f, 0.2f, 1.5f, -0.5f, 0.7f, 0.0f};
+  const int64_t vocab = int64_t(logits.size());
+  SamplingParams p;
+  p.temperature = 1.0f;
+  std::vector<double> target(static_cast<size_t>(vocab));
+  double z = 0;
+  for (float v : logits) z += std::exp(double(v));
+  for (int64_t v = 0; v < vocab; ++v) target[size_t(v)] = std::exp(double(logits[size_t(v)])) / z;
+  const int trials = 40000;
+  std::vector<int> counts(size_t(vocab), 0);
+  int accepted = 0;
+  for (int i = 0; i < trials; ++i) {
+    p.seed = uint64_t(i) * 7919 + 1;
+    VerifiedToken v = verify_draft(logits.data(), vocab, p, {}, {}, 3, {}, 2);
+    ++counts[size_t(v.token.token)];
+    accepted += v.accepted;
+    EXPECT_EQ(v.accepted, v.token.token == 2);
+  }
+  const double sigma = std::sqrt(target[2] * (1 - target[2]) / trials);
+  EXPECT_NEAR(double(accepted) / trials, target[2], 5 * sigma);
+  for (int64_t v = 0; v < vocab; ++v) {
+    const double s = std::sqrt(target[size_t(v)] * (1 - target[size_t(v)]) / trials);
+    EXPECT_NEAR(double(counts[size_t(v)]) / trials, target[size_t(v)], 5 * s) << "token " << v;
+  }
+}
+
+TEST(SpecGate, TurnsALosingSpeculationOffAndProbesRarely) {
+  SpeculationGate gate;
+  int spec_steps = 0;
+  for (int step = 0; step < 2000; ++step) {
+    const bool spec = gate.speculate(16);
+    spec_steps += spec;
+    // Speculation: 3x the time for 1.5x the tokens.
+    gate.record(16, spec, spec ? 0.3 : 0.1, spec ? 24 : 16);
+  }
+  EXPECT_LT(spec_steps, 2000 * 0.02) << "a losing speculation ran too often";
+  EXPECT_LT(gate.gain(16), 1.0);
+  SpeculationGate winning;
+  int plain_steps = 0;
+  for (int step = 0; step < 2000; ++step) {
+    const bool spec = winning.speculate(1);
+    plain_steps += !spec;
+    winning.record(1, spec, spec ? 0.12 : 0.1, spec ? 3 : 1);
+  }
+  EXPECT_LT(plain_steps, 2000 * 0.1);
+  EXPECT_GT(winning.gain(1), 2.0);
+}
+
+// ---- the engine: bitwise exactness -------------------------------------------
+
+TEST(SpecEngine, NgramGreedyIsBitwisePlainAndAcceptsDrafts) {
+  struct Config {
+    const char* model;
+    int64_t drafts, chunk;
+  };
+  const auto batch = cases(8, false);
+  std::map<std::string, std::vector<Outcome>> plain;
+  std::map<std::string, int64_t> accepted_by_model;
+  for (Config config : {Config{"tiny-flash-fp8", 1, 17}, Config{"tiny-flash-fp8", 3, 2048},
+                        Config{"tiny-flash-fp8", 7, 17}, Config{"tiny-pro-fp8", 5, 31}}) {
+    if (!plain.count(config.model)) plain[config.model] = run(config.model, plain_options(64), batch);
+    const auto spec = run(config.model, spec_options(SpeculativeAlgorithm::Ngram, config.drafts, config.chunk), batch);
+    const std::string what = std::string(config.model) + " NGRAM drafts " + std::to_string(config.drafts);
+    expect_same(plain[config.model], spec, what);
+    int64_t verifies = 0, drafted = 0, accepted = 0;
+    for (auto& o : spec) verifies += o.verifies, drafted += o.drafted, accepted += o.accepted;
+    EXPECT_GT(verifies, 0) << what;
+    EXPECT_LT(accepted, drafted) << what;  // partial acceptance: some rejected tails rolled back
+    accepted_by_model[config.model] += accepted;
+  }
+  // The looping outputs let n-gram drafts through.
+  for (auto& [model, accepted] : accepted_by_model) EXPECT_GT(accepted, 0) << model;
+}
+
+TEST(SpecEngine, NgramSampledIsBitwisePlainAloneAndBatched) {
+  const auto batch = cases(6, true);
+  const auto plain = run("tiny-flash-fp8", plain_options(64), batch);
+  const auto spec = run("tiny-flash-fp8", spec_options(SpeculativeAlgorithm::Ngram, 4, 64), batch);
+  expect_same(plain, spec, "sampled NGRAM batched");
+  const auto alone = run("tiny-flash-fp8", spec_options(SpeculativeAlgorithm::Ngram, 4, 2048), {batch[3]});
+  expect_same({plain[3]}, alone, "sampled NGRAM alone");
+}
+
+TEST(SpecEngine, EagleGreedyAndSampledAreBitwisePlain) {
+  for (const char* model : {"tiny-flash-fp8", "tiny-flash-bf16"}) {
+    for (bool sampling : {false, true}) {
+      const auto batch = cases(6, sampling);
+      const auto plain = run(model, plain_options(2048), batch);
+      for (int64_t steps : {1, 3}) {
+        const auto spec = run(model, spec_options(SpeculativeAlgorithm::Eagle, steps, 33), batch);
+        expect_same(plain, spec, std::string(model) + " EAGLE steps " + std::to_string(steps));
+        int64_t verifies = 0;
+        for (auto& o : spec) verifies += o.verifies;
+        EXPECT_GT(verifies, 0);
+      }
+    }
+  }
+}
+
+TEST(SpecEngine, EagleDraftsMatchAPlainMtpRun) {
+  // The first draft of a step is the MTP block's argmax at the last fed
+  // position, computed from exact inputs: compare with the model's own MTP
+  // over the same tokens, run from scratch.
+  auto model = model_named("tiny-flash-fp8");
+  const ModelConfig& c = model->config();
+  const std::vector<int32_t> prompt = prompt_of(150, 3, 4);
+  SequenceState state = model->new_state();
+  const int64_t n = int64_t(prompt.size()), width = c.hc_mult * c.dim;
+  std::vector<float> logits(size_t(n * c.vocab_size)), hc(size_t(n * width));
+  model->forward(state, prompt.data(), n, logits.data(), hc.data());
+  const float* last = logits.data() + (n - 1) * c.vocab_size;
+  const int32_t next = int32_t(std::max_element(last, last + c.vocab_size) - last);
+  std::vector<int32_t> shifted(prompt.begin() + 1, prompt.end());
+  shifted.push_back(next);
+  std::vector<float> mtp(size_t(n * c.vocab_size));
+  model->forward_mtp(state, hc.data(), shifted.data(), n, mtp.data());
+  const float* row = mtp.data() + (n - 1) * c.vocab_size;
+  const int32_t expected = int32_t(std::max_element(row, row + c.vocab_size) - row);
+  // The engine runs the block only over the last window of positions
+  // before the first draft: the last row must come out the same.
+  SequenceState skipped = model->new_state();
+  model->forward(skipped, prompt.data(), n, nullptr, nullptr);
+  skipped.mtp_tokens = n - c.window;
+  std::vector<float> mtp_window(size_t(c.window * c.vocab_size));
+  model->forward_mtp(skipped, hc.data() + (n - c.window) * width, shifted.data() + (n - c.window), c.window,
+                     mtp_window.data());
+  const float* window_row = mtp_window.data() + (c.window - 1) * c.vocab_size;
+  EXPECT_EQ(std::memcmp(window_row, row, size_t(c.vocab_size) * 4), 0)
+      << "the MTP row of the last position must not depend on positions before its window";
+  EXPECT_EQ(int32_t(std::max_element(window_row, window_row + c.vocab_size) - window_row), expected);
+}
+
+TEST(SpecEngine, SimulatedAcceptanceReachesItsLength) {
+  EngineOptions o = spec_options(SpeculativeAlgorithm::Eagle, 3, 2048);
+  o.speculative.simulate_accept_len = 2.5;
+  const auto out = run("tiny-flash-fp8", o, {{"sim", prompt_of(40, 1, 7), greedy(61)}});
+  ASSERT_EQ(out[0].tokens.size(), 61u);
+  // 60 tokens after the first come from verify steps of 2.5 tokens on average.
+  EXPECT_NEAR(double(out[0].accepted + out[0].verifies) / double(out[0].verifies), 2.5, 0.1);
+}
+
+TEST(SpecEngine, StopTokenInsideAcceptedDraftsEndsThere) {
+  // Greedy run without speculation; then the same request with its 6th
+  // token as a stop token, speculating: it must stop exactly there.
+  const Case c{"stop", prompt_of(60, 2, 3), greedy(30)};
+  const auto plain = run("tiny-flash-fp8", plain_options(2048), {c});
+  Case stopping = c;
+  stopping.params.stop_token_ids = {plain[0].tokens[5]};
+  const auto want = run("tiny-flash-fp8", plain_options(2048), {stopping});
+  const auto spec = run("tiny-flash-fp8", spec_options(SpeculativeAlgorithm::Ngram, 7, 2048), {stopping});
+  expect_same(want, spec, "stop token");
+  EXPECT_EQ(spec[0].reason, FinishReason::Stop);
+}
+
+}  // namespace
+}  // namespace dsv4::test

@@ -1,0 +1,119 @@
+#include "bench_costs.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace dsv4::tools {
+
+// Multiply-adds of a prefill of n tokens from position 0: every layer's
+// matrix products for every token, attention at each position, and the head
+// for the last token only (the only logits a prefill needs).
+int64_t prefill_macs(const ModelConfig& c, const Model::TokenCost& cost, int64_t n) {
+  int64_t macs = cost.head_macs;
+  for (const Model::LayerCost& l : cost.layers) {
+    macs += n * l.linear_macs;
+    for (int64_t p = 0; p < n; ++p) macs += Model::attention_macs(c, l.layout, p);
+  }
+  return macs;
+}
+
+// Multiply-adds of one decode step of `batch` tokens at `position`: every
+// token runs its own experts, attention and the head, whatever the batch.
+double decode_step_macs(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch, int64_t position) {
+  double macs = double(cost.head_macs);
+  for (const Model::LayerCost& l : cost.layers)
+    macs += double(l.linear_macs) + double(Model::attention_macs(c, l.layout, position));
+  return double(batch) * macs;
+}
+
+// Routed experts a step of `batch` tokens picks at least once, with uniform
+// routing (random weights): E * (1 - (1 - k/E)^b) per layer instead of k.
+double expected_distinct_experts(const ModelConfig& c, int64_t batch) {
+  const double e = double(c.n_routed_experts), k = double(c.n_activated_experts);
+  return e * (1.0 - std::pow(1.0 - k / e, double(batch)));
+}
+
+double mtp_step_bytes(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch) {
+  const double k = double(c.n_activated_experts), distinct = expected_distinct_experts(c, batch);
+  double bytes = double(cost.head_bytes + batch * cost.other_bytes);
+  for (const Model::LayerCost& l : cost.mtp_layers)
+    bytes += double(l.weight_bytes) + (distinct - k) * double(l.expert_bytes);
+  return bytes;
+}
+
+double dspark_step_bytes(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch, int64_t block,
+                         int64_t learned) {
+  (void)learned;  // main_proj is read once per extension whatever its rows
+  const double k = double(c.n_activated_experts), distinct = expected_distinct_experts(c, batch * block);
+  double bytes = double(cost.head_bytes + batch * block * cost.other_bytes);
+  for (const Model::LayerCost& l : cost.dspark_layers)
+    bytes += double(l.weight_bytes) + (distinct - k) * double(l.expert_bytes);
+  bytes +=
+      double(cost.dspark_main_proj_bytes + cost.dspark_other_bytes) + double(block) * double(cost.dspark_markov_bytes);
+  return bytes;
+}
+
+double decode_step_bytes(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch) {
+  const double k = double(c.n_activated_experts), distinct = expected_distinct_experts(c, batch);
+  double bytes = double(cost.head_bytes + batch * cost.other_bytes);
+  for (const Model::LayerCost& l : cost.layers)
+    bytes += double(l.weight_bytes) + (distinct - k) * double(l.expert_bytes);
+  return bytes;
+}
+
+// The compute floor of a decode step of `batch` tokens: each weight the step
+// reads is decoded once, at the rate its format reaches with one token from
+// L2 (`rates`, weights/s; that includes one FMA lane per weight), and every
+// other multiply-add (the other tokens', attention) runs at the fp32 FMA
+// ceiling. A kernel that decodes in registers cannot beat it; on a machine
+// with few cores per GB/s it, not the bytes, bounds a batched step.
+double decode_step_floor_seconds(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch, int64_t position,
+                                 const std::array<double, 4>& rates, double fma_macs_per_s) {
+  const double distinct = expected_distinct_experts(c, batch);
+  double seconds = 0, decoded = 0;
+  auto decode = [&](WeightFormat format, double weights) {
+    const double rate = rates[size_t(format)];
+    if (weights <= 0 || rate <= 0) return;
+    seconds += weights / rate;
+    decoded += weights;
+  };
+  for (size_t f = 0; f < cost.head_weights.size(); ++f) decode(WeightFormat(f), double(cost.head_weights[f]));
+  for (const Model::LayerCost& l : cost.layers) {
+    for (size_t f = 0; f < l.dense_weights.size(); ++f) decode(WeightFormat(f), double(l.dense_weights[f]));
+    decode(cost.expert_format, distinct * double(l.expert_weights));
+  }
+  const double macs = decode_step_macs(c, cost, batch, position);
+  return seconds + std::max(0.0, macs - decoded) / fma_macs_per_s;
+}
+
+// Costs of the official V4-Flash schedule, compress_ratios [0,0] + [4,128]*20
+// + [4] (window, window, then CSA and HCA alternating, then CSA), built from
+// this model's CSA and HCA layers (a window-only layer is an HCA layer
+// without its compressor).
+std::optional<FlashCost> flash_schedule_cost(const ModelConfig& c, const Model::TokenCost& cost, int64_t prompt) {
+  const Model::LayerCost* by_kind[2] = {nullptr, nullptr};  // CSA, HCA
+  for (const Model::LayerCost& l : cost.layers) {
+    if (l.layout.kind == LayerKind::CompressedIndexed && !by_kind[0]) by_kind[0] = &l;
+    if (l.layout.kind == LayerKind::Compressed && l.layout.ratio == 128 && !by_kind[1]) by_kind[1] = &l;
+  }
+  if (!by_kind[0] || !by_kind[1]) return std::nullopt;
+  Model::LayerCost window = *by_kind[1];
+  window.layout = LayerLayout{};
+  window.weight_bytes -= window.compressor_bytes;
+  window.linear_macs -= window.compressor_macs;
+  window.compressor_bytes = window.compressor_macs = 0;
+  for (size_t f = 0; f < window.dense_weights.size(); ++f) window.dense_weights[f] -= window.compressor_weights[f];
+  window.compressor_weights = {};
+  Model::TokenCost flash = cost;
+  flash.layers = {window, window};
+  for (int i = 0; i < 20; ++i) flash.layers.insert(flash.layers.end(), {*by_kind[0], *by_kind[1]});
+  flash.layers.push_back(*by_kind[0]);
+  FlashCost out;
+  out.decode_bytes = flash.head_bytes + flash.other_bytes;
+  for (const Model::LayerCost& l : flash.layers) out.decode_bytes += l.weight_bytes;
+  out.prefill_macs = prefill_macs(c, flash, prompt);
+  out.cost = flash;
+  return out;
+}
+
+}  // namespace dsv4::tools

@@ -1,0 +1,36 @@
+// The cost model behind `dsv4 bench`'s rooflines: multiply-adds and bytes of
+// prefill and decode steps, the weight-decoding floor of a batched step, and
+// the full V4-Flash layer schedule built from a slice's layer shapes.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <optional>
+
+#include "model/model.h"
+
+namespace dsv4::tools {
+
+int64_t prefill_macs(const ModelConfig& c, const Model::TokenCost& cost, int64_t n);
+double decode_step_macs(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch, int64_t position);
+double expected_distinct_experts(const ModelConfig& c, int64_t batch);
+double decode_step_bytes(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch);
+double decode_step_floor_seconds(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch, int64_t position,
+                                 const std::array<double, 4>& rates, double fma_macs_per_s);
+// Bytes one MTP block step of `batch` tokens reads: the block (the experts
+// its tokens pick) and the shared LM head.
+double mtp_step_bytes(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch);
+
+// Bytes of one DSpark draft for `batch` sequences of `block` positions: the
+// stages (the experts of batch*block tokens), the shared head, main_proj
+// for the rows the rings learn (`learned` per sequence), and the Markov
+// projection once per position.
+double dspark_step_bytes(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch, int64_t block,
+                         int64_t learned);
+
+struct FlashCost {
+  int64_t decode_bytes = 0, prefill_macs = 0;
+  Model::TokenCost cost;  // per layer, in the V4-Flash schedule
+};
+std::optional<FlashCost> flash_schedule_cost(const ModelConfig& c, const Model::TokenCost& cost, int64_t prompt);
+
+}  // namespace dsv4::tools

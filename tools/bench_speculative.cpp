@@ -1,0 +1,173 @@
+// `dsv4 bench --speculative`: plain against speculative decoding through the
+// engine (drafts, one verify forward, sampling, rollback), with simulated
+// acceptance (SGLANG_SIMULATE_ACC_LEN) since random weights accept almost
+// nothing, each beside what the bytes and weight decoding of its draft and
+// verify steps allow on this machine; then the same model for the 43-layer
+// V4-Flash schedule at the measured bandwidth.
+#include "bench_speculative.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <random>
+
+#include "bench_costs.h"
+#include "core/error.h"
+#include "core/machine.h"
+#include "engine/engine.h"
+
+namespace dsv4::tools {
+
+namespace {
+
+struct EngineRun {
+  double tokens_per_second = 0;
+  double forward_ms_per_step = 0, draft_ms_per_step = 0;
+  double accept_length = 0;
+  int64_t bypassed_steps = 0, steps = 0;
+};
+
+// `batch` requests of a 16-token prompt each; the clock runs from the step
+// after their first tokens (one prefill step) to the last token.
+EngineRun engine_run(const std::shared_ptr<const Model>& model, const EngineOptions& options, int64_t batch,
+                     int64_t decode) {
+  Engine engine(model, options);
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int32_t> token(1, int32_t(model->config().vocab_size) - 1);
+  std::vector<std::shared_ptr<RequestHandle>> handles;
+  SamplingParams params;
+  params.temperature = 0;
+  params.max_new_tokens = decode + 1;
+  params.ignore_eos = true;
+  for (int64_t b = 0; b < batch; ++b) {
+    std::vector<int32_t> prompt(16);
+    for (auto& t : prompt) t = token(rng);
+    handles.push_back(engine.submit("bench" + std::to_string(b), prompt, params));
+  }
+  std::vector<int64_t> counts(handles.size(), 0);
+  std::vector<bool> finished(handles.size(), false);
+  std::vector<TokenEvent> events;
+  auto pump = [&](size_t i) {
+    events.clear();
+    handles[i]->wait(events, 60.0);
+    for (auto& e : events) {
+      counts[i] += e.has_token;
+      if (e.finished) finished[i] = true;
+    }
+  };
+  for (size_t i = 0; i < handles.size(); ++i)
+    while (counts[i] == 0 && !finished[i]) pump(i);
+  const EngineMetrics before = engine.metrics();
+  const double t0 = now_seconds();
+  int64_t first = 0;
+  for (int64_t c : counts) first += c;
+  for (size_t i = 0; i < handles.size(); ++i)
+    while (!finished[i]) pump(i);
+  const double seconds = now_seconds() - t0;
+  const EngineMetrics after = engine.metrics();
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  EngineRun run;
+  run.tokens_per_second = double(total - first) / seconds;
+  run.steps = after.steps_total - before.steps_total;
+  if (run.steps > 0) {
+    run.forward_ms_per_step = 1e3 * (after.forward_seconds - before.forward_seconds) / double(run.steps);
+    run.draft_ms_per_step = 1e3 * (after.draft_seconds - before.draft_seconds) / double(run.steps);
+  }
+  const int64_t verifies = after.spec_verify_total - before.spec_verify_total;
+  if (verifies > 0)
+    run.accept_length =
+        double(after.spec_accepted_tokens_total - before.spec_accepted_tokens_total + verifies) / double(verifies);
+  run.bypassed_steps = after.spec_bypassed_steps_total - before.spec_bypassed_steps_total;
+  return run;
+}
+
+}  // namespace
+
+void run_speculative_bench(const std::shared_ptr<const Model>& model, const SpeculativeBenchArgs& a,
+                           const MachineLimits& limits, std::ostream* csv) {
+  const ModelConfig& c = model->config();
+  const Model::TokenCost cost = model->token_cost();
+  SpeculativeOptions spec;
+  spec.algorithm = parse_speculative_algorithm(a.algorithm);
+  if (spec.algorithm == SpeculativeAlgorithm::None) throw Error("--speculative: EAGLE, DSPARK or NGRAM");
+  if (spec.algorithm == SpeculativeAlgorithm::Eagle && !model->has_mtp())
+    throw Error("--speculative EAGLE: the model has no MTP block (make-model writes one)");
+  if (spec.algorithm == SpeculativeAlgorithm::Dspark && !model->has_dspark())
+    throw Error("--speculative DSPARK: the model has no DSpark head (make-model --preset flash-0731 writes one)");
+  const bool eagle = spec.algorithm == SpeculativeAlgorithm::Eagle;
+  const bool dspark = spec.algorithm == SpeculativeAlgorithm::Dspark;
+  const int64_t drafts = dspark ? c.dspark_block_size : a.drafts;
+  spec.num_steps = drafts;
+  spec.dspark_block = c.dspark_block_size;
+  spec.num_draft_tokens = drafts + 1;
+  std::printf(
+      "\nspeculative decoding (%s, %lld drafts per step, greedy, %lld tokens per request), acceptance SIMULATED "
+      "(SGLANG_SIMULATE_ACC_LEN): random weights accept almost nothing\n",
+      speculative_algorithm_name(spec.algorithm), (long long)drafts, (long long)a.decode);
+  const int64_t position = 16 + a.decode / 2;
+  auto step_floor = [&](const Model::TokenCost& token_cost, int64_t tokens) {
+    return std::max(
+        decode_step_bytes(c, token_cost, tokens) / limits.bandwidth,
+        decode_step_floor_seconds(c, token_cost, tokens, position, limits.one_token_rates, limits.fma_macs_per_s));
+  };
+  // Draft steps of the chain: the first runs the rows the last step accepted
+  // (about the accept length per sequence), the others one row each.
+  auto draft_bytes = [&](const Model::TokenCost& token_cost, int64_t batch, double accept_len) {
+    if (dspark) return dspark_step_bytes(c, token_cost, batch, drafts, std::max<int64_t>(1, int64_t(accept_len + 0.5)));
+    if (!eagle) return 0.0;
+    const int64_t first_rows = std::max<int64_t>(batch, int64_t(double(batch) * accept_len + 0.5));
+    return mtp_step_bytes(c, token_cost, first_rows) + double(drafts - 1) * mtp_step_bytes(c, token_cost, batch);
+  };
+  for (int64_t batch : a.batches) {
+    EngineOptions plain_options;
+    plain_options.prefix_cache_bytes = 0;
+    plain_options.decode_log_interval = 0;
+    const EngineRun plain = engine_run(model, plain_options, batch, a.decode);
+    const double plain_roof = double(batch) / step_floor(cost, batch);
+    std::printf("batch %3lld plain: %8.2f tokens/s (%.1f ms per step; the model allows %.2f tokens/s)\n",
+                (long long)batch, plain.tokens_per_second, plain.forward_ms_per_step, plain_roof);
+    if (csv)
+      *csv << "speculative_plain," << batch << ",," << plain.forward_ms_per_step / 1e3 << "," << plain.tokens_per_second
+           << ",,,,," << plain_roof << "\n";
+    for (double accept_len : a.accept_lens) {
+      EngineOptions options = plain_options;
+      options.speculative = spec;
+      options.speculative.simulate_accept_len = accept_len;
+      options.speculative.auto_bypass = false;
+      const EngineRun forced = engine_run(model, options, batch, a.decode);
+      options.speculative.auto_bypass = true;
+      const EngineRun gated = engine_run(model, options, batch, a.decode);
+      const double verify_seconds = step_floor(cost, batch * (drafts + 1));
+      const double roof =
+          double(batch) * accept_len / (verify_seconds + draft_bytes(cost, batch, accept_len) / limits.bandwidth);
+      std::printf(
+          "  accept %.1f: speculative %8.2f tokens/s = %.2fx plain, %.0f%% of the %.2f the model allows (verify "
+          "%.1f ms, draft %.1f ms per step); with the bypass %8.2f tokens/s = %.2fx plain (%lld of %lld steps "
+          "plain)\n",
+          accept_len, forced.tokens_per_second, forced.tokens_per_second / plain.tokens_per_second,
+          100 * forced.tokens_per_second / roof, roof, forced.forward_ms_per_step, forced.draft_ms_per_step,
+          gated.tokens_per_second, gated.tokens_per_second / plain.tokens_per_second, (long long)gated.bypassed_steps,
+          (long long)gated.steps);
+      if (csv)
+        *csv << "speculative_" << accept_len << "," << batch << ",," << forced.forward_ms_per_step / 1e3 << ","
+             << forced.tokens_per_second << ",,,,," << roof << "," << gated.tokens_per_second << "\n";
+    }
+  }
+  if (auto flash = flash_schedule_cost(c, cost, 16)) {
+    std::printf("extrapolated to the 43-layer V4-Flash schedule at the measured %.2f GB/s (bytes only):\n",
+                limits.bandwidth / 1e9);
+    for (int64_t batch : a.batches) {
+      const double plain = double(batch) * limits.bandwidth / decode_step_bytes(c, flash->cost, batch);
+      std::printf("  batch %3lld: plain %.2f tokens/s;", (long long)batch, plain);
+      for (double accept_len : a.accept_lens) {
+        const double bytes =
+            decode_step_bytes(c, flash->cost, batch * (drafts + 1)) + draft_bytes(flash->cost, batch, accept_len);
+        const double rate = double(batch) * accept_len * limits.bandwidth / bytes;
+        std::printf(" accept %.1f: %.2f (%.2fx)", accept_len, rate, rate / plain);
+      }
+      std::printf("\n");
+    }
+  }
+}
+
+}  // namespace dsv4::tools

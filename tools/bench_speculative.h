@@ -1,0 +1,30 @@
+// `dsv4 bench --speculative EAGLE|NGRAM`: see bench_speculative.cpp.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "model/model.h"
+
+namespace dsv4::tools {
+
+struct MachineLimits {
+  double bandwidth = 0;                     // bytes/s read
+  std::array<double, 4> one_token_rates{};  // weights/s decoded per format (decode_rate.h)
+  double fma_macs_per_s = 0;                // fp32 FMA ceiling
+};
+
+struct SpeculativeBenchArgs {
+  std::string algorithm;
+  std::vector<double> accept_lens = {2, 3, 4};
+  std::vector<int64_t> batches = {1};
+  int64_t drafts = 3, decode = 32;
+};
+
+void run_speculative_bench(const std::shared_ptr<const Model>& model, const SpeculativeBenchArgs& args,
+                           const MachineLimits& limits, std::ostream* csv);
+
+}  // namespace dsv4::tools
