@@ -154,6 +154,17 @@ describe('response_format', () => {
     }
   });
 
+  test('the openai client\'s chat.completions.parse gives the parsed object', async () => {
+    const schema = { type: 'object', properties: { city: { type: 'string' }, temp: { type: 'number' } }, required: ['city', 'temp'], additionalProperties: false };
+    const r = await client.chat.completions.parse({
+      model: 'dsv4-test', messages: user('weather'), max_tokens: 2000, seed: 11,
+      response_format: { type: 'json_schema', json_schema: { name: 'weather', schema, strict: true } },
+      chat_template_kwargs: plain,
+    });
+    const parsed = r.choices[0].message.parsed;
+    assert.ok(ajv.compile(schema)(parsed), JSON.stringify(r.choices[0].message));
+  });
+
   test('Responses API text.format json_schema', async () => {
     const schema = { type: 'object', properties: { items: { type: 'array', items: { type: 'integer' }, maxItems: 4 } }, required: ['items'], additionalProperties: false };
     const r = await postJSON(server.origin, '/v1/responses', {
