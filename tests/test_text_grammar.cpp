@@ -338,3 +338,24 @@ TEST(GrammarMatcher, V41ToolCallBlockParses) {
 
 }  // namespace
 }  // namespace dsv4::text
+
+namespace dsv4::text {
+namespace {
+
+TEST(Grammar, LargeEnumsKeepEveryValue) {
+  // 600 values sharing prefixes: a flat choice would keep only 256 parses.
+  ojson values = ojson::array();
+  for (int i = 0; i < 600; ++i) values.push_back("item" + std::to_string(i));
+  values.push_back("item");
+  values.push_back(7);
+  const Grammar g = json_schema_grammar(ojson{{"enum", values}});
+  for (const char* ok : {"\"item0\"", "\"item599\"", "\"item\"", "\"item59\"", "7"})
+    EXPECT_TRUE(grammar_accepts(g, ok)) << ok;
+  for (const char* bad : {"\"item600\"", "\"ite\"", "\"item5999\"", "8", "\"item1\"x"})
+    EXPECT_FALSE(grammar_accepts(g, bad)) << bad;
+  ParseState start = ParseState::initial(g);
+  EXPECT_EQ(start.size(), 2u);  // '"' and '7'
+}
+
+}  // namespace
+}  // namespace dsv4::text

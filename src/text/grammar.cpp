@@ -51,6 +51,39 @@ Sequence GrammarBuilder::literal(std::string_view text) {
   return out;
 }
 
+Symbol GrammarBuilder::literals(std::vector<std::string> texts, const std::string& name) {
+  std::sort(texts.begin(), texts.end());
+  texts.erase(std::unique(texts.begin(), texts.end()), texts.end());
+  if (texts.empty()) throw GrammarError("no literal to choose from");
+  return call(literal_tree(texts, 0, texts.size(), 0, name));
+}
+
+// texts[begin, end) (sorted, distinct) share their first `depth` bytes: a rule
+// with one alternative per next byte, each the group's common part and then,
+// where the group still branches, the subtree.
+uint32_t GrammarBuilder::literal_tree(const std::vector<std::string>& texts, size_t begin, size_t end, size_t depth,
+                                      const std::string& name) {
+  const uint32_t rule = new_rule(name);
+  size_t i = begin;
+  if (texts[i].size() == depth) add_alternative(rule, {}), ++i;  // sorted: a text that ends here comes first
+  while (i < end) {
+    size_t j = i + 1;
+    while (j < end && texts[j][depth] == texts[i][depth]) ++j;
+    if (j - i == 1) {
+      add_alternative(rule, literal(std::string_view(texts[i]).substr(depth)));
+    } else {
+      // Sorted: the first and last of the group bound its common prefix.
+      size_t common = depth;
+      while (common < texts[i].size() && common < texts[j - 1].size() && texts[i][common] == texts[j - 1][common])
+        ++common;
+      add_alternative(rule, literal(std::string_view(texts[i]).substr(depth, common - depth)) +
+                                Sequence{call(literal_tree(texts, i, j, common, name))});
+    }
+    i = j;
+  }
+  return rule;
+}
+
 Symbol GrammarBuilder::choice(const std::vector<Sequence>& alternatives, const std::string& name) {
   const uint32_t rule = new_rule(name);
   for (const Sequence& s : alternatives) add_alternative(rule, s);

@@ -69,6 +69,9 @@ class GrammarBuilder {
   static Symbol call(uint32_t rule) { return {true, rule}; }
   // The bytes of `text`, one symbol each.
   Sequence literal(std::string_view text);
+  // One of `texts`, as a prefix tree: one parse however many texts share a
+  // start (a flat choice would keep a parse per text, at most 256).
+  Symbol literals(std::vector<std::string> texts, const std::string& name = "literals");
 
   // New rules for the usual combinators.
   Symbol choice(const std::vector<Sequence>& alternatives, const std::string& name = "choice");
@@ -84,6 +87,8 @@ class GrammarBuilder {
 
  private:
   void count(size_t symbols);
+  uint32_t literal_tree(const std::vector<std::string>& texts, size_t begin, size_t end, size_t depth,
+                        const std::string& name);
   std::vector<std::string> names_;
   std::vector<std::vector<Sequence>> rules_;
   std::vector<ByteSet> sets_;

@@ -78,9 +78,9 @@ class SchemaCompiler {
     if (schema.contains("enum")) {
       const ojson& values = schema["enum"];
       if (!values.is_array() || values.empty()) throw GrammarError("'enum' at " + where + " must be a non-empty array");
-      std::vector<Sequence> alternatives;
-      for (const ojson& v : values) alternatives.push_back(b_.literal(v.dump()));
-      return b_.choice(alternatives, "enum");
+      std::vector<std::string> texts;
+      for (const ojson& v : values) texts.push_back(v.dump());
+      return b_.literals(texts, "enum");
     }
     if (schema.contains("anyOf")) {
       const ojson& options = schema["anyOf"];
