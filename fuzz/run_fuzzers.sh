@@ -9,7 +9,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SECONDS_EACH="${1:-60}"
 shift || true
 TARGETS=("$@")
-[ ${#TARGETS[@]} -eq 0 ] && TARGETS=(fuzz_tokenizer fuzz_output_parser fuzz_chat_encoder)
+[ ${#TARGETS[@]} -eq 0 ] && TARGETS=(fuzz_tokenizer fuzz_output_parser fuzz_chat_encoder fuzz_grammar)
 BUILD="${DSV4_FUZZ_BUILD_DIR:-$ROOT/build-fuzz}"
 JOBS="${JOBS:-1}"
 
@@ -42,6 +42,11 @@ elif target == "fuzz_chat_encoder":
         c = json.load(open(f))
         if isinstance(c, dict) and "request" in c:
             put(json.dumps(c["request"], ensure_ascii=False).encode())
+elif target == "fuzz_grammar":
+    put(b"\x00" + json.dumps({"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "array", "items": {"$ref": "#/$defs/n"}, "maxItems": 3}}, "required": ["a"], "$defs": {"n": {"anyOf": [{"type": "integer"}, {"enum": ["x", None]}]}}}).encode())
+    put(b"\x30" + json.dumps({"type": "string", "pattern": "^[a-z]{2,4}-\\d+$"}).encode())
+    put(b"\x01" + rb"(?:yes|no)+[!?]*\(\d{3}\) [^a-z]{1,3}")
+    put(b"\x03" + b'root ::= expr\nexpr ::= term ("+" term)*\nterm ::= [0-9]+ | "(" expr ")"')
 elif target == "fuzz_tokenizer":
     for line in open(data + "/tokenizer/cases.jsonl"):
         c = json.loads(line)

@@ -209,6 +209,69 @@ TEST(Engine, ExecutorRowsMatchOneTokenAtATime) {
   EXPECT_EQ(all.last_row(1), all.row(1, int64_t(tail.size()) - 1));
 }
 
+// A constraint that forces the tokens first, first+1, ..., first+length-1,
+// then lets the sequence end, and during tokens 1 and 2 allows two choices.
+class CountingConstraint : public TokenConstraint {
+ public:
+  CountingConstraint(int32_t first, int32_t length) : first_(first), length_(length) {}
+  bool fill_mask(TokenMask& mask) override {
+    if (count_ < length_) mask_set(mask, first_ + count_);
+    if (count_ == 1 || count_ == 2) mask_set(mask, first_ + 100 + count_);
+    return true;
+  }
+  bool can_finish() const override { return count_ >= length_; }
+  bool accept(int32_t token) override {
+    if (count_ >= length_) return false;
+    ++count_;
+    return token >= 0;
+  }
+  void rollback(int64_t n) override { count_ = std::max<int32_t>(0, count_ - int32_t(n)); }
+  std::unique_ptr<TokenConstraint> clone() const override { return std::make_unique<CountingConstraint>(*this); }
+
+ private:
+  int32_t first_, length_, count_ = 0;
+};
+
+class CountingFactory : public ConstraintFactory {
+ public:
+  std::unique_ptr<TokenConstraint> start() const override { return std::make_unique<CountingConstraint>(20, 6); }
+};
+
+TEST(Engine, ConstraintMasksTheDrawAndEndsTheSequence) {
+  EngineOptions opt;
+  opt.prefix_cache_bytes = 0;
+  const int32_t eos = int32_t(shared_model()->config().eos_token_id);
+  auto constrained = [](uint64_t seed) {
+    SamplingParams p = sampled(seed, 40);
+    p.ignore_eos = false;
+    p.min_new_tokens = 10;  // the grammar outranks it: EOS once complete
+    p.constraint = std::make_shared<CountingFactory>();
+    return p;
+  };
+  Outcome alone;
+  {
+    Engine e(shared_model(), opt);
+    alone = drain(e.submit("alone", prompt_of(40, 3), constrained(5)));
+  }
+  ASSERT_EQ(alone.tokens.size(), 7u);
+  EXPECT_EQ(alone.reason, FinishReason::Stop);
+  EXPECT_EQ(alone.tokens[0], 20);
+  for (int i : {1, 2}) EXPECT_TRUE(alone.tokens[size_t(i)] == 20 + i || alone.tokens[size_t(i)] == 120 + i);
+  for (int i = 3; i < 6; ++i) EXPECT_EQ(alone.tokens[size_t(i)], 20 + i);
+  EXPECT_EQ(alone.tokens[6], eos);
+  // The same tokens in a batch with unconstrained and constrained neighbours.
+  Engine e(shared_model(), opt);
+  std::vector<std::shared_ptr<RequestHandle>> others;
+  for (int i = 0; i < 6; ++i)
+    others.push_back(
+        e.submit("other" + std::to_string(i), prompt_of(30 + i, i), i % 2 ? constrained(i) : sampled(i, 12)));
+  auto target = e.submit("target", prompt_of(40, 3), constrained(5));
+  Outcome crowded = drain(target);
+  for (auto& h : others) drain(h);
+  EXPECT_EQ(crowded.tokens, alone.tokens);
+  EXPECT_EQ(crowded.logprobs, alone.logprobs);
+}
+
 TEST(EngineValidate, OneCheckOfIdsAndLength) {
   const RequestLimits limits{512, 64};
   SamplingParams p;

@@ -46,6 +46,7 @@ struct ServeArgs {
   std::string reasoning_parser, tool_call_parser, log_level = "info", schedule_policy = "fcfs";
   bool deterministic = false, disable_radix_cache = false, hierarchical_cache = false, no_mmap = false;
   bool enable_cache_report = false, clamp_max_tokens = false;
+  int64_t grammar_max_string_chars = 0;
   bool allow_special_tokens_in_content = false;
   std::vector<std::string> allowed_origins;
   int64_t max_request_bytes = 32 << 20;
@@ -328,6 +329,7 @@ int run_serve(ServeArgs& a) {
   so.log_level = a.log_level;
   so.enable_cache_report = a.enable_cache_report;
   so.clamp_max_tokens = a.clamp_max_tokens;
+  so.grammar_max_string_chars = a.grammar_max_string_chars;
   so.responses_store_size = a.responses_store_size;
   so.responses_store_bytes = a.responses_store_mb << 20;
   so.server_args = a.argv;
@@ -403,6 +405,11 @@ void register_serve_command(CLI::App& app, int& exit_code) {
   cmd->add_flag("--clamp-max-tokens", a->clamp_max_tokens,
                 "Restore the old clamping: a max_tokens that does not fit in the context after the prompt is cut "
                 "to fit instead of answering 400 (as SGLang and vLLM do)");
+  cmd->add_option("--grammar-max-string-chars", a->grammar_max_string_chars,
+                  "Constrained JSON (response_format, forced tool calls): strings without a maxLength hold at most "
+                  "this many characters; 0 (default): unlimited. Bounds generation by a model that never closes a "
+                  "string")
+      ->check(CLI::Range(int64_t(0), int64_t(10000)));
   cmd->add_option("--responses-store-size", a->responses_store_size,
                   "Finished /v1/responses responses kept for GET and previous_response_id (least recently used "
                   "evicted first; 0: none)")

@@ -57,6 +57,7 @@ std::vector<std::shared_ptr<RequestHandle>> Engine::submit_all(std::vector<Submi
     seq->params = r.request.params();
     seq->reserved_tokens = n + seq->params.max_new_tokens;
     seq->stop_ids = seq->params.stop_token_ids;
+    if (seq->params.constraint) seq->constraint = seq->params.constraint->start();
     if (!seq->params.ignore_eos) seq->stop_ids.push_back(int32_t(model_->config().eos_token_id));
     handles.push_back(handle);
     sequences.push_back(std::move(seq));
@@ -345,7 +346,22 @@ SampledToken Engine::draw(const Sequence& s, const float* logits) const {
   const int64_t step_index = int64_t(s.output.size());
   std::vector<int32_t> blocked;
   if (step_index < s.params.min_new_tokens) blocked = s.stop_ids;
-  return sample_token(logits, model_->config().vocab_size, s.params, s.penalties, s.prompt, step_index, blocked);
+  const int64_t vocab = model_->config().vocab_size;
+  if (s.constraint) {
+    TokenMask mask(size_t(vocab + 63) / 64, 0);
+    if (s.constraint->fill_mask(mask)) {
+      // A complete output may end; an output the grammar cannot continue
+      // (never for a well-formed grammar) ends rather than drawing at random.
+      bool any = false;
+      for (uint64_t word : mask) any = any || word != 0;
+      if (s.constraint->can_finish() || !any) {
+        for (int32_t t : s.stop_ids) mask_set(mask, t);
+        blocked.clear();  // min_new_tokens cannot outrank the grammar
+      }
+      return sample_token(logits, vocab, s.params, s.penalties, s.prompt, step_index, blocked, nullptr, &mask);
+    }
+  }
+  return sample_token(logits, vocab, s.params, s.penalties, s.prompt, step_index, blocked);
 }
 
 // Appends a sampled token, offers the state to the cache policy and pushes the
@@ -354,6 +370,7 @@ void Engine::emit(Sequence& s, const float* logits, const SampledToken& t) {
   cache_.on_sampled(s.prompt, s.output, s.fed, s.state, logits, model_->config().vocab_size);
   s.output.push_back(t.token);
   s.penalties.add(t.token);
+  if (s.constraint) s.constraint->accept(t.token);  // stop tokens end the sequence; a refusal changes nothing
   s.phase = Phase::Decoding;
   TokenEvent e;
   e.sampled = t;

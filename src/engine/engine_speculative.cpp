@@ -22,6 +22,7 @@ void Engine::propose_drafts(std::vector<std::unique_ptr<Sequence>>& running, std
     const RunningSummary& r = summaries[i];
     // Only a sequence whose one unfed token is its last sampled one drafts.
     if (r.phase != Phase::Decoding || r.cancelled || r.known - r.fed != 1) continue;
+    if (s.constraint) continue;  // a grammar-constrained sequence decodes plainly (sequence.h)
     // Every token of a verify step may be emitted: drafts never run past
     // max_new_tokens (which validate_request fitted into the context).
     int64_t limit =

@@ -38,7 +38,7 @@ double counter_uniform(uint64_t seed, uint64_t step) {
 
 SampledToken sample_token(const float* logits, int64_t vocab, const SamplingParams& p, const PenaltyState& penalties,
                           const std::vector<int32_t>& prompt, int64_t step, const std::vector<int32_t>& blocked,
-                          TokenDistribution* dist) {
+                          TokenDistribution* dist, const TokenMask* allowed) {
   SampledToken out;
   // Log-softmax of the raw logits, for logprobs.
   double mx = -std::numeric_limits<double>::infinity();
@@ -64,6 +64,9 @@ SampledToken sample_token(const float* logits, int64_t vocab, const SamplingPara
     if (tok >= 0 && tok < vocab) s[size_t(tok)] -= p.frequency_penalty * float(n) + p.presence_penalty;
   for (int32_t t : blocked)
     if (t >= 0 && t < vocab) s[size_t(t)] = -std::numeric_limits<float>::infinity();
+  if (allowed)
+    for (int64_t v = 0; v < vocab; ++v)
+      if (!mask_has(*allowed, v)) s[size_t(v)] = -std::numeric_limits<float>::infinity();
 
   int32_t chosen = 0;
   if (p.temperature <= 0.0f) {

@@ -3,9 +3,12 @@
 // the same tokens alone or in any batch.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "engine/constraint.h"
 
 namespace dsv4 {
 
@@ -31,6 +34,9 @@ struct SamplingParams {
   // inside the vocabulary; the server takes biases in [-100, 100]. Empty:
   // sampling is exactly as without it. Logprobs stay those of the raw logits.
   std::vector<std::pair<int32_t, float>> logit_bias;
+  // Constrained decoding (response_format, regex, ebnf, forced tool calls):
+  // each sequence starts its own state from it. Null: unconstrained.
+  std::shared_ptr<const ConstraintFactory> constraint;
 };
 
 struct SampledToken {
@@ -61,10 +67,14 @@ struct TokenDistribution {
 // token being generated (0 for the first). blocked_tokens cannot be drawn
 // (EOS ids before min_new_tokens). When `distribution` is given it receives
 // the distribution the token was drawn from; asking for it changes nothing
-// about the draw.
+// about the draw. `allowed` (a grammar's mask) limits the draw to its tokens:
+// the others get -inf before temperature and truncation, like blocked tokens;
+// logprobs stay those of the raw logits (as with logit_bias). It must allow at
+// least one token.
 SampledToken sample_token(const float* logits, int64_t vocab, const SamplingParams& params,
                           const PenaltyState& penalties, const std::vector<int32_t>& prompt, int64_t step,
-                          const std::vector<int32_t>& blocked_tokens, TokenDistribution* distribution = nullptr);
+                          const std::vector<int32_t>& blocked_tokens, TokenDistribution* distribution = nullptr,
+                          const TokenMask* allowed = nullptr);
 
 // Uniform double in [0, 1) from (seed, step); a pure function.
 double counter_uniform(uint64_t seed, uint64_t step);

@@ -21,6 +21,11 @@ struct Engine::Sequence {
   std::vector<int32_t> stop_ids;     // stop_token_ids plus EOS unless ignore_eos
   std::vector<float> cached_logits;  // after the prompt, from a full prefix-cache hit
   int64_t reserved_tokens = 0;
+  // Constrained decoding state (null: unconstrained); only the thread that
+  // draws this sequence's token touches it. Such a sequence does not draft
+  // (propose_drafts): verifying drafts would need the mask at every drafted
+  // position (the constraint's rollback/clone allow it; not done yet).
+  std::unique_ptr<TokenConstraint> constraint;
 
   // Speculative decoding. `drafts`: proposed tokens after the last known
   // one, verified in this step's forward pass (the decode state is

@@ -8,6 +8,7 @@
 #include "server/anthropic_format.h"
 #include "server/server_impl.h"
 #include "server/streaming.h"
+#include "server/structured_output.h"
 #include "text/request_parsing.h"
 
 namespace dsv4 {
@@ -189,10 +190,13 @@ void Server::Impl::anthropic_messages(const std::string& raw, HttpResponse& res)
   std::vector<int32_t> prompt = anthropic_prompt(a, rendered);
   SamplingParams params = sampling_field(a.sampling, a.max_tokens, 0, seeds);
   params.max_new_tokens_explicit = true;
-  const int64_t prompt_tokens = int64_t(prompt.size());
-  const ValidatedRequest checked = validate(std::move(prompt), params, "max_tokens");
   text::ParserConfig parser_cfg = text::parser_config_for_request(a.chat, profile, rendered.starts_in_reasoning,
                                                                   opt.reasoning_parser, opt.tool_call_parser);
+  // tool_choice any / tool: the forced DSML block, as for chat completions.
+  params.constraint =
+      chat_constraint(a.chat, tokenizer, parser_cfg, rendered.starts_in_reasoning, grammar_options());
+  const int64_t prompt_tokens = int64_t(prompt.size());
+  const ValidatedRequest checked = validate(std::move(prompt), params, "max_tokens");
   const std::string id = "msg_" + random_hex(24);
   const std::string model = a.model.empty() ? model_name() : a.model;
   auto choices = std::make_shared<Choices>();

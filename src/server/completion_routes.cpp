@@ -5,6 +5,7 @@
 #include "core/machine.h"
 #include "server/server_impl.h"
 #include "server/streaming.h"
+#include "server/structured_output.h"
 #include "text/request_parsing.h"
 #include "text/utf8.h"
 
@@ -276,11 +277,12 @@ void Server::Impl::chat_completions(const std::string& raw, HttpResponse& res) {
       sampling_field(body, max_tokens_field(body, max_key, engine->context_length(), &max_given), 0, seeds);
   params.max_new_tokens_explicit = max_given;
   params.top_logprobs = want_logprobs ? top_logprobs : 0;
+  text::ParserConfig parser_cfg = text::parser_config_for_request(body, profile, rendered.starts_in_reasoning,
+                                                                  opt.reasoning_parser, opt.tool_call_parser);
+  params.constraint = chat_constraint(body, tokenizer, parser_cfg, rendered.starts_in_reasoning, grammar_options());
   const int64_t prompt_tokens = int64_t(prompt.size());
   const ValidatedRequest checked = validate(std::move(prompt), params, max_key);
   const std::vector<std::string> stops = stop_field(body);
-  text::ParserConfig parser_cfg = text::parser_config_for_request(body, profile, rendered.starts_in_reasoning,
-                                                                  opt.reasoning_parser, opt.tool_call_parser);
 
   const std::string id = rid_field(body, 1, "chatcmpl-" + random_hex(24), false)[0];
   auto choices = std::make_shared<Choices>();
@@ -370,11 +372,13 @@ void Server::Impl::completions(const std::string& raw, HttpResponse& res) {
   check_response_format(body);
   const std::vector<std::string> stops = stop_field(body);
   const std::string id = string_field(body, "rid", "cmpl-" + random_hex(24));
+  const std::shared_ptr<const ConstraintFactory> constraint = completion_constraint(body, tokenizer, grammar_options());
   // Every prompt is checked before the first one is submitted.
   std::vector<ValidatedRequest> checked;
   for (auto& prompt : prompts) {
     bool max_given = false;
     SamplingParams p = sampling_field(body, max_tokens_field(body, "max_tokens", 16, &max_given), 0, seeds);
+    p.constraint = constraint;
     p.max_new_tokens_explicit = max_given;
     p.top_logprobs = std::max<int64_t>(logprobs_k, 0);
     checked.push_back(validate(prompt, p, "max_tokens"));
@@ -460,12 +464,14 @@ void Server::Impl::generate(const std::string& raw, HttpResponse& res) {
   const bool skip_special = bool_field(sp, "skip_special_tokens", true);
   const std::vector<std::string> stops = stop_field(sp);
   const std::vector<std::string> rids = rid_field(body, prompts.size(), random_hex(32), true);
+  const std::shared_ptr<const ConstraintFactory> constraint = completion_constraint(sp, tokenizer, grammar_options());
   // Every prompt is checked before the first one is submitted.
   auto choices = std::make_shared<Choices>();
   std::vector<Engine::Submission> submissions;
   for (size_t k = 0; k < prompts.size(); ++k) {
     bool max_given = false;
     SamplingParams p = sampling_field(sp, max_tokens_field(sp, "max_new_tokens", 128, &max_given), 0, seeds);
+    p.constraint = constraint;
     p.max_new_tokens_explicit = max_given;
     p.min_new_tokens = int_field(sp, "min_new_tokens", 0, 0, int64_t(1) << 40);
     p.top_logprobs = return_logprob ? top_n : 0;

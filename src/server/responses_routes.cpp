@@ -10,6 +10,7 @@
 #include "server/responses_stream.h"
 #include "server/server_impl.h"
 #include "server/streaming.h"
+#include "server/structured_output.h"
 #include "text/request_parsing.h"
 
 namespace dsv4 {
@@ -156,9 +157,11 @@ void Server::Impl::responses_create(const std::string& raw, HttpResponse& res) {
       sampling_field(r.sampling, max_given ? r.max_output_tokens : engine->context_length(), 0, seeds);
   params.max_new_tokens_explicit = max_given;
   job->prompt_tokens = int64_t(prompt.size());
-  const ValidatedRequest checked = validate(std::move(prompt), params, "max_output_tokens");
   const text::ParserConfig parser_cfg = text::parser_config_for_request(chat, profile, rendered.starts_in_reasoning,
                                                                         opt.reasoning_parser, opt.tool_call_parser);
+  // text.format (as response_format) and tool_choice constrain decoding as on chat.
+  params.constraint = chat_constraint(chat, tokenizer, parser_cfg, rendered.starts_in_reasoning, grammar_options());
+  const ValidatedRequest checked = validate(std::move(prompt), params, "max_output_tokens");
   job->id = "resp_" + random_hex(32);
   job->created_at = unix_time();
   job->conversation = std::move(history);

@@ -43,6 +43,9 @@ struct ServerOptions {
   // A prompt + max_tokens past the context length: cut max_tokens to fit
   // (--clamp-max-tokens) instead of answering 400.
   bool clamp_max_tokens = false;
+  // Constrained JSON: strings without a maxLength hold at most this many
+  // characters (0: unlimited), so a model that never closes one still ends.
+  int64_t grammar_max_string_chars = 0;
   // The Responses API's store of finished responses (GET /v1/responses/{id},
   // previous_response_id): at most this many, least recently used evicted
   // first; 0 stores none. The byte budget bounds their JSON text.

@@ -15,6 +15,7 @@
 #include "server/responses_store.h"
 #include "server/server.h"
 #include "text/chat_encoder.h"
+#include "text/grammar_json.h"
 
 namespace dsv4 {
 
@@ -38,6 +39,7 @@ struct Server::Impl {
 
   std::string model_name() const { return opt.served_model_name; }
   int64_t vocab_size() const { return engine->model().config().vocab_size; }
+  text::JsonGrammarOptions grammar_options() const { return {opt.grammar_max_string_chars}; }
   void log(const std::string& level, const std::string& msg) const;
 
   // Engine submission of all of a request's choices at once (all or none),

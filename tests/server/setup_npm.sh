@@ -8,7 +8,7 @@ if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
   exit 77
 fi
 stamp="$DIR/node_modules/.package-lock.json"
-if [ -f "$DIR/node_modules/openai/package.json" ] && [ -f "$DIR/node_modules/@anthropic-ai/sdk/package.json" ] &&
+if [ -f "$DIR/node_modules/openai/package.json" ] && [ -f "$DIR/node_modules/@anthropic-ai/sdk/package.json" ] && [ -f "$DIR/node_modules/ajv/package.json" ] &&
    [ -f "$stamp" ] && [ ! "$DIR/package-lock.json" -nt "$stamp" ]; then
   echo "node_modules is up to date"
   exit 0
