@@ -27,10 +27,31 @@ struct EngineRun {
 };
 
 // `batch` requests of a 16-token prompt each; the clock runs from the step
-// after their first tokens (one prefill step) to the last token.
+// after their first tokens (one prefill step) to the last token. `warm_up`
+// batches run first on the same engine, unmeasured: the bypass gate learns
+// once per server, so its exploration belongs to a warm-up, not to every
+// measurement.
 EngineRun engine_run(const std::shared_ptr<const Model>& model, const EngineOptions& options, int64_t batch,
-                     int64_t decode) {
+                     int64_t decode, int warm_up = 0) {
   Engine engine(model, options);
+  for (int round = 0; round < warm_up; ++round) {
+    SamplingParams warm;
+    warm.temperature = 0;
+    warm.max_new_tokens = decode + 1;
+    warm.ignore_eos = true;
+    std::vector<std::shared_ptr<RequestHandle>> running;
+    for (int64_t b = 0; b < batch; ++b)
+      running.push_back(engine.submit("warm" + std::to_string(round) + "-" + std::to_string(b),
+                                      std::vector<int32_t>(16, int32_t(100 + b)), warm));
+    for (auto& h : running) {
+      std::vector<TokenEvent> events;
+      for (bool done = false; !done;) {
+        events.clear();
+        h->wait(events, 60.0);
+        for (auto& e : events) done |= e.finished;
+      }
+    }
+  }
   std::mt19937 rng(7);
   std::uniform_int_distribution<int32_t> token(1, int32_t(model->config().vocab_size) - 1);
   std::vector<std::shared_ptr<RequestHandle>> handles;
@@ -122,6 +143,7 @@ void run_speculative_bench(const std::shared_ptr<const Model>& model, const Spec
     EngineOptions plain_options;
     plain_options.prefix_cache_bytes = 0;
     plain_options.decode_log_interval = 0;
+    plain_options.pin_threads = true;  // as dsv4 serve runs its engine
     const EngineRun plain = engine_run(model, plain_options, batch, a.decode);
     const double plain_roof = double(batch) / step_floor(cost, batch);
     std::printf("batch %3lld plain: %8.2f tokens/s (%.1f ms per step; the model allows %.2f tokens/s)\n",
@@ -136,14 +158,15 @@ void run_speculative_bench(const std::shared_ptr<const Model>& model, const Spec
       options.speculative.auto_bypass = false;
       const EngineRun forced = engine_run(model, options, batch, a.decode);
       options.speculative.auto_bypass = true;
-      const EngineRun gated = engine_run(model, options, batch, a.decode);
+      const EngineRun gated = engine_run(model, options, batch, a.decode, 1);
       const double verify_seconds = step_floor(cost, batch * (drafts + 1));
       const double roof =
           double(batch) * accept_len / (verify_seconds + draft_bytes(cost, batch, accept_len) / limits.bandwidth);
       std::printf(
           "  accept %.1f: speculative %8.2f tokens/s = %.2fx plain, %.0f%% of the %.2f the model allows (verify "
-          "%.1f ms, draft %.1f ms per step); with the bypass %8.2f tokens/s = %.2fx plain (%lld of %lld steps "
-          "plain)\n",
+          "%.1f ms, draft %.1f ms per step); with the bypass (after a warm-up batch) %8.2f tokens/s = %.2fx plain "
+          "(%lld of %lld "
+          "steps plain)\n",
           accept_len, forced.tokens_per_second, forced.tokens_per_second / plain.tokens_per_second,
           100 * forced.tokens_per_second / roof, roof, forced.forward_ms_per_step, forced.draft_ms_per_step,
           gated.tokens_per_second, gated.tokens_per_second / plain.tokens_per_second, (long long)gated.bypassed_steps,
