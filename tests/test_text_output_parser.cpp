@@ -426,3 +426,16 @@ TEST(TextOutputParser, FailureInsideAStreamedCall) {
   EXPECT_FALSE(unknown.stream_error);
   EXPECT_EQ(unknown.tool_call_error.value_or(""), "unknown tool");
 }
+
+// An attribute that never closes: the tag is malformed once longer than the
+// parser waits for, whatever the chunking.
+TEST(TextOutputParser, OverlongTagFails) {
+  ParserConfig cfg;
+  cfg.tools_enabled = true;
+  const std::string raw = "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"" + std::string(5000, 'x') + "\n";
+  const auto whole = parse_output(cfg, raw, StopReason::Stop);
+  EXPECT_EQ(whole.tool_call_error.value_or(""), "invalid tool call");
+  EXPECT_FALSE(whole.stream_error);
+  EXPECT_EQ(whole.content.value_or(""), raw);
+  for (size_t n : {1, 7, 4096}) check_stream_equals(cfg, raw, StopReason::Stop, whole, chunk(raw, n), "overlong");
+}

@@ -115,9 +115,11 @@ bool is_proper_prefix_of_any(std::string_view s, const std::vector<std::string>&
   return false;
 }
 
-// Returned by parse_attributes while the tag may still be completed by text
-// that has not arrived yet.
+// parse_attributes: the tag may still be completed by text yet to come.
 constexpr size_t kNeedMore = std::string_view::npos - 1;
+// A DSML tag still open after this many bytes is malformed: waiting longer
+// would rescan an ever longer attribute on every chunk.
+constexpr size_t kMaxTagBytes = 4096;
 
 // Parses `key="value"` attributes up to the closing '>'. Returns the offset
 // just past '>', npos when malformed, or kNeedMore when `s` ends first; each
@@ -150,12 +152,11 @@ size_t parse_attributes(std::string_view s, std::vector<std::pair<std::string, s
   }
 }
 
-// The earliest of the given tags in `s` from `from`: {position, length, which
-// list (0, 1, ...)}; position npos when none occurs.
+// The earliest of the tags in `s` from `from`; pos npos when none occurs.
 struct TagHit {
   size_t pos = std::string_view::npos;
   size_t len = 0;
-  size_t list = 0;
+  size_t list = 0;  // which of the lists the tag is from
 };
 
 TagHit find_earliest(std::string_view s, size_t from, std::initializer_list<const std::vector<std::string>*> lists) {
@@ -515,7 +516,10 @@ struct OutputParser::Impl {
     }
     std::vector<std::pair<std::string, std::string>> attrs;
     const size_t header_len = parse_attributes(after, attrs);
-    if (header_len == kNeedMore) return 0;
+    if (header_len == kNeedMore) {
+      if (after.size() > kMaxTagBytes) fail("invalid tool call", d);
+      return 0;
+    }
     const std::string* name_attr = header_len == std::string_view::npos ? nullptr : attr(attrs, "name");
     if (!name_attr || name_attr->empty()) {
       fail("invalid tool call", d);
@@ -538,11 +542,12 @@ struct OutputParser::Impl {
     return header_len;
   }
 
-  void emit_arguments(std::string piece, ParserDelta& d) {
+  void emit_arguments(std::string piece, ParserDelta& d, bool closes = false) {
     invoke.call.arguments += piece;
     ToolCallDelta fragment;
     fragment.index = static_cast<int>(msg.tool_calls.size());
     fragment.arguments = std::move(piece);
+    fragment.closes = closes;
     d.tool_calls.push_back(std::move(fragment));
   }
 
@@ -562,7 +567,7 @@ struct OutputParser::Impl {
   }
 
   void close_invoke(ParserDelta& d) {
-    emit_arguments(invoke.call.arguments.empty() ? "{}" : "}", d);
+    emit_arguments(invoke.call.arguments.empty() ? "{}" : "}", d, true);
     msg.tool_calls.push_back(std::move(invoke.call));
     invoke.open = false;
   }
@@ -611,7 +616,10 @@ struct OutputParser::Impl {
     }
     std::vector<std::pair<std::string, std::string>> pattrs;
     const size_t header_len = parse_attributes(after, pattrs);
-    if (header_len == kNeedMore) return false;
+    if (header_len == kNeedMore) {
+      if (after.size() > kMaxTagBytes) fail("invalid tool call", d);
+      return false;
+    }
     const std::string* key = header_len == std::string_view::npos ? nullptr : attr(pattrs, "name");
     if (!key) {
       fail("invalid tool call", d);

@@ -72,6 +72,9 @@ struct ToolCallDelta {
   // Fragment of the JSON arguments text: empty in the header; `{"k": v`,
   // then `, "k": v` per parameter, then `}` (`{}` for a call without any).
   std::string arguments;
+  // The invoke closed: this is the call's last fragment (Anthropic's
+  // content_block_stop and the Responses API's .done go out with it).
+  bool closes = false;
 };
 
 struct ParserDelta {
