@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <map>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -35,6 +36,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const StopReason stop = (chunk_seed & 1) ? StopReason::Length : StopReason::Stop;
 
   const ParsedMessage whole = parse_output(cfg, raw, stop);
+  // Each call's argument fragments of the text fed in one piece: a call
+  // streams a parameter at a time, so any chunking gives the same ones.
+  std::map<int, std::vector<std::string>> whole_fragments, fragments;
+  {
+    OutputParser one(cfg);
+    ParserDelta d = one.feed(raw);
+    d.append(one.finish(stop));
+    for (const auto& t : d.tool_calls) whole_fragments[t.index].push_back(t.arguments);
+  }
 
   OutputParser p(cfg);
   std::string reasoning, content;
@@ -42,7 +52,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto absorb = [&](const ParserDelta& d) {
     reasoning += d.reasoning_content;
     content += d.content;
-    for (const auto& t : d.tool_calls) args[t.index] += t.arguments;
+    for (const auto& t : d.tool_calls) {
+      args[t.index] += t.arguments;
+      fragments[t.index].push_back(t.arguments);
+    }
   };
   uint32_t state = chunk_seed * 2654435761u + 1;
   for (size_t i = 0; i < raw.size();) {
@@ -59,8 +72,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       m.tool_call_error != whole.tool_call_error) {
     std::abort();
   }
+  if (content != whole.content.value_or("") || reasoning != whole.reasoning_content.value_or("")) std::abort();
+  if (fragments != whole_fragments) std::abort();
   if (!whole.stream_error) {
-    if (content != whole.content.value_or("") || reasoning != whole.reasoning_content.value_or("")) std::abort();
     for (size_t i = 0; i < whole.tool_calls.size(); ++i) {
       if (args[static_cast<int>(i)] != whole.tool_calls[i].arguments) std::abort();
     }
