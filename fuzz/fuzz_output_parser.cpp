@@ -36,14 +36,26 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const StopReason stop = (chunk_seed & 1) ? StopReason::Length : StopReason::Stop;
 
   const ParsedMessage whole = parse_output(cfg, raw, stop);
-  // Each call's argument fragments of the text fed in one piece: a call
-  // streams a parameter at a time, so any chunking gives the same ones.
-  std::map<int, std::vector<std::string>> whole_fragments, fragments;
+  // The tool-call events in order, a call's consecutive argument fragments
+  // merged: any chunking gives those of the text fed in one piece (unless a
+  // call fails after its header: a growing string value may then have sent
+  // more or less of itself).
+  auto add_event = [](std::vector<std::string>& events, const ToolCallDelta& t) {
+    const std::string args_event = "args " + std::to_string(t.index) + " ";
+    if (t.name) {
+      events.push_back("header " + std::to_string(t.index) + " " + *t.name);
+    } else if (!events.empty() && events.back().rfind(args_event, 0) == 0) {
+      events.back() += t.arguments;
+    } else {
+      events.push_back(args_event + t.arguments);
+    }
+  };
+  std::vector<std::string> whole_events, events;
   {
     OutputParser one(cfg);
     ParserDelta d = one.feed(raw);
     d.append(one.finish(stop));
-    for (const auto& t : d.tool_calls) whole_fragments[t.index].push_back(t.arguments);
+    for (const auto& t : d.tool_calls) add_event(whole_events, t);
   }
 
   OutputParser p(cfg);
@@ -54,7 +66,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     content += d.content;
     for (const auto& t : d.tool_calls) {
       args[t.index] += t.arguments;
-      fragments[t.index].push_back(t.arguments);
+      add_event(events, t);
     }
   };
   uint32_t state = chunk_seed * 2654435761u + 1;
@@ -73,8 +85,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::abort();
   }
   if (content != whole.content.value_or("") || reasoning != whole.reasoning_content.value_or("")) std::abort();
-  if (fragments != whole_fragments) std::abort();
   if (!whole.stream_error) {
+    if (events != whole_events) std::abort();
     for (size_t i = 0; i < whole.tool_calls.size(); ++i) {
       if (args[static_cast<int>(i)] != whole.tool_calls[i].arguments) std::abort();
     }

@@ -82,6 +82,7 @@ struct OutputParser::Impl {
   std::string raw_block;                     // separator + block text, for the malformed fallback
   std::vector<std::string> opener_patterns;  // with and without the "\n\n" separator
   std::vector<std::string> openers;
+  std::vector<std::string> value_ends;  // the tags that end a parameter value
   bool implicit_block = false;
   // The invoke being parsed: its header went out when its tag was complete,
   // its arguments go out a parameter (or a JSON body member) at a time.
@@ -90,6 +91,10 @@ struct OutputParser::Impl {
     ToolCall call;                  // arguments: the JSON text sent so far
     std::vector<std::string> keys;  // parameter names so far (duplicates are malformed)
     size_t scanned = 0;             // bytes already searched for a close tag, so long values are scanned once
+    // A string parameter streamed while it grows: its `"key": "` and this many
+    // bytes of its raw value went out; the rest and the quote at its close.
+    bool value_open = false;
+    size_t value_sent = 0;
     // A JSON object body instead of parameter tags: where its scan stands.
     bool json_body = false;
     size_t json_pos = 0, json_member = 0;
@@ -119,6 +124,8 @@ struct OutputParser::Impl {
     reasoning_holdback = reasoning_markers;
     for (size_t i = 2; i < reasoning_markers.size(); ++i) reasoning_holdback.push_back("\n\n" + reasoning_markers[i]);
     content_markers = {std::string(kThinkEnd), std::string(kThinkBegin)};
+    for (const auto* list : {&tags.param_close, &tags.invoke_close, &tags.block_close})
+      value_ends.insert(value_ends.end(), list->begin(), list->end());
     if (tools_on) {
       tstate = ToolState::Text;
       openers = tags.block_open;
@@ -468,8 +475,14 @@ struct OutputParser::Impl {
     // value streamed in small chunks is scanned once, not per chunk.
     const size_t from = std::max(header_len, invoke.scanned > 64 ? invoke.scanned - 64 : size_t{0});
     const TagHit end = find_earliest(after, from, {&tags.param_close, &tags.invoke_close, &tags.block_close});
+    const bool ent = cfg.options.decode_dsml_entities;
+    const std::string* is_str = attr(pattrs, "string");
+    const bool string_param = !is_str || *is_str != "false";
     if (end.pos == std::string_view::npos) {
       invoke.scanned = after.size();
+      // A string value streams as it grows (not with entity decoding, where
+      // a cut could fall inside an entity).
+      if (string_param && !ent) stream_value(*key, after.substr(header_len), d);
       return false;
     }
     invoke.scanned = 0;
@@ -477,11 +490,18 @@ struct OutputParser::Impl {
       fail("invalid tool call", d);
       return false;
     }
-    const bool ent = cfg.options.decode_dsml_entities;
+    if (invoke.value_open) {
+      emit_arguments(
+          json_string_body(after.substr(header_len + invoke.value_sent, end.pos - header_len - invoke.value_sent)) +
+              "\"",
+          d);
+      invoke.value_open = false;
+      invoke.value_sent = 0;
+      *consumed = end.pos + end.len;
+      return true;
+    }
     std::string value(after.substr(header_len, end.pos - header_len));
     if (ent) value = decode_entities(value);
-    const std::string* is_str = attr(pattrs, "string");
-    const bool string_param = !is_str || *is_str != "false";
     // Non-string values are inserted as written when they are JSON (the
     // official parser does so); otherwise, leniently, as a string.
     // nlohmann's lexer takes a NUL byte for the end of its input, so
@@ -493,6 +513,34 @@ struct OutputParser::Impl {
       return false;
     *consumed = end.pos + end.len;
     return true;
+  }
+
+  // JSON string text of `raw` without its quotes: escaping is per character,
+  // so pieces cut at UTF-8 boundaries add up to the whole value's.
+  static std::string json_string_body(std::string_view raw) {
+    const std::string quoted = python_json_dumps(utf8::to_valid_lossy(raw));
+    return quoted.substr(1, quoted.size() - 2);
+  }
+
+  // Sends what can no longer change of a growing string value: not a suffix
+  // that may be the start of a close tag, nor an unfinished UTF-8 sequence.
+  void stream_value(const std::string& key, std::string_view value, ParserDelta& d) {
+    std::string_view ready = value.substr(0, value.size() - pending_marker_suffix(value, value_ends));
+    ready.remove_prefix(std::min(invoke.value_sent, ready.size()));
+    ready = ready.substr(0, utf8::stable_prefix_length(ready));
+    if (!invoke.value_open) {
+      // A repeated name waits for its close tag, which decides the failure's
+      // reason (a malformed value comes first) whatever the chunking.
+      if (std::find(invoke.keys.begin(), invoke.keys.end(), key) != invoke.keys.end()) return;
+      std::string piece = invoke.keys.empty() ? "{" : ", ";
+      piece += python_json_dumps(utf8::to_valid_lossy(key)) + ": \"" + json_string_body(ready);
+      invoke.keys.push_back(key);
+      invoke.value_open = true;
+      emit_arguments(std::move(piece), d);
+    } else if (!ready.empty()) {
+      emit_arguments(json_string_body(ready), d);
+    }
+    invoke.value_sent += ready.size();
   }
 
   // A JSON object body (tbuf starts at its '{'): each top-level member goes
