@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <map>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -35,6 +36,27 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const StopReason stop = (chunk_seed & 1) ? StopReason::Length : StopReason::Stop;
 
   const ParsedMessage whole = parse_output(cfg, raw, stop);
+  // The tool-call events in order, a call's consecutive argument fragments
+  // merged: any chunking gives those of the text fed in one piece (unless a
+  // call fails after its header: a growing string value may then have sent
+  // more or less of itself).
+  auto add_event = [](std::vector<std::string>& events, const ToolCallDelta& t) {
+    const std::string args_event = "args " + std::to_string(t.index) + " ";
+    if (t.name) {
+      events.push_back("header " + std::to_string(t.index) + " " + *t.name);
+    } else if (!events.empty() && events.back().rfind(args_event, 0) == 0) {
+      events.back() += t.arguments;
+    } else {
+      events.push_back(args_event + t.arguments);
+    }
+  };
+  std::vector<std::string> whole_events, events;
+  {
+    OutputParser one(cfg);
+    ParserDelta d = one.feed(raw);
+    d.append(one.finish(stop));
+    for (const auto& t : d.tool_calls) add_event(whole_events, t);
+  }
 
   OutputParser p(cfg);
   std::string reasoning, content;
@@ -42,7 +64,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto absorb = [&](const ParserDelta& d) {
     reasoning += d.reasoning_content;
     content += d.content;
-    for (const auto& t : d.tool_calls) args[t.index] += t.arguments;
+    for (const auto& t : d.tool_calls) {
+      args[t.index] += t.arguments;
+      add_event(events, t);
+    }
   };
   uint32_t state = chunk_seed * 2654435761u + 1;
   for (size_t i = 0; i < raw.size();) {
@@ -59,8 +84,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       m.tool_call_error != whole.tool_call_error) {
     std::abort();
   }
+  if (content != whole.content.value_or("") || reasoning != whole.reasoning_content.value_or("")) std::abort();
   if (!whole.stream_error) {
-    if (content != whole.content.value_or("") || reasoning != whole.reasoning_content.value_or("")) std::abort();
+    if (events != whole_events) std::abort();
     for (size_t i = 0; i < whole.tool_calls.size(); ++i) {
       if (args[static_cast<int>(i)] != whole.tool_calls[i].arguments) std::abort();
     }

@@ -95,6 +95,13 @@ struct StreamResult {
   std::string reasoning, content;
   std::map<int, std::string> args;
   std::map<int, std::string> names;
+  // The tool-call events in order, a call's consecutive argument fragments
+  // merged ("header 0 name", "args 0 {...}"): the same for every chunking.
+  std::vector<std::string> events;
+  // Each call's non-empty argument fragments.
+  std::map<int, std::vector<std::string>> fragments;
+  // Every header carries empty arguments (the server sends `"arguments": ""`).
+  bool headers_without_arguments = true;
   ParsedMessage message;
   bool headers_ok = true;
   bool fragments_clean = true;
@@ -114,7 +121,17 @@ StreamResult run_stream(const ParserConfig& cfg, const std::vector<std::string>&
       } else if (!r.names.count(t.index)) {
         r.headers_ok = false;  // argument fragment before the header
       }
+      if (t.name && !t.arguments.empty()) r.headers_without_arguments = false;
       r.args[t.index] += t.arguments;
+      if (!t.arguments.empty()) r.fragments[t.index].push_back(t.arguments);
+      const std::string args_event = "args " + std::to_string(t.index) + " ";
+      if (t.name) {
+        r.events.push_back("header " + std::to_string(t.index) + " " + *t.name);
+      } else if (!t.arguments.empty() && !r.events.empty() && r.events.back().rfind(args_event, 0) == 0) {
+        r.events.back() += t.arguments;
+      } else if (!t.arguments.empty()) {
+        r.events.push_back(args_event + t.arguments);
+      }
     }
   };
   for (const auto& c : chunks) absorb(p.feed(c));
@@ -132,14 +149,30 @@ std::vector<std::string> chunk(const std::string& s, size_t n) {
 void check_stream_equals(const ParserConfig& cfg, const std::string& raw, StopReason stop, const ParsedMessage& whole,
                          const std::vector<std::string>& chunks, const std::string& what) {
   const auto r = run_stream(cfg, chunks, stop);
+  // The whole text in one piece: the reference sequence of events.
+  const auto reference = run_stream(cfg, {raw}, stop);
+  EXPECT_EQ(r.names, reference.names) << what;
+  if (whole.stream_error) {
+    // A call that failed after its header went out may have sent more or
+    // less of a growing string value, depending on the cuts: one of the two
+    // argument texts is a prefix of the other.
+    for (const auto& [index, text] : reference.args) {
+      const std::string got = r.args.count(index) ? r.args.at(index) : "";
+      EXPECT_TRUE(got.rfind(text, 0) == 0 || text.rfind(got, 0) == 0) << what << ": " << got << " / " << text;
+    }
+  } else {
+    EXPECT_EQ(r.events, reference.events) << what;
+  }
+  EXPECT_TRUE(r.headers_without_arguments) << what;
   EXPECT_EQ(opt(r.message.reasoning_content), opt(whole.reasoning_content)) << what;
   EXPECT_EQ(opt(r.message.content), opt(whole.content)) << what;
   EXPECT_EQ(r.message.finish_reason, whole.finish_reason) << what;
   EXPECT_EQ(r.message.tool_call_error, whole.tool_call_error) << what;
   ASSERT_EQ(r.message.tool_calls.size(), whole.tool_calls.size()) << what;
+  EXPECT_EQ(r.reasoning, whole.reasoning_content.value_or("")) << what;
+  EXPECT_EQ(r.content, whole.content.value_or("")) << what;
+  EXPECT_EQ(r.message.stream_error, whole.stream_error) << what;
   if (!whole.stream_error) {
-    EXPECT_EQ(r.reasoning, whole.reasoning_content.value_or("")) << what;
-    EXPECT_EQ(r.content, whole.content.value_or("")) << what;
     for (size_t i = 0; i < whole.tool_calls.size(); ++i) {
       EXPECT_EQ(r.names.at(static_cast<int>(i)), whole.tool_calls[i].name) << what;
       EXPECT_EQ(r.args.at(static_cast<int>(i)), whole.tool_calls[i].arguments) << what;
@@ -325,4 +358,142 @@ TEST(TextOutputParser, ImplicitWrapperEveryChunkingRegression) {
     }
     for (size_t n : {1, 2, 3, 5, 7}) check_stream_equals(cfg, raw, StopReason::Stop, whole, chunk(raw, n), "chunks");
   }
+}
+
+// Arguments stream a parameter at a time: the header goes out as soon as the
+// invoke tag is complete, each parameter when it closes, the '}' with the
+// invoke's close tag; the fragments add up to the non-streamed arguments.
+TEST(TextOutputParser, ArgumentsStreamPerParameter) {
+  ParserConfig cfg;
+  cfg.tools_enabled = true;
+  cfg.id_seed = 5;
+  const std::string head = "Sure.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"edit\">";
+  const std::string first = "\n<｜DSML｜parameter name=\"path\" string=\"true\">a \"b\"\n</｜DSML｜parameter>";
+  const std::string second = "\n<｜DSML｜parameter name=\"n\" string=\"false\">[1,  2]</｜DSML｜parameter>";
+  const std::string third = "\n<｜DSML｜parameter name=\"t\" string=\"true\">é 😀</｜DSML｜parameter>";
+  const std::string tail = "\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+  OutputParser parser(cfg);
+  ParserDelta d = parser.feed(head);
+  EXPECT_EQ(d.content, "Sure.");
+  ASSERT_EQ(d.tool_calls.size(), 1u);
+  EXPECT_EQ(d.tool_calls[0].name.value_or(""), "edit");
+  EXPECT_TRUE(d.tool_calls[0].id.has_value());
+  EXPECT_EQ(d.tool_calls[0].arguments, "");
+  std::vector<std::string> fragments;
+  for (const std::string& part : {first, second, third, tail}) {
+    d = parser.feed(part);
+    ASSERT_EQ(d.tool_calls.size(), 1u) << part;
+    EXPECT_FALSE(d.tool_calls[0].name.has_value());
+    EXPECT_EQ(d.tool_calls[0].index, 0);
+    fragments.push_back(d.tool_calls[0].arguments);
+  }
+  EXPECT_TRUE(parser.finish(StopReason::Stop).empty());
+  const std::vector<std::string> expected = {"{\"path\": \"a \\\"b\\\"\\n\"", ", \"n\": [1,  2]", ", \"t\": \"é 😀\"",
+                                             "}"};
+  EXPECT_EQ(fragments, expected);
+  const ParsedMessage whole = parse_output(cfg, head + first + second + third + tail, StopReason::Stop);
+  ASSERT_EQ(whole.tool_calls.size(), 1u);
+  EXPECT_EQ(whole.tool_calls[0].arguments, expected[0] + expected[1] + expected[2] + expected[3]);
+  EXPECT_EQ(parser.message().tool_calls[0].arguments, whole.tool_calls[0].arguments);
+  EXPECT_EQ(parser.message().tool_calls[0].id, whole.tool_calls[0].id);
+}
+
+// A JSON object body (what constrained tool calls write) streams a top-level
+// member at a time, in the Python-style formatting of the whole dump.
+TEST(TextOutputParser, JsonBodyStreamsPerMember) {
+  ParserConfig cfg;
+  cfg.tools_enabled = true;
+  const std::string raw =
+      "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n{\"a\":[1,{\"x\":\"}],\"}],\"b\" : \"c,}\" ,\"n\":1.5}\n"
+      "</｜DSML｜invoke>\n<｜DSML｜invoke name=\"g\">{ }</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+  const auto r = run_stream(cfg, chunk(raw, 1), StopReason::Stop);
+  const std::vector<std::string> call_f = {"{\"a\": [1, {\"x\": \"}],\"}]", ", \"b\": \"c,}\"", ", \"n\": 1.5", "}"};
+  const std::vector<std::string> call_g = {"{}"};
+  EXPECT_EQ(r.fragments.at(0), call_f);
+  EXPECT_EQ(r.fragments.at(1), call_g);
+  const auto whole = parse_output(cfg, raw, StopReason::Stop);
+  ASSERT_EQ(whole.tool_calls.size(), 2u);
+  EXPECT_EQ(whole.tool_calls[0].arguments, r.args.at(0));
+  EXPECT_EQ(whole.tool_calls[1].arguments, "{}");
+  for (size_t split = 1; split < raw.size(); ++split)
+    check_stream_equals(cfg, raw, StopReason::Stop, whole, {raw.substr(0, split), raw.substr(split)},
+                        "json body split " + std::to_string(split));
+}
+
+// Once a header is out the call cannot be retracted: a call cut off by
+// max_tokens, a malformed member or a repeated key ends the stream with an
+// error (stream_error), and the non-streamed view is the raw text.
+TEST(TextOutputParser, FailureInsideAStreamedCall) {
+  ParserConfig cfg;
+  cfg.tools_enabled = true;
+  const std::string open = "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n";
+  for (const std::string& body :
+       {std::string("<｜DSML｜parameter name=\"a\" string=\"true\">x</｜DSML｜parameter>"),
+        std::string("{\"a\": 1, \"a\": 2}\n</｜DSML｜invoke>"), std::string("{\"a\": 1,, \"b\": 2}\n</｜DSML｜invoke>"),
+        std::string("{\"a\": 1} x\n</｜DSML｜invoke>"),
+        // Found by fuzz_output_parser: a repeated name in an unclosed value
+        // fails for the value, whatever the chunking.
+        std::string("<｜DSML｜parameter name=\"a\">x</｜DSML｜parameter><｜DSML｜parameter name=\"a\" "
+                    "string=\"true\">y\n</｜DSML｜tool_calls>")}) {
+    const std::string raw = open + body;
+    const auto whole = parse_output(cfg, raw, StopReason::Length);
+    EXPECT_TRUE(whole.stream_error) << body;
+    EXPECT_TRUE(whole.tool_calls.empty()) << body;
+    EXPECT_EQ(whole.content.value_or(""), raw) << body;
+    EXPECT_EQ(whole.finish_reason, "length") << body;
+    for (size_t n : {1, 2, 3, 7}) check_stream_equals(cfg, raw, StopReason::Length, whole, chunk(raw, n), body);
+  }
+  // A failure before the header (an unknown tool) is no stream error: the
+  // text is content and the stream goes on.
+  cfg.tool_names = {"g"};
+  const auto unknown = parse_output(cfg, open + "</｜DSML｜invoke>", StopReason::Stop);
+  EXPECT_FALSE(unknown.stream_error);
+  EXPECT_EQ(unknown.tool_call_error.value_or(""), "unknown tool");
+}
+
+// An attribute that never closes: the tag is malformed once longer than the
+// parser waits for, whatever the chunking.
+TEST(TextOutputParser, OverlongTagFails) {
+  ParserConfig cfg;
+  cfg.tools_enabled = true;
+  const std::string raw = "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"" + std::string(5000, 'x') + "\n";
+  const auto whole = parse_output(cfg, raw, StopReason::Stop);
+  EXPECT_EQ(whole.tool_call_error.value_or(""), "invalid tool call");
+  EXPECT_FALSE(whole.stream_error);
+  EXPECT_EQ(whole.content.value_or(""), raw);
+  for (size_t n : {1, 7, 4096}) check_stream_equals(cfg, raw, StopReason::Stop, whole, chunk(raw, n), "overlong");
+}
+
+// A string value streams while it grows, never sending a byte it may have to
+// take back: not the start of what may be a close tag, nor half a UTF-8
+// character; the value's quote goes out with its close tag.
+TEST(TextOutputParser, GrowingStringValueStreams) {
+  ParserConfig cfg;
+  cfg.tools_enabled = true;
+  const std::string value = "ab </｜DSML｜para x é😀\n\"q\"";
+  const std::string raw =
+      "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"w\">\n<｜DSML｜parameter name=\"text\" string=\"true\">" +
+      value + "</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+  const auto whole = parse_output(cfg, raw, StopReason::Stop);
+  ASSERT_EQ(whole.tool_calls.size(), 1u);
+  EXPECT_EQ(json::parse(whole.tool_calls[0].arguments)["text"], value);
+  const auto r = run_stream(cfg, chunk(raw, 1), StopReason::Stop);
+  const auto& fragments = r.fragments.at(0);
+  ASSERT_GT(fragments.size(), 10u);
+  EXPECT_EQ(fragments.front(), "{\"text\": \"");
+  EXPECT_EQ(fragments[fragments.size() - 2], "\"");
+  EXPECT_EQ(fragments.back(), "}");
+  for (const auto& f : fragments) {
+    EXPECT_TRUE(f.find("\xf0\x9f") == std::string::npos || f.find("😀") != std::string::npos) << f;
+    EXPECT_EQ(f.find("</｜DSML｜parameter"), std::string::npos) << f;
+  }
+  EXPECT_EQ(r.args.at(0), whole.tool_calls[0].arguments);
+  for (size_t split = 1; split < raw.size(); ++split)
+    check_stream_equals(cfg, raw, StopReason::Stop, whole, {raw.substr(0, split), raw.substr(split)},
+                        "growing split " + std::to_string(split));
+  // Cut off inside the value: the header and part of the value went out, so
+  // the stream ends with an error.
+  const auto cut = parse_output(cfg, raw.substr(0, raw.find("x é")), StopReason::Length);
+  EXPECT_TRUE(cut.stream_error);
+  EXPECT_EQ(cut.tool_call_error.value_or(""), "unterminated tool call");
 }

@@ -118,14 +118,16 @@ class AnthropicFormat : public SseFormatter {
         }
         if (!t.arguments.empty() && !delta({{"type", "input_json_delta"}, {"partial_json", t.arguments}}, send))
           return false;
+        // The invoke closed: its block ends now rather than with the next block.
+        if (t.closes && !stop_block(send)) return false;
       }
       if (!c.finished()) continue;
       const text::ParsedMessage& msg = parser->message();
       if (c.reason() == FinishReason::Error || msg.stream_error) {
-        const std::string why = c.reason() == FinishReason::Error
-                                    ? c.error()
-                                    : "malformed tool call after its header was streamed: " +
-                                          msg.tool_call_error.value_or("");
+        const std::string why =
+            c.reason() == FinishReason::Error
+                ? c.error()
+                : "malformed tool call after its header was streamed: " + msg.tool_call_error.value_or("");
         send(anthropic_error_body(500, why));
         return true;
       }
@@ -159,7 +161,8 @@ class AnthropicFormat : public SseFormatter {
   }
   bool stop_block(const Send& send) {
     if (block_ == Block::None) return true;
-    if (block_ == Block::Thinking && !delta({{"type", "signature_delta"}, {"signature", signature_of(reasoning_)}}, send))
+    if (block_ == Block::Thinking &&
+        !delta({{"type", "signature_delta"}, {"signature", signature_of(reasoning_)}}, send))
       return false;
     block_ = Block::None;
     reasoning_.clear();
@@ -193,8 +196,7 @@ void Server::Impl::anthropic_messages(const std::string& raw, HttpResponse& res)
   text::ParserConfig parser_cfg = text::parser_config_for_request(a.chat, profile, rendered.starts_in_reasoning,
                                                                   opt.reasoning_parser, opt.tool_call_parser);
   // tool_choice any / tool: the forced DSML block, as for chat completions.
-  params.constraint =
-      chat_constraint(a.chat, tokenizer, parser_cfg, rendered.starts_in_reasoning, grammar_options());
+  params.constraint = chat_constraint(a.chat, tokenizer, parser_cfg, rendered.starts_in_reasoning, grammar_options());
   const int64_t prompt_tokens = int64_t(prompt.size());
   const ValidatedRequest checked = validate(std::move(prompt), params, "max_tokens");
   const std::string id = "msg_" + random_hex(24);
@@ -230,14 +232,15 @@ void Server::Impl::anthropic_messages(const std::string& raw, HttpResponse& res)
     for (auto& tc : msg.tool_calls)
       content.push_back({{"type", "tool_use"}, {"id", tc.id}, {"name", tc.name}, {"input", tool_input(tc.arguments)}});
     auto [reason, sequence] = stop_reason(c, msg);
-    return ojson{{"id", id},
-                 {"type", "message"},
-                 {"role", "assistant"},
-                 {"model", model},
-                 {"content", content},
-                 {"stop_reason", reason},
-                 {"stop_sequence", sequence},
-                 {"usage", usage_json(prompt_tokens, c.completion_tokens(), c.handle().cached_tokens(), report_cached)}};
+    return ojson{
+        {"id", id},
+        {"type", "message"},
+        {"role", "assistant"},
+        {"model", model},
+        {"content", content},
+        {"stop_reason", reason},
+        {"stop_sequence", sequence},
+        {"usage", usage_json(prompt_tokens, c.completion_tokens(), c.handle().cached_tokens(), report_cached)}};
   };
   respond_when_done(res, choices, build, metrics);
 }

@@ -39,10 +39,13 @@ struct ResponseJob {
   std::shared_ptr<const text::Tokenizer> tokenizer;
   ResponsesStore* store = nullptr;
 
-  // completed, incomplete (max_output_tokens) or failed (an engine error, a
-  // malformed tool call, or an abort: /abort_request, shutdown).
-  static std::string status_of(const ChoiceStream& c, const text::ParsedMessage& msg) {
-    if (c.reason() == FinishReason::Error || c.reason() == FinishReason::Abort || msg.stream_error) return "failed";
+  // completed, incomplete (max_output_tokens) or failed (an engine error, an
+  // abort: /abort_request, shutdown; or, when streamed, a tool call that
+  // turned out malformed after its header went out: unstreamed, such a call
+  // is only text, like in a chat completion).
+  static std::string status_of(const ChoiceStream& c, const text::ParsedMessage& msg, bool streamed) {
+    if (c.reason() == FinishReason::Error || c.reason() == FinishReason::Abort || (streamed && msg.stream_error))
+      return "failed";
     if (c.reason() == FinishReason::Length) return "incomplete";
     return "completed";
   }
@@ -96,7 +99,7 @@ class ResponsesFormat : public SseFormatter {
       if (!stream->delta(d)) return false;
       if (!c.finished()) continue;
       const text::ParsedMessage& msg = parser->message();
-      const std::string status = ResponseJob::status_of(c, msg);
+      const std::string status = ResponseJob::status_of(c, msg, true);
       const std::string failure = status == "failed" ? ResponseJob::failure_of(c, msg) : "";
       if (!stream->close_items(status == "incomplete" ? "incomplete" : "completed")) return false;
       // Stored before the client hears of it, so that a GET right after the
@@ -188,7 +191,7 @@ void Server::Impl::responses_create(const std::string& raw, HttpResponse& res) {
   auto build = [job, parser_cfg](Choices& cs) {
     ChoiceStream& c = *cs.at(0);
     const text::ParsedMessage msg = text::parse_output(parser_cfg, c.text(), parser_stop(c));
-    const std::string status = ResponseJob::status_of(c, msg);
+    const std::string status = ResponseJob::status_of(c, msg, false);
     const std::string failure = status == "failed" ? ResponseJob::failure_of(c, msg) : "";
     ojson items = output_items(msg, status == "incomplete" ? "incomplete" : "completed");
     return job->finish(c, status, failure, std::move(items), msg.reasoning_content.value_or(""));

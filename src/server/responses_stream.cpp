@@ -86,6 +86,8 @@ bool ResponsesEventStream::delta(const text::ParserDelta& d) {
                {"output_index", output_index()},
                {"delta", call.arguments}}))
       return false;
+    // The invoke closed: its item is done now rather than with the next item.
+    if (call.closes && !close_items("completed")) return false;
   }
   return true;
 }

@@ -1,150 +1,22 @@
 #include "text/output_parser.h"
 
 #include <algorithm>
+#include <initializer_list>
 #include <random>
 
+#include "text/dsml_syntax.h"
 #include "text/json_limits.h"
 #include "text/pyjson.h"
 #include "text/utf8.h"
 
 namespace dsv4::text {
 
+using namespace dsml;
+
 namespace {
 
 constexpr std::string_view kThinkBegin = "<think>";
 constexpr std::string_view kThinkEnd = "</think>";
-
-bool is_ws(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
-
-// Longest suffix of `buf` that is a proper prefix of one of `patterns`: text
-// that may still turn into a marker and therefore cannot be released yet.
-size_t pending_marker_suffix(std::string_view buf, const std::vector<std::string>& patterns) {
-  size_t best = 0;
-  for (const auto& p : patterns) {
-    const size_t max_len = std::min(p.size() - 1, buf.size());
-    for (size_t len = max_len; len > best; --len) {
-      if (buf.compare(buf.size() - len, len, p, 0, len) == 0) {
-        best = len;
-        break;
-      }
-    }
-  }
-  return best;
-}
-
-struct Found {
-  size_t pos = std::string_view::npos;
-  size_t marker = 0;
-};
-
-Found find_first(std::string_view buf, const std::vector<std::string>& markers) {
-  Found f;
-  for (size_t i = 0; i < markers.size(); ++i) {
-    const size_t p = buf.find(markers[i]);
-    if (p == std::string_view::npos) continue;
-    if (p < f.pos || (p == f.pos && markers[i].size() > markers[f.marker].size())) {
-      f.pos = p;
-      f.marker = i;
-    }
-  }
-  return f;
-}
-
-std::string decode_entities(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  for (size_t i = 0; i < s.size();) {
-    if (s[i] == '&') {
-      static const std::pair<std::string_view, char> ents[] = {
-          {"&lt;", '<'}, {"&gt;", '>'}, {"&amp;", '&'}, {"&quot;", '"'}};
-      bool matched = false;
-      for (const auto& [e, c] : ents) {
-        if (s.compare(i, e.size(), e) == 0) {
-          out.push_back(c);
-          i += e.size();
-          matched = true;
-          break;
-        }
-      }
-      if (matched) continue;
-    }
-    out.push_back(s[i++]);
-  }
-  return out;
-}
-
-// DSML tag spellings for one dialect.
-struct DsmlTags {
-  std::vector<std::string> block_open, block_close, invoke_open, invoke_close, param_open, param_close;
-};
-
-DsmlTags tags_for(ToolParserKind kind, bool accept_short) {
-  const bool v41 = kind == ToolParserKind::DeepSeekV41;
-  const std::string block = v41 ? " calls" : "tool_calls";
-  const std::string invoke = v41 ? " invoke" : "invoke";
-  const std::string param = v41 ? " parameter" : "parameter";
-  DsmlTags t;
-  std::vector<std::string> markers = {"｜DSML｜"};
-  if (accept_short) markers.push_back("DSML｜");
-  for (const auto& m : markers) {
-    t.block_open.push_back("<" + m + block + ">");
-    t.block_close.push_back("</" + m + block + ">");
-    t.invoke_open.push_back("<" + m + invoke);
-    t.invoke_close.push_back("</" + m + invoke + ">");
-    t.param_open.push_back("<" + m + param);
-    t.param_close.push_back("</" + m + param + ">");
-  }
-  return t;
-}
-
-bool starts_with_any(std::string_view s, const std::vector<std::string>& pats, size_t* len) {
-  for (const auto& p : pats) {
-    if (s.size() >= p.size() && s.compare(0, p.size(), p) == 0) {
-      *len = p.size();
-      return true;
-    }
-  }
-  return false;
-}
-
-bool is_proper_prefix_of_any(std::string_view s, const std::vector<std::string>& pats) {
-  for (const auto& p : pats) {
-    if (s.size() < p.size() && p.compare(0, s.size(), s) == 0) return true;
-  }
-  return false;
-}
-
-// Parses `key="value"` attributes up to the closing '>'. Returns the offset
-// just past '>' or npos when malformed.
-size_t parse_attributes(std::string_view s, std::vector<std::pair<std::string, std::string>>& attrs) {
-  size_t i = 0;
-  while (true) {
-    while (i < s.size() && is_ws(s[i])) ++i;
-    if (i >= s.size()) return std::string_view::npos;
-    if (s[i] == '>') return i + 1;
-    size_t k = i;
-    while (k < s.size() && (std::isalnum(static_cast<unsigned char>(s[k])) || s[k] == '_' || s[k] == '-')) ++k;
-    if (k == i) return std::string_view::npos;
-    std::string key(s.substr(i, k - i));
-    i = k;
-    while (i < s.size() && is_ws(s[i])) ++i;
-    if (i >= s.size() || s[i] != '=') return std::string_view::npos;
-    ++i;
-    while (i < s.size() && is_ws(s[i])) ++i;
-    if (i >= s.size() || s[i] != '"') return std::string_view::npos;
-    const size_t close = s.find('"', i + 1);
-    if (close == std::string_view::npos) return std::string_view::npos;
-    attrs.emplace_back(std::move(key), std::string(s.substr(i + 1, close - i - 1)));
-    i = close + 1;
-  }
-}
-
-const std::string* attr(const std::vector<std::pair<std::string, std::string>>& attrs, std::string_view key) {
-  for (const auto& [k, v] : attrs) {
-    if (k == key) return &v;
-  }
-  return nullptr;
-}
 
 }  // namespace
 
@@ -210,8 +82,25 @@ struct OutputParser::Impl {
   std::string raw_block;                     // separator + block text, for the malformed fallback
   std::vector<std::string> opener_patterns;  // with and without the "\n\n" separator
   std::vector<std::string> openers;
+  std::vector<std::string> value_ends;  // the tags that end a parameter value
   bool implicit_block = false;
-  size_t invoke_scanned = 0;  // bytes of the pending invoke already searched for its close tag
+  // The invoke being parsed: its header went out when its tag was complete,
+  // its arguments go out a parameter (or a JSON body member) at a time.
+  struct OpenInvoke {
+    bool open = false;
+    ToolCall call;                  // arguments: the JSON text sent so far
+    std::vector<std::string> keys;  // parameter names so far (duplicates are malformed)
+    size_t scanned = 0;             // bytes already searched for a close tag, so long values are scanned once
+    // A string parameter streamed while it grows: its `"key": "` and this many
+    // bytes of its raw value went out; the rest and the quote at its close.
+    bool value_open = false;
+    size_t value_sent = 0;
+    // A JSON object body instead of parameter tags: where its scan stands.
+    bool json_body = false;
+    size_t json_pos = 0, json_member = 0;
+    int json_depth = 0;
+    bool json_in_string = false, json_escaped = false;
+  } invoke;
 
   // Emission.
   std::string pending_reasoning_utf8, pending_content_utf8;
@@ -235,6 +124,8 @@ struct OutputParser::Impl {
     reasoning_holdback = reasoning_markers;
     for (size_t i = 2; i < reasoning_markers.size(); ++i) reasoning_holdback.push_back("\n\n" + reasoning_markers[i]);
     content_markers = {std::string(kThinkEnd), std::string(kThinkBegin)};
+    for (const auto* list : {&tags.param_close, &tags.invoke_close, &tags.block_close})
+      value_ends.insert(value_ends.end(), list->begin(), list->end());
     if (tools_on) {
       tstate = ToolState::Text;
       openers = tags.block_open;
@@ -347,7 +238,8 @@ struct OutputParser::Impl {
 
   void fail(const std::string& reason, ParserDelta& d) {
     if (!msg.tool_call_error) msg.tool_call_error = reason;
-    if (!msg.tool_calls.empty()) msg.stream_error = true;
+    if (!msg.tool_calls.empty() || invoke.open) msg.stream_error = true;
+    invoke.open = false;
     tstate = ToolState::Failed;
     // The block could not be parsed: it is ordinary text after all.
     std::string text = std::move(raw_block);
@@ -409,6 +301,10 @@ struct OutputParser::Impl {
 
   void block_step(ParserDelta& d, bool final) {
     while (tstate == ToolState::Block) {
+      if (invoke.open) {
+        if (!invoke_step(d)) break;
+        continue;
+      }
       size_t i = 0;
       while (i < tbuf.size() && is_ws(tbuf[i])) ++i;
       std::string_view rest(tbuf.data() + i, tbuf.size() - i);
@@ -423,32 +319,9 @@ struct OutputParser::Impl {
         break;
       }
       if (starts_with_any(rest, tags.invoke_open, &len)) {
-        // Resume the close-tag search where the previous feed stopped, so a
-        // long argument streamed in small chunks is scanned once, not per chunk.
-        const size_t from = std::max(len, invoke_scanned > 64 ? invoke_scanned - 64 : size_t{0});
-        size_t close_len = 0;
-        size_t close_pos = std::string::npos;
-        for (const auto& c : tags.invoke_close) {
-          const size_t p = rest.find(c, from);
-          if (p != std::string::npos && p < close_pos) {
-            close_pos = p;
-            close_len = c.size();
-          }
-        }
-        for (const auto& c : tags.block_close) {
-          const size_t p = rest.find(c, from);
-          if (p != std::string::npos && p < close_pos) {
-            fail("invalid tool call", d);  // the block closed inside an invoke
-            return;
-          }
-        }
-        if (close_pos == std::string::npos) {
-          invoke_scanned = rest.size();
-          break;  // wait for the rest of the invoke
-        }
-        invoke_scanned = 0;
-        if (!parse_invoke(rest.substr(len, close_pos - len), d)) return;
-        tbuf.erase(0, i + close_pos + close_len);
+        const size_t header_len = open_invoke(rest.substr(len), d);
+        if (header_len == 0) break;  // incomplete tag, or failed
+        tbuf.erase(0, i + len + header_len);
         continue;
       }
       if (is_proper_prefix_of_any(rest, tags.block_close) || is_proper_prefix_of_any(rest, tags.invoke_open)) break;
@@ -466,7 +339,7 @@ struct OutputParser::Impl {
     }
     if (final && tstate == ToolState::Block) {
       bool only_ws = std::all_of(tbuf.begin(), tbuf.end(), is_ws);
-      if (!msg.tool_calls.empty() && only_ws) {
+      if (!invoke.open && !msg.tool_calls.empty() && only_ws) {
         tstate = ToolState::Done;  // a missing final close tag is tolerated
         raw_block.clear();
         tbuf.clear();
@@ -476,113 +349,282 @@ struct OutputParser::Impl {
     }
   }
 
-  bool parse_invoke(std::string_view body, ParserDelta& d) {
-    const bool ent = cfg.options.decode_dsml_entities;
-    std::vector<std::pair<std::string, std::string>> attrs;
-    if (body.empty() || !(is_ws(body[0]) || body[0] == '>')) {
+  // ---- one invoke, streamed as it is parsed --------------------------------
+
+  // `after`: the text right after an invoke opener. Once the tag is complete
+  // and names a known tool, the call's header goes out; returns the tag's
+  // length then, 0 while it is incomplete or when it failed.
+  size_t open_invoke(std::string_view after, ParserDelta& d) {
+    if (after.empty()) return 0;
+    if (!(is_ws(after[0]) || after[0] == '>')) {
       fail("invalid tool call", d);
-      return false;
+      return 0;
     }
-    const size_t hdr = parse_attributes(body, attrs);
-    const std::string* name_attr = hdr == std::string_view::npos ? nullptr : attr(attrs, "name");
+    std::vector<std::pair<std::string, std::string>> attrs;
+    const size_t header_len = parse_attributes(after, attrs);
+    if (header_len == kNeedMore) {
+      if (after.size() > kMaxTagBytes) fail("invalid tool call", d);
+      return 0;
+    }
+    const std::string* name_attr = header_len == std::string_view::npos ? nullptr : attr(attrs, "name");
     if (!name_attr || name_attr->empty()) {
       fail("invalid tool call", d);
-      return false;
+      return 0;
     }
-    const std::string name = ent ? decode_entities(*name_attr) : *name_attr;
-    std::string_view params = body.substr(hdr);
-    std::vector<std::string> keys;
-    std::string args;
-    size_t i = 0;
-    bool json_body = false;
-    while (true) {
-      while (i < params.size() && is_ws(params[i])) ++i;
-      if (i >= params.size()) break;
-      std::string_view rest = params.substr(i);
-      size_t len = 0;
-      if (starts_with_any(rest, tags.param_open, &len)) {
-        std::vector<std::pair<std::string, std::string>> pattrs;
-        std::string_view after = rest.substr(len);
-        if (after.empty() || !is_ws(after[0])) {
-          fail("invalid tool call", d);
-          return false;
-        }
-        const size_t ph = parse_attributes(after, pattrs);
-        const std::string* key = ph == std::string_view::npos ? nullptr : attr(pattrs, "name");
-        if (!key) {
-          fail("invalid tool call", d);
-          return false;
-        }
-        const std::string* is_str = attr(pattrs, "string");
-        size_t vend = std::string::npos, vclose = 0;
-        for (const auto& c : tags.param_close) {
-          const size_t p = after.find(c, ph);
-          if (p != std::string::npos && p < vend) {
-            vend = p;
-            vclose = c.size();
-          }
-        }
-        if (vend == std::string::npos) {
-          fail("invalid tool call", d);
-          return false;
-        }
-        std::string value(after.substr(ph, vend - ph));
-        if (ent) value = decode_entities(value);
-        const std::string k = ent ? decode_entities(*key) : *key;
-        if (std::find(keys.begin(), keys.end(), k) != keys.end()) {
-          fail("duplicate parameter name", d);
-          return false;
-        }
-        keys.push_back(k);
-        if (!args.empty()) args += ", ";
-        args += python_json_dumps(utf8::to_valid_lossy(k)) + ": ";
-        const bool string_param = !is_str || *is_str != "false";
-        // Non-string values are inserted as written when they are JSON (the
-        // official parser does so); otherwise, leniently, as a string.
-        // nlohmann's lexer takes a NUL byte for the end of its input, so
-        // "null\0junk" would pass as JSON: values with NULs are strings.
-        const bool verbatim = !string_param && value.find('\0') == std::string::npos && utf8::is_valid(value) &&
-                              nlohmann::json::accept(value);
-        args += verbatim ? value : python_json_dumps(utf8::to_valid_lossy(value));
-        i += len + vend + vclose;
-        continue;
-      }
-      if (keys.empty() && rest[0] == '{') {
-        // A JSON object body instead of parameter tags (SGLang V4.1 grammar mode).
-        try {
-          auto obj = parse_json_limited(rest);
-          if (!obj.is_object()) throw std::runtime_error("not an object");
-          args = python_json_dumps(obj);
-          args = args.substr(1, args.size() - 2);
-          json_body = true;
-        } catch (const std::exception&) {
-          fail("invalid tool call", d);
-          return false;
-        }
-        break;
-      }
-      fail("invalid tool call", d);
-      return false;
-    }
-    (void)json_body;
+    const std::string name = cfg.options.decode_dsml_entities ? decode_entities(*name_attr) : *name_attr;
     if (!cfg.options.forward_unknown_tools && !cfg.tool_names.empty() &&
         std::find(cfg.tool_names.begin(), cfg.tool_names.end(), name) == cfg.tool_names.end()) {
       fail("unknown tool", d);
+      return 0;
+    }
+    invoke = OpenInvoke{};
+    invoke.open = true;
+    invoke.call = ToolCall{new_call_id(), utf8::to_valid_lossy(name), ""};
+    ToolCallDelta header;
+    header.index = static_cast<int>(msg.tool_calls.size());
+    header.id = invoke.call.id;
+    header.name = invoke.call.name;
+    d.tool_calls.push_back(std::move(header));
+    return header_len;
+  }
+
+  void emit_arguments(std::string piece, ParserDelta& d, bool closes = false) {
+    invoke.call.arguments += piece;
+    ToolCallDelta fragment;
+    fragment.index = static_cast<int>(msg.tool_calls.size());
+    fragment.arguments = std::move(piece);
+    fragment.closes = closes;
+    d.tool_calls.push_back(std::move(fragment));
+  }
+
+  // One member of the arguments object, `"key": value` with the separators
+  // of Python's json.dumps, so that the fragments add up to the JSON text the
+  // whole call has always had.
+  bool emit_member(const std::string& key, const std::string& value_json, ParserDelta& d) {
+    if (std::find(invoke.keys.begin(), invoke.keys.end(), key) != invoke.keys.end()) {
+      fail("duplicate parameter name", d);
       return false;
     }
-    ToolCall call{new_call_id(), utf8::to_valid_lossy(name), "{" + args + "}"};
-    const int index = static_cast<int>(msg.tool_calls.size());
-    ToolCallDelta header;
-    header.index = index;
-    header.id = call.id;
-    header.name = call.name;
-    d.tool_calls.push_back(std::move(header));
-    ToolCallDelta body_delta;
-    body_delta.index = index;
-    body_delta.arguments = call.arguments;
-    d.tool_calls.push_back(std::move(body_delta));
-    msg.tool_calls.push_back(std::move(call));
+    std::string piece = invoke.keys.empty() ? "{" : ", ";
+    piece += python_json_dumps(utf8::to_valid_lossy(key)) + ": " + value_json;
+    invoke.keys.push_back(key);
+    emit_arguments(std::move(piece), d);
     return true;
+  }
+
+  void close_invoke(ParserDelta& d) {
+    emit_arguments(invoke.call.arguments.empty() ? "{}" : "}", d, true);
+    msg.tool_calls.push_back(std::move(invoke.call));
+    invoke.open = false;
+  }
+
+  // Parses what follows in the open invoke (tbuf): a parameter, the close
+  // tag, or the start of a JSON body. False while waiting for text or after
+  // a failure.
+  bool invoke_step(ParserDelta& d) {
+    if (invoke.json_body) return json_body_step(d);
+    size_t i = 0;
+    while (i < tbuf.size() && is_ws(tbuf[i])) ++i;
+    std::string_view rest(tbuf.data() + i, tbuf.size() - i);
+    if (rest.empty()) return false;
+    size_t len = 0;
+    if (starts_with_any(rest, tags.invoke_close, &len)) {
+      close_invoke(d);
+      tbuf.erase(0, i + len);
+      return true;
+    }
+    if (starts_with_any(rest, tags.param_open, &len)) {
+      size_t consumed = 0;
+      if (!parameter(rest.substr(len), d, &consumed)) return false;
+      tbuf.erase(0, i + len + consumed);
+      return true;
+    }
+    if (invoke.keys.empty() && rest[0] == '{') {
+      // A JSON object body instead of parameter tags (SGLang V4.1 grammar
+      // mode, and this engine's constrained tool calls).
+      tbuf.erase(0, i);
+      invoke.json_body = true;
+      return true;
+    }
+    if (is_proper_prefix_of_any(rest, tags.invoke_close) || is_proper_prefix_of_any(rest, tags.param_open))
+      return false;
+    fail("invalid tool call", d);
+    return false;
+  }
+
+  // `after`: the text right after a parameter opener. A parameter ends at its
+  // close tag; an invoke or block close tag before it makes the call malformed.
+  bool parameter(std::string_view after, ParserDelta& d, size_t* consumed) {
+    if (after.empty()) return false;
+    if (!is_ws(after[0])) {
+      fail("invalid tool call", d);
+      return false;
+    }
+    std::vector<std::pair<std::string, std::string>> pattrs;
+    const size_t header_len = parse_attributes(after, pattrs);
+    if (header_len == kNeedMore) {
+      if (after.size() > kMaxTagBytes) fail("invalid tool call", d);
+      return false;
+    }
+    const std::string* key = header_len == std::string_view::npos ? nullptr : attr(pattrs, "name");
+    if (!key) {
+      fail("invalid tool call", d);
+      return false;
+    }
+    // Resume the close-tag search where the previous feed stopped, so a long
+    // value streamed in small chunks is scanned once, not per chunk.
+    const size_t from = std::max(header_len, invoke.scanned > 64 ? invoke.scanned - 64 : size_t{0});
+    const TagHit end = find_earliest(after, from, {&tags.param_close, &tags.invoke_close, &tags.block_close});
+    const bool ent = cfg.options.decode_dsml_entities;
+    const std::string* is_str = attr(pattrs, "string");
+    const bool string_param = !is_str || *is_str != "false";
+    if (end.pos == std::string_view::npos) {
+      invoke.scanned = after.size();
+      // A string value streams as it grows (not with entity decoding, where
+      // a cut could fall inside an entity).
+      if (string_param && !ent) stream_value(*key, after.substr(header_len), d);
+      return false;
+    }
+    invoke.scanned = 0;
+    if (end.list != 0) {
+      fail("invalid tool call", d);
+      return false;
+    }
+    if (invoke.value_open) {
+      emit_arguments(
+          json_string_body(after.substr(header_len + invoke.value_sent, end.pos - header_len - invoke.value_sent)) +
+              "\"",
+          d);
+      invoke.value_open = false;
+      invoke.value_sent = 0;
+      *consumed = end.pos + end.len;
+      return true;
+    }
+    std::string value(after.substr(header_len, end.pos - header_len));
+    if (ent) value = decode_entities(value);
+    // Non-string values are inserted as written when they are JSON (the
+    // official parser does so); otherwise, leniently, as a string.
+    // nlohmann's lexer takes a NUL byte for the end of its input, so
+    // "null\0junk" would pass as JSON: values with NULs are strings.
+    const bool verbatim = !string_param && value.find('\0') == std::string::npos && utf8::is_valid(value) &&
+                          nlohmann::json::accept(value);
+    if (!emit_member(ent ? decode_entities(*key) : *key,
+                     verbatim ? value : python_json_dumps(utf8::to_valid_lossy(value)), d))
+      return false;
+    *consumed = end.pos + end.len;
+    return true;
+  }
+
+  // JSON string text of `raw` without its quotes: escaping is per character,
+  // so pieces cut at UTF-8 boundaries add up to the whole value's.
+  static std::string json_string_body(std::string_view raw) {
+    const std::string quoted = python_json_dumps(utf8::to_valid_lossy(raw));
+    return quoted.substr(1, quoted.size() - 2);
+  }
+
+  // Sends what can no longer change of a growing string value: not a suffix
+  // that may be the start of a close tag, nor an unfinished UTF-8 sequence.
+  void stream_value(const std::string& key, std::string_view value, ParserDelta& d) {
+    std::string_view ready = value.substr(0, value.size() - pending_marker_suffix(value, value_ends));
+    ready.remove_prefix(std::min(invoke.value_sent, ready.size()));
+    ready = ready.substr(0, utf8::stable_prefix_length(ready));
+    if (!invoke.value_open) {
+      // A repeated name waits for its close tag, which decides the failure's
+      // reason (a malformed value comes first) whatever the chunking.
+      if (std::find(invoke.keys.begin(), invoke.keys.end(), key) != invoke.keys.end()) return;
+      std::string piece = invoke.keys.empty() ? "{" : ", ";
+      piece += python_json_dumps(utf8::to_valid_lossy(key)) + ": \"" + json_string_body(ready);
+      invoke.keys.push_back(key);
+      invoke.value_open = true;
+      emit_arguments(std::move(piece), d);
+    } else if (!ready.empty()) {
+      emit_arguments(json_string_body(ready), d);
+    }
+    invoke.value_sent += ready.size();
+  }
+
+  // A JSON object body (tbuf starts at its '{'): each top-level member goes
+  // out when the ',' or '}' after it arrives; at the invoke's close tag the
+  // whole body must parse, and its Python-style dump must be what was sent.
+  bool json_body_step(ParserDelta& d) {
+    OpenInvoke& in = invoke;
+    const TagHit end =
+        find_earliest(tbuf, in.scanned > 64 ? in.scanned - 64 : 0, {&tags.invoke_close, &tags.block_close});
+    // No terminator can lie inside a tag, so scanning up to the first tag
+    // (or the end of the text so far) never depends on how the text was cut.
+    const size_t limit = end.pos == std::string_view::npos ? tbuf.size() : end.pos;
+    for (; in.json_pos < limit; ++in.json_pos) {
+      const char c = tbuf[in.json_pos];
+      if (in.json_in_string) {
+        if (in.json_escaped) {
+          in.json_escaped = false;
+        } else if (c == '\\') {
+          in.json_escaped = true;
+        } else if (c == '"') {
+          in.json_in_string = false;
+        }
+        continue;
+      }
+      if (in.json_depth == 0) {
+        if (in.json_pos == 0) in.json_depth = 1, in.json_member = 1;
+        continue;  // after the body only whitespace may follow: the final parse checks it
+      }
+      if (c == '"') {
+        in.json_in_string = true;
+      } else if (c == '{' || c == '[') {
+        ++in.json_depth;
+      } else if (c == ']' && in.json_depth == 1) {
+        fail("invalid tool call", d);
+        return false;
+      } else if ((c == ',' || c == '}') && in.json_depth == 1) {
+        if (!json_member(std::string_view(tbuf).substr(in.json_member, in.json_pos - in.json_member), c == '}', d))
+          return false;
+        in.json_member = in.json_pos + 1;
+        if (c == '}') in.json_depth = 0;
+      } else if (c == '}' || c == ']') {
+        --in.json_depth;
+      }
+    }
+    if (end.pos == std::string_view::npos) {
+      in.scanned = tbuf.size();
+      return false;
+    }
+    if (end.list != 0) {
+      fail("invalid tool call", d);
+      return false;
+    }
+    try {
+      const auto obj = parse_json_limited(std::string_view(tbuf).substr(0, end.pos));
+      if (!obj.is_object()) throw std::runtime_error("not an object");
+      const std::string sent = in.call.arguments + (in.call.arguments.empty() ? "{}" : "}");
+      if (in.json_depth != 0 || python_json_dumps(obj) != sent) throw std::runtime_error("not what was streamed");
+    } catch (const std::exception&) {
+      fail("invalid tool call", d);
+      return false;
+    }
+    close_invoke(d);
+    tbuf.erase(0, end.pos + end.len);
+    return true;
+  }
+
+  // One top-level member of a JSON body; empty only as the whole of `{}`.
+  bool json_member(std::string_view text, bool last, ParserDelta& d) {
+    if (std::all_of(text.begin(), text.end(), is_ws)) {
+      if (last && invoke.keys.empty()) return true;
+      fail("invalid tool call", d);
+      return false;
+    }
+    std::string key, value_json;
+    try {
+      const auto obj = parse_json_limited("{" + std::string(text) + "}");
+      if (obj.size() != 1) throw std::runtime_error("not one member");
+      key = obj.begin().key();
+      value_json = python_json_dumps(obj.begin().value());
+    } catch (const std::exception&) {
+      fail("invalid tool call", d);
+      return false;
+    }
+    return emit_member(key, value_json, d);
   }
 
   void settle(StopReason reason) {

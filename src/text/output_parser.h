@@ -5,6 +5,11 @@
 // the same machine fed the whole text, and the machine only acts on text whose
 // meaning can no longer change, so the concatenated deltas equal the
 // non-streamed message for every way of cutting the text into chunks.
+// A tool call streams as it is parsed: its header (id, name, empty arguments)
+// once the invoke tag is complete, then its JSON arguments text: string
+// values while they grow, other parameters (and JSON body members) whole, the
+// closing '}' with the invoke's close tag; the fragments add up to the
+// non-streamed arguments byte for byte.
 // Nothing here throws: malformed model output becomes content plus a
 // `tool_call_error` (serving.md §2.6).
 #pragma once
@@ -65,7 +70,13 @@ struct ToolCallDelta {
   int index = 0;
   std::optional<std::string> id;    // only in the first delta of a call
   std::optional<std::string> name;  // only in the first delta of a call
-  std::string arguments;            // fragment of the JSON arguments text
+  // Fragment of the JSON arguments text: empty in the header; `{"k": v`,
+  // then `, "k": v` per parameter (a string value possibly in pieces), then
+  // `}` (`{}` for a call without any).
+  std::string arguments;
+  // The invoke closed: this is the call's last fragment (Anthropic's
+  // content_block_stop and the Responses API's .done go out with it).
+  bool closes = false;
 };
 
 struct ParserDelta {

@@ -7,6 +7,7 @@
 // 400s naming the keyword. Run: node --test tests/server/structured.test.mjs
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
+import Anthropic from '@anthropic-ai/sdk';
 import Ajv from 'ajv';
 import OpenAI from 'openai';
 
@@ -320,6 +321,84 @@ describe('forced tool calls', () => {
     assert.equal(finish, 'tool_calls');
     assert.equal(name, 'get_weather');
     checkJson(args, weather.function.parameters, 'streamed call');
+  });
+
+  test('streamed call: its header first, then an arguments delta per member adding up to the unstreamed call', async () => {
+    const request = {
+      model: 'dsv4-test', messages: user('weather?'), max_tokens: 2000, seed: 11, tools: [weather],
+      tool_choice: { type: 'function', function: { name: 'get_weather' } }, chat_template_kwargs: plain,
+    };
+    const whole = await client.chat.completions.create(request);
+    const expected = whole.choices[0].message.tool_calls[0].function.arguments;
+    const stream = await client.chat.completions.create({ ...request, stream: true });
+    const deltas = [];
+    for await (const chunk of stream) deltas.push(...(chunk.choices[0]?.delta?.tool_calls ?? []));
+    const [header, ...fragments] = deltas;
+    assert.equal(header.index, 0);
+    assert.match(header.id, /^call_/);
+    assert.equal(header.type, 'function');
+    assert.deepEqual(header.function, { name: 'get_weather', arguments: '' });
+    // city and unit are required: two members, then the closing brace.
+    assert.ok(fragments.length >= 3, JSON.stringify(deltas));
+    for (const f of fragments) {
+      assert.equal(f.index, 0);
+      assert.equal(f.id, undefined);
+      assert.equal(f.function.name, undefined);
+      assert.ok(f.function.arguments.length > 0);
+    }
+    assert.match(fragments[0].function.arguments, /^\{"/);
+    assert.equal(fragments.at(-1).function.arguments, '}');
+    const args = fragments.map((f) => f.function.arguments).join('');
+    assert.equal(args, expected);
+    checkJson(args, weather.function.parameters, 'streamed call');
+  });
+
+  test('Anthropic streamed tool_use: block start, an input_json_delta per member, block stop', async () => {
+    // The Messages API has no seed: the stream is checked against itself.
+    const anthropic = new Anthropic({ baseURL: server.origin, apiKey: 'unused', maxRetries: 0, timeout: 300000 });
+    const stream = anthropic.messages.stream({
+      model: 'dsv4-test', max_tokens: 2000, messages: user('weather?'),
+      tools: [{ name: 'get_weather', input_schema: weather.function.parameters }],
+      tool_choice: { type: 'tool', name: 'get_weather' },
+    });
+    const events = [];
+    for await (const ev of stream) events.push(JSON.parse(JSON.stringify(ev)));
+    const types = events.map((e) => e.type);
+    const start = events.findIndex((e) => e.type === 'content_block_start' && e.content_block.type === 'tool_use');
+    assert.ok(start >= 0, types.join(' '));
+    assert.equal(events[start].content_block.name, 'get_weather');
+    assert.deepEqual(events[start].content_block.input, {});
+    const stop = types.indexOf('content_block_stop', start);
+    const parts = events.slice(start + 1, stop).filter((e) => e.type !== 'ping');
+    for (const e of parts) assert.equal(e.delta.type, 'input_json_delta');
+    const input = JSON.parse(parts.map((e) => e.delta.partial_json).join(''));
+    // One delta per member and the closing brace ('{}' alone for no member).
+    assert.equal(parts.length, Math.max(1, Object.keys(input).length + 1), types.join(' '));
+    assert.deepEqual((await stream.finalMessage()).content.find((b) => b.type === 'tool_use').input, input);
+    assert.equal(types.at(-2), 'message_delta');
+    assert.equal(events.at(-2).delta.stop_reason, 'tool_use');
+  });
+
+  test('Responses streamed function_call: added at the header, an arguments delta per member, done at the close', async () => {
+    const stream = await client.responses.create({
+      model: 'dsv4-test', input: 'weather?', max_output_tokens: 2000, stream: true,
+      tools: [{ type: 'function', ...weather.function }], tool_choice: { type: 'function', name: 'get_weather' },
+    });
+    const events = [];
+    for await (const e of stream) events.push(e);
+    const types = events.map((e) => e.type);
+    const added = events.findIndex((e) => e.type === 'response.output_item.added' && e.item.type === 'function_call');
+    assert.ok(added >= 0, types.join(' '));
+    assert.equal(events[added].item.name, 'get_weather');
+    assert.equal(events[added].item.arguments, '');
+    const done = types.indexOf('response.function_call_arguments.done');
+    const deltas = events.slice(added + 1, done);
+    assert.ok(deltas.length >= 3, types.join(' '));
+    for (const e of deltas) assert.equal(e.type, 'response.function_call_arguments.delta');
+    assert.equal(deltas.map((e) => e.delta).join(''), events[done].arguments);
+    assert.equal(types[done + 1], 'response.output_item.done');
+    assert.equal(types.at(-1), 'response.completed');
+    checkJson(events[done].arguments, weather.function.parameters, 'streamed Responses call');
   });
 
   test('auto with a strict tool: free until a block opens (never, on random weights)', async () => {
