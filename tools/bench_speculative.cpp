@@ -158,13 +158,13 @@ void run_speculative_bench(const std::shared_ptr<const Model>& model, const Spec
       options.speculative.auto_bypass = false;
       const EngineRun forced = engine_run(model, options, batch, a.decode);
       options.speculative.auto_bypass = true;
-      const EngineRun gated = engine_run(model, options, batch, a.decode, 1);
+      const EngineRun gated = engine_run(model, options, batch, a.decode, 4);
       const double verify_seconds = step_floor(cost, batch * (drafts + 1));
       const double roof =
           double(batch) * accept_len / (verify_seconds + draft_bytes(cost, batch, accept_len) / limits.bandwidth);
       std::printf(
           "  accept %.1f: speculative %8.2f tokens/s = %.2fx plain, %.0f%% of the %.2f the model allows (verify "
-          "%.1f ms, draft %.1f ms per step); with the bypass (after a warm-up batch) %8.2f tokens/s = %.2fx plain "
+          "%.1f ms, draft %.1f ms per step); with the bypass (after 4 warm-up batches) %8.2f tokens/s = %.2fx plain "
           "(%lld of %lld "
           "steps plain)\n",
           accept_len, forced.tokens_per_second, forced.tokens_per_second / plain.tokens_per_second,

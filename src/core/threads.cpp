@@ -39,8 +39,9 @@ double read_v1_limit(const std::string& dir) {
   return quota_cpus(quota, period);
 }
 
-// The CPUs of the affinity mask, in order (empty if it cannot be read).
-std::vector<int> affinity_cpus() {
+// The CPUs of the calling thread's affinity mask, in order (empty if it
+// cannot be read).
+std::vector<int> thread_affinity_cpus() {
   std::vector<int> cpus;
   cpu_set_t mask;
   if (sched_getaffinity(0, sizeof(mask), &mask) != 0) return cpus;
@@ -48,6 +49,14 @@ std::vector<int> affinity_cpus() {
     if (CPU_ISSET(c, &mask)) cpus.push_back(c);
   return cpus;
 }
+
+// The process's CPUs: the mask the main thread had when the program started.
+// A thread inherits its creator's mask, so once one team is pinned (one CPU
+// per thread) a thread it creates, such as the engine's, sees a single CPU:
+// pinning and thread counts must look at the process's mask instead.
+const std::vector<int> g_process_cpus = thread_affinity_cpus();
+
+std::vector<int> affinity_cpus() { return g_process_cpus.empty() ? thread_affinity_cpus() : g_process_cpus; }
 
 int affinity_cpu_count() {
   const size_t cpus = affinity_cpus().size();
