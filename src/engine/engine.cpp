@@ -304,14 +304,15 @@ void Engine::step(std::vector<std::unique_ptr<Sequence>>& running) {
       continue;
     }
     s.fed += item.n;
+    const ModelConfig& c = model_->config();
     if (keep_hc_rows) {
-      const int64_t rows = int64_t(hc[i].size()) / (model_->config().hc_mult * model_->config().dim);
-      keep_hc(s, item.start + item.n - rows, hc[i].data(), rows);
+      const int64_t width = c.hc_mult * c.dim, rows = int64_t(hc[i].size()) / width;
+      keep_rows(s.hc, s.hc_start, width, item.start + item.n - rows, hc[i].data(), rows);
     }
     if (keep_dspark) {
-      const int64_t width = int64_t(model_->config().dspark_target_layer_ids.size()) * model_->config().dim;
+      const int64_t width = int64_t(c.dspark_target_layer_ids.size()) * c.dim;
       const int64_t rows = int64_t(dspark[i].size()) / width;
-      model_->dspark_extend(s.state, dspark[i].data(), item.start + item.n - rows, rows);
+      keep_rows(s.dspark_rows, s.dspark_start, width, item.start + item.n - rows, dspark[i].data(), rows);
     }
     if (s.fed <= int64_t(s.prompt.size())) {
       std::lock_guard<std::mutex> lock(mutex_);

@@ -129,7 +129,11 @@ class Engine {
   void accept(Sequence& s, int64_t start, const std::vector<SampledToken>& tokens, int64_t accepted,
               const std::vector<float>* hc, const std::vector<float>* dspark_hidden, const StepLogits& logits,
               size_t item);
-  void keep_hc(Sequence& s, int64_t first_position, const float* rows, int64_t n) const;
+  // Rows of positions first_position.. appended to a per-sequence buffer of
+  // positions [start, start + rows) (restarted when not contiguous), which
+  // keeps the last window of them.
+  void keep_rows(std::vector<float>& buffer, int64_t& start, int64_t width, int64_t first_position, const float* rows,
+                 int64_t n) const;
   void log_decode(int64_t batch);
   SampledToken draw(const Sequence& s, const float* logits) const;
   void emit(Sequence& s, const float* logits, const SampledToken& t);

@@ -125,6 +125,23 @@ void Engine::propose_dspark(const std::vector<Sequence*>& sequences, const std::
   std::vector<Sequence*> drafting;
   std::vector<int64_t> keep;
   std::vector<std::vector<int32_t>> ids;
+  // First the rings learn the rows committed since the last draft.
+  const ModelConfig& c = model_->config();
+  const int64_t width = int64_t(c.dspark_target_layer_ids.size()) * c.dim;
+  std::vector<Model::DsparkExtension> extensions;
+  for (Sequence* sequence : sequences) {
+    Sequence& s = *sequence;
+    const int64_t have = int64_t(s.dspark_rows.size()) / width;
+    if (have == 0 || s.dspark_start + have != s.fed) continue;
+    const int64_t first = std::max({s.state.dspark_tokens, s.dspark_start, s.fed - c.window});
+    if (first < s.fed)
+      extensions.push_back({&s.state, s.dspark_rows.data() + (first - s.dspark_start) * width, first, s.fed - first});
+  }
+  if (!extensions.empty()) model_->dspark_extend_batch(extensions);
+  for (Sequence* sequence : sequences) {
+    Sequence& s = *sequence;
+    if (s.state.dspark_tokens == s.fed) s.dspark_rows.clear(), s.dspark_start = s.fed;
+  }
   for (size_t i = 0; i < sequences.size(); ++i) {
     Sequence& s = *sequences[i];
     if (s.state.dspark_tokens != s.fed || s.fed == 0) continue;
@@ -194,8 +211,11 @@ void Engine::accept(Sequence& s, int64_t start, const std::vector<SampledToken>&
   s.state.rollback(start + emitted, s.mtp_checkpoint);
   s.state.end_checkpoint();
   s.fed = start + emitted;
-  if (hc) keep_hc(s, start, hc->data(), emitted);
-  if (dspark_hidden) model_->dspark_extend(s.state, dspark_hidden->data(), start, emitted);
+  const ModelConfig& c = model_->config();
+  if (hc) keep_rows(s.hc, s.hc_start, c.hc_mult * c.dim, start, hc->data(), emitted);
+  if (dspark_hidden)
+    keep_rows(s.dspark_rows, s.dspark_start, int64_t(c.dspark_target_layer_ids.size()) * c.dim, start,
+              dspark_hidden->data(), emitted);
   s.drafts.clear();
   s.mtp_checkpoint = -1;
   ++s.handle->spec_verify_ct_;
@@ -219,19 +239,19 @@ void Engine::accept(Sequence& s, int64_t start, const std::vector<SampledToken>&
   for (int64_t j = 0; j < emitted && s.phase != Phase::Finished; ++j) emit(s, logits.row(item, j), tokens[size_t(j)]);
 }
 
-void Engine::keep_hc(Sequence& s, int64_t first_position, const float* rows, int64_t n) const {
-  const ModelConfig& c = model_->config();
-  const int64_t width = c.hc_mult * c.dim;
+void Engine::keep_rows(std::vector<float>& buffer, int64_t& start, int64_t width, int64_t first_position,
+                       const float* rows, int64_t n) const {
+  const int64_t window = model_->config().window;
   if (n <= 0) return;
-  if (s.hc.empty() || s.hc_start + int64_t(s.hc.size()) / width != first_position) {
-    s.hc.clear();
-    s.hc_start = first_position;
+  if (buffer.empty() || start + int64_t(buffer.size()) / width != first_position) {
+    buffer.clear();
+    start = first_position;
   }
-  s.hc.insert(s.hc.end(), rows, rows + n * width);
-  const int64_t have = int64_t(s.hc.size()) / width;
-  if (have > c.window) {
-    s.hc.erase(s.hc.begin(), s.hc.begin() + (have - c.window) * width);
-    s.hc_start += have - c.window;
+  buffer.insert(buffer.end(), rows, rows + n * width);
+  const int64_t have = int64_t(buffer.size()) / width;
+  if (have > window) {
+    buffer.erase(buffer.begin(), buffer.begin() + (have - window) * width);
+    start += have - window;
   }
 }
 

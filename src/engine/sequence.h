@@ -40,6 +40,12 @@ struct Engine::Sequence {
   // block attends a window only).
   std::vector<float> hc;
   int64_t hc_start = 0;
+  // DSPARK: the target-layer states of positions [dspark_start, fed) that
+  // the head's rings have not learned yet (at most a window: the rings hold
+  // no more). They are learned just before a draft, all sequences at once,
+  // so that steps the gate runs without speculation do not pay for them.
+  std::vector<float> dspark_rows;
+  int64_t dspark_start = 0;
 
   int64_t known() const { return int64_t(prompt.size() + output.size()); }
   std::vector<int32_t> tokens(int64_t start, int64_t n) const {

@@ -15,25 +15,41 @@
 namespace dsv4 {
 
 void Model::dspark_extend(SequenceState& state, const float* main_hidden, int64_t first, int64_t n) const {
+  dspark_extend_batch({DsparkExtension{&state, main_hidden, first, n}});
+}
+
+void Model::dspark_extend_batch(const std::vector<DsparkExtension>& items) const {
   if (!has_dspark()) throw Error("this checkpoint has no DSpark head");
-  if (n <= 0) return;
   const ModelConfig& c = config_;
   const DsparkWeights& d = *weights_.dspark;
   const KernelBackend& kb = *backend_;
-  // main_x = RMSNorm(main_proj . main_hidden; main_norm)
-  Buffer x = kb.buffer(n * c.dim);
-  kb.linear(d.main_proj, main_hidden, n, x.data());
-  kb.rms_norm(x.data(), n, c.dim, c.dim, d.main_norm.data(), c.norm_eps);
-  std::vector<int64_t> positions(static_cast<size_t>(n));
-  for (int64_t t = 0; t < n; ++t) positions[size_t(t)] = first + t;
-  // Each stage keeps the window KV rows of main_x with its own wkv and
-  // kv_norm, rotated at the main positions (plain RoPE: window-only).
-  for (size_t s = 0; s < d.stages.size(); ++s) {
-    Buffer kv = attention_kv_rows(kb, c, d.stages[s].attn, rope_window_, positions.data(), x.data(), n);
-    for (int64_t t = std::max<int64_t>(0, n - c.window); t < n; ++t)
-      state.dspark_rings[s].set((first + t) % c.window, kv.data() + t * c.head_dim);
+  const int64_t width = int64_t(c.dspark_target_layer_ids.size()) * c.dim;
+  // Only a window's worth of rows can stay in a ring.
+  std::vector<float> hidden;
+  std::vector<int64_t> positions;
+  for (const DsparkExtension& it : items)
+    for (int64_t t = std::max<int64_t>(0, it.n - c.window); t < it.n; ++t) {
+      hidden.insert(hidden.end(), it.main_hidden + t * width, it.main_hidden + (t + 1) * width);
+      positions.push_back(it.first + t);
+    }
+  const int64_t n = int64_t(positions.size());
+  if (n > 0) {
+    // main_x = RMSNorm(main_proj . main_hidden; main_norm)
+    Buffer x = kb.buffer(n * c.dim);
+    kb.linear(d.main_proj, hidden.data(), n, x.data());
+    kb.rms_norm(x.data(), n, c.dim, c.dim, d.main_norm.data(), c.norm_eps);
+    // Each stage keeps the window KV rows of main_x with its own wkv and
+    // kv_norm, rotated at the main positions (plain RoPE: window-only).
+    for (size_t s = 0; s < d.stages.size(); ++s) {
+      Buffer kv = attention_kv_rows(kb, c, d.stages[s].attn, rope_window_, positions.data(), x.data(), n);
+      int64_t row = 0;
+      for (const DsparkExtension& it : items)
+        for (int64_t t = std::max<int64_t>(0, it.n - c.window); t < it.n; ++t, ++row)
+          it.state->dspark_rings[s].set((it.first + t) % c.window, kv.data() + row * c.head_dim);
+    }
   }
-  state.dspark_tokens = first + n;
+  for (const DsparkExtension& it : items)
+    if (it.n > 0) it.state->dspark_tokens = it.first + it.n;
 }
 
 // One stage over the draft rows of all items: a block whose attention sees

@@ -117,6 +117,13 @@ class Model {
   // greedily (temperature 0). The state is not changed by a draft.
   bool has_dspark() const { return weights_.dspark.has_value(); }
   void dspark_extend(SequenceState& state, const float* main_hidden, int64_t first, int64_t n) const;
+  // Several sequences at once: every weight is read once for all their rows.
+  struct DsparkExtension {
+    SequenceState* state;
+    const float* main_hidden;  // [n, targets * dim]
+    int64_t first, n;
+  };
+  void dspark_extend_batch(const std::vector<DsparkExtension>& items) const;
   void dspark_draft(const std::vector<DsparkDraftItem>& items) const;
 
   // Observer of the HC residual state: called with layer index 0 after the
