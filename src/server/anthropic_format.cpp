@@ -1,25 +1,12 @@
 #include "server/anthropic_format.h"
 
+#include "server/request_fields.h"
+
 namespace dsv4 {
 
 namespace {
 
-const ojson& field(const ojson& j, const char* key) {
-  static const ojson null_value;
-  if (!j.is_object()) return null_value;
-  auto it = j.find(key);
-  return it == j.end() ? null_value : *it;
-}
-
-[[noreturn]] void bad(const std::string& message) { throw BadRequest(message); }
-
-std::string quoted(const std::string& where) { return "'" + where + "'"; }
-
-std::string string_at(const ojson& j, const char* key, const std::string& where) {
-  const ojson& v = field(j, key);
-  if (!v.is_string()) bad(quoted(where + "." + key) + " must be a string");
-  return v.get<std::string>();
-}
+using namespace request_json;
 
 std::string block_type(const ojson& block, const std::string& where) {
   if (!block.is_object()) bad(quoted(where) + " must be a content block object");
@@ -83,8 +70,9 @@ void add_user(const ojson& content, const std::string& where, ojson& out) {
       const std::string id = string_at(content[i], "tool_use_id", w);
       const ojson& is_error = field(content[i], "is_error");
       if (!is_error.is_null() && !is_error.is_boolean()) bad(quoted(w + ".is_error") + " must be a boolean");
-      out.push_back(
-          {{"role", "tool"}, {"tool_call_id", id}, {"content", tool_result_text(field(content[i], "content"), w + ".content")}});
+      out.push_back({{"role", "tool"},
+                     {"tool_call_id", id},
+                     {"content", tool_result_text(field(content[i], "content"), w + ".content")}});
       added = true;
     } else {
       unsupported_block(type, w);
@@ -165,8 +153,7 @@ ojson convert_tool_choice(const ojson& tc) {
   if (!tc.is_object()) bad("'tool_choice' must be an object with a 'type'");
   const std::string type = string_at(tc, "type", "tool_choice");
   const ojson& parallel = field(tc, "disable_parallel_tool_use");
-  if (!parallel.is_null() && !parallel.is_boolean())
-    bad("'tool_choice.disable_parallel_tool_use' must be a boolean");
+  if (!parallel.is_null() && !parallel.is_boolean()) bad("'tool_choice.disable_parallel_tool_use' must be a boolean");
   if (type == "auto") return "auto";
   if (type == "any") return "required";
   if (type == "none") return "none";

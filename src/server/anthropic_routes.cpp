@@ -15,15 +15,6 @@ namespace dsv4 {
 
 namespace {
 
-text::StopReason parser_stop(const ChoiceStream& c) {
-  switch (c.reason()) {
-    case FinishReason::Length: return text::StopReason::Length;
-    case FinishReason::Abort:
-    case FinishReason::Error: return text::StopReason::Abort;
-    default: return text::StopReason::Stop;
-  }
-}
-
 // stop_reason and stop_sequence of a finished message.
 std::pair<std::string, ojson> stop_reason(const ChoiceStream& c, const text::ParsedMessage& msg) {
   if (c.reason() == FinishReason::Length) return {"max_tokens", nullptr};
@@ -176,14 +167,7 @@ class AnthropicFormat : public SseFormatter {
 std::vector<int32_t> Server::Impl::anthropic_prompt(const AnthropicRequest& a, text::RenderedPrompt& rendered) {
   check_chat_request(a.chat);
   check_tool_choice(a.chat);
-  try {
-    rendered = text::render_chat_request(a.chat, profile, render_options);
-  } catch (const nlohmann::json::exception& e) {
-    throw BadRequest(std::string("invalid messages request: ") + e.what());
-  }
-  for (auto& w : rendered.warnings) log("warning", w);
-  return opt.allow_special_tokens_in_content ? tokenizer->encode(rendered.prompt)
-                                             : tokenizer->encode(rendered.prompt, rendered.content_spans);
+  return chat_prompt(a.chat, "messages", rendered);
 }
 
 void Server::Impl::anthropic_messages(const std::string& raw, HttpResponse& res) {

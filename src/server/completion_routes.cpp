@@ -29,15 +29,6 @@ std::string completion_finish_reason(const ChoiceStream& c) {
   return "stop";
 }
 
-text::StopReason parser_stop(const ChoiceStream& c) {
-  switch (c.reason()) {
-    case FinishReason::Length: return text::StopReason::Length;
-    case FinishReason::Abort:
-    case FinishReason::Error: return text::StopReason::Abort;
-    default: return text::StopReason::Stop;
-  }
-}
-
 ojson matched_stop(const ChoiceStream& c) {
   if (c.matched_stop_string) return *c.matched_stop_string;
   if (c.matched_stop_token) return *c.matched_stop_token;
@@ -245,6 +236,18 @@ class GenerateFormat : public SseFormatter {
 
 // ---- /v1/chat/completions ----
 
+std::vector<int32_t> Server::Impl::chat_prompt(const ojson& chat, const char* what, text::RenderedPrompt& rendered) {
+  try {
+    rendered = text::render_chat_request(chat, profile, render_options);
+  } catch (const nlohmann::json::exception& e) {
+    // A field of a type the checks let through: still the client's.
+    throw BadRequest(std::string("invalid ") + what + " request: " + e.what());
+  }
+  for (auto& w : rendered.warnings) log("warning", w);
+  return opt.allow_special_tokens_in_content ? tokenizer->encode(rendered.prompt)
+                                             : tokenizer->encode(rendered.prompt, rendered.content_spans);
+}
+
 void Server::Impl::chat_completions(const std::string& raw, HttpResponse& res) {
   ojson body = parse_body(raw);
   check_chat_request(body);
@@ -258,16 +261,7 @@ void Server::Impl::chat_completions(const std::string& raw, HttpResponse& res) {
   check_tool_choice(body);
 
   text::RenderedPrompt rendered;
-  try {
-    rendered = text::render_chat_request(body, profile, render_options);
-  } catch (const nlohmann::json::exception& e) {
-    // A field of a type the checks above let through: still the client's.
-    throw BadRequest(std::string("invalid chat request: ") + e.what());
-  }
-  for (auto& w : rendered.warnings) log("warning", w);
-  std::vector<int32_t> prompt = opt.allow_special_tokens_in_content
-                                    ? tokenizer->encode(rendered.prompt)
-                                    : tokenizer->encode(rendered.prompt, rendered.content_spans);
+  std::vector<int32_t> prompt = chat_prompt(body, "chat", rendered);
   const char* max_key = body.contains("max_completion_tokens") && !body["max_completion_tokens"].is_null()
                             ? "max_completion_tokens"
                             : "max_tokens";

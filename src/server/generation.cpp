@@ -62,4 +62,13 @@ std::string ChoiceStream::apply(const TokenEvent& e) {
   return release(false);
 }
 
+text::StopReason parser_stop(const ChoiceStream& c) {
+  switch (c.reason()) {
+    case FinishReason::Length: return text::StopReason::Length;
+    case FinishReason::Abort:
+    case FinishReason::Error: return text::StopReason::Abort;
+    default: return text::StopReason::Stop;
+  }
+}
+
 }  // namespace dsv4

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "text/output_parser.h"
 #include "text/tokenizer.h"
 
 namespace dsv4 {
@@ -44,5 +45,9 @@ class ChoiceStream {
   bool finished_ = false;
   FinishReason reason_ = FinishReason::None;
 };
+
+// How a choice's end reads to the output parser: cut by the length limit,
+// aborted (or failed), or stopped; every route's parser takes it from here.
+text::StopReason parser_stop(const ChoiceStream& c);
 
 }  // namespace dsv4

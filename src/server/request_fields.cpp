@@ -359,4 +359,25 @@ SamplingParams sampling_field(const ojson& j, int64_t max_new_tokens, int64_t vo
   return p;
 }
 
+namespace request_json {
+
+const ojson& field(const ojson& j, const char* key) {
+  static const ojson null_value;
+  if (!j.is_object()) return null_value;
+  auto it = j.find(key);
+  return it == j.end() ? null_value : *it;
+}
+
+void bad(const std::string& message) { throw BadRequest(message); }
+
+std::string quoted(const std::string& where) { return "'" + where + "'"; }
+
+std::string string_at(const ojson& j, const char* key, const std::string& where) {
+  const ojson& v = field(j, key);
+  if (!v.is_string()) bad(quoted(where + "." + key) + " must be a string");
+  return v.get<std::string>();
+}
+
+}  // namespace request_json
+
 }  // namespace dsv4

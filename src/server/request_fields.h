@@ -19,6 +19,17 @@ namespace dsv4 {
 // object: 400).
 ojson parse_body(const std::string& body);
 
+// The lookups of the converters of other APIs' bodies (Anthropic Messages,
+// OpenAI Responses), whose errors name the path of what they reject.
+namespace request_json {
+// j[key], or null when j is not an object or has no such key.
+const ojson& field(const ojson& j, const char* key);
+[[noreturn]] void bad(const std::string& message);  // a 400
+std::string quoted(const std::string& where);       // 'where'
+// j[key] as a string; otherwise 400: 'where.key' must be a string.
+std::string string_at(const ojson& j, const char* key, const std::string& where);
+}  // namespace request_json
+
 // Absent or null fields give `fallback`.
 double number_field(const ojson& j, const char* key, double fallback, double lo, double hi);
 int64_t int_field(const ojson& j, const char* key, int64_t fallback, int64_t lo, int64_t hi);

@@ -2,26 +2,13 @@
 
 #include <algorithm>
 
+#include "server/request_fields.h"
+
 namespace dsv4 {
 
 namespace {
 
-const ojson& field(const ojson& j, const char* key) {
-  static const ojson null_value;
-  if (!j.is_object()) return null_value;
-  auto it = j.find(key);
-  return it == j.end() ? null_value : *it;
-}
-
-[[noreturn]] void bad(const std::string& message) { throw BadRequest(message); }
-
-std::string quoted(const std::string& where) { return "'" + where + "'"; }
-
-std::string string_at(const ojson& j, const char* key, const std::string& where) {
-  const ojson& v = field(j, key);
-  if (!v.is_string()) bad(quoted(where + "." + key) + " must be a string");
-  return v.get<std::string>();
-}
+using namespace request_json;
 
 // j[key] when it is a string, nullopt when absent or null, 400 otherwise.
 std::optional<std::string> optional_string(const ojson& j, const char* key, const std::string& where) {

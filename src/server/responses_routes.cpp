@@ -17,15 +17,6 @@ namespace dsv4 {
 
 namespace {
 
-text::StopReason parser_stop(const ChoiceStream& c) {
-  switch (c.reason()) {
-    case FinishReason::Length: return text::StopReason::Length;
-    case FinishReason::Abort:
-    case FinishReason::Error: return text::StopReason::Abort;
-    default: return text::StopReason::Stop;
-  }
-}
-
 // One response in flight: what its final Response object is built from, and
 // where it goes once finished.
 struct ResponseJob {
@@ -145,15 +136,7 @@ void Server::Impl::responses_create(const std::string& raw, HttpResponse& res) {
   check_chat_request(chat);
   check_tool_choice(chat);
   text::RenderedPrompt rendered;
-  try {
-    rendered = text::render_chat_request(chat, profile, render_options);
-  } catch (const nlohmann::json::exception& e) {
-    throw BadRequest(std::string("invalid responses request: ") + e.what());
-  }
-  for (auto& w : rendered.warnings) log("warning", w);
-  std::vector<int32_t> prompt = opt.allow_special_tokens_in_content
-                                    ? tokenizer->encode(rendered.prompt)
-                                    : tokenizer->encode(rendered.prompt, rendered.content_spans);
+  std::vector<int32_t> prompt = chat_prompt(chat, "responses", rendered);
   // Without max_output_tokens a response may take what the context leaves.
   const bool max_given = r.max_output_tokens > 0;
   SamplingParams params =

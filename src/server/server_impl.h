@@ -72,6 +72,10 @@ struct Server::Impl {
   void chat_completions(const std::string& raw, HttpResponse& res);
   void completions(const std::string& raw, HttpResponse& res);
   void generate(const std::string& raw, HttpResponse& res);
+  // A checked chat request (or another API's request turned into one)
+  // rendered with the model's encoder, its warnings logged, and tokenized;
+  // `what` names the API in the 400 for a field the checks let through.
+  std::vector<int32_t> chat_prompt(const ojson& chat, const char* what, text::RenderedPrompt& rendered);
   // anthropic_routes.cpp
   void anthropic_messages(const std::string& raw, HttpResponse& res);
   void anthropic_count_tokens(const std::string& raw, HttpResponse& res);
