@@ -58,16 +58,11 @@ void Model::dspark_stage(const BlockWeights& b, size_t index, const std::vector<
                          const int32_t* tokens, const int64_t* positions, int64_t n) const {
   const ModelConfig& c = config_;
   const KernelBackend& kb = *backend_;
-  const HcShape shape = hc_shape(c);
   const int64_t hd = c.head_dim;
-  Buffer y = kb.buffer(n * c.dim), sub = kb.buffer(n * c.dim);
-  HcMix mix;
-  kb.hc_pre(shape, hc_site(b.hc_attn), x_hc, n, y.data(), &mix);
-  kb.rms_norm(y.data(), n, c.dim, c.dim, b.attn_norm.data(), c.norm_eps);
-  {
+  block_forward_with(b, x_hc, tokens, n, [&](const float* y, float* out) {
     // V4's stages keep the per-head query norm of its attention.
-    AttentionQueries q = attention_queries(kb, c, b.attn, rope_window_, positions, y.data(), n, true);
-    Buffer kv = attention_kv_rows(kb, c, b.attn, rope_window_, positions, y.data(), n);
+    AttentionQueries q = attention_queries(kb, c, b.attn, rope_window_, positions, y, n, true);
+    Buffer kv = attention_kv_rows(kb, c, b.attn, rope_window_, positions, y, n);
     std::vector<std::vector<float>> ring(items.size());
     std::vector<const float*> keys;
     std::vector<int64_t> key_begin;
@@ -89,13 +84,8 @@ void Model::dspark_stage(const BlockWeights& b, size_t index, const std::vector<
     Buffer o = kb.buffer(n * c.n_heads * hd);
     kb.sink_attention({q.q.data(), n, c.n_heads, hd, keys.data(), key_begin.data(), b.attn.sink.data(),
                        1.0f / std::sqrt(float(hd)), o.data()});
-    attention_output(kb, c, b.attn, rope_window_, positions, o.data(), n, sub.data());
-  }
-  kb.hc_post(shape, mix, sub.data(), x_hc, n);
-  kb.hc_pre(shape, hc_site(b.hc_ffn), x_hc, n, y.data(), &mix);
-  kb.rms_norm(y.data(), n, c.dim, c.dim, b.ffn_norm.data(), c.norm_eps);
-  moe_forward(kb, c, b.moe, y.data(), tokens, n, sub.data());
-  kb.hc_post(shape, mix, sub.data(), x_hc, n);
+    attention_output(kb, c, b.attn, rope_window_, positions, o.data(), n, out);
+  });
 }
 
 void Model::dspark_draft(const std::vector<DsparkDraftItem>& items) const {

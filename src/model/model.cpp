@@ -32,22 +32,41 @@ SequenceState Model::new_state() const {
 
 void Model::block_forward(const BlockWeights& b, const std::vector<Segment>& segments, float* x_hc,
                           const int32_t* tokens, int64_t n) const {
+  const RopeTable& rope = b.layout.compresses() ? rope_compressed_ : rope_window_;
+  block_forward_with(b, x_hc, tokens, n, [&](const float* y, float* out) {
+    attention_forward(*backend_, config_, b.attn, rope, b.layout, segments, y, n, out);
+  });
+}
+
+void Model::block_forward_with(const BlockWeights& b, float* x_hc, const int32_t* tokens, int64_t n,
+                               const std::function<void(const float* y, float* out)>& attention) const {
   const ModelConfig& c = config_;
   const KernelBackend& kb = *backend_;
-  const RopeTable& rope = b.layout.compresses() ? rope_compressed_ : rope_window_;
   const HcShape shape = hc_shape(c);
   Buffer y = kb.buffer(n * c.dim), sub = kb.buffer(n * c.dim);
   HcMix mix;
 
   kb.hc_pre(shape, hc_site(b.hc_attn), x_hc, n, y.data(), &mix);
   kb.rms_norm(y.data(), n, c.dim, c.dim, b.attn_norm.data(), c.norm_eps);
-  attention_forward(kb, c, b.attn, rope, b.layout, segments, y.data(), n, sub.data());
+  attention(y.data(), sub.data());
   kb.hc_post(shape, mix, sub.data(), x_hc, n);
 
   kb.hc_pre(shape, hc_site(b.hc_ffn), x_hc, n, y.data(), &mix);
   kb.rms_norm(y.data(), n, c.dim, c.dim, b.ffn_norm.data(), c.norm_eps);
   moe_forward(kb, c, b.moe, y.data(), tokens, n, sub.data());
   kb.hc_post(shape, mix, sub.data(), x_hc, n);
+}
+
+std::vector<float> Model::head_rows_forward(const HyperConnectionWeights& hc_head, const std::vector<float>& norm,
+                                            const float* x_hc, const std::vector<int64_t>& rows) const {
+  const int64_t width = config_.hc_mult * config_.dim;
+  std::vector<float> logits(rows.size() * size_t(config_.vocab_size));
+  if (rows.empty()) return logits;
+  std::vector<float> selected(rows.size() * size_t(width));
+  for (size_t i = 0; i < rows.size(); ++i)
+    std::copy_n(x_hc + rows[i] * width, width, selected.begin() + int64_t(i) * width);
+  head_forward(hc_head, norm, selected.data(), int64_t(rows.size()), logits.data());
+  return logits;
 }
 
 void Model::head_forward(const HyperConnectionWeights& hc_head, const std::vector<float>& norm, const float* x_hc,
@@ -138,13 +157,7 @@ void Model::forward_batch(const std::vector<BatchItem>& items) const {
       r0 += it.n;
     }
   }
-  std::vector<float> logits(head_rows.size() * size_t(c.vocab_size));
-  if (!head_rows.empty()) {
-    std::vector<float> selected(head_rows.size() * size_t(width));
-    for (size_t i = 0; i < head_rows.size(); ++i)
-      std::copy_n(x_hc.data() + head_rows[i] * width, width, selected.begin() + int64_t(i) * width);
-    head_forward(weights_.hc_head, weights_.norm, selected.data(), int64_t(head_rows.size()), logits.data());
-  }
+  const std::vector<float> logits = head_rows_forward(weights_.hc_head, weights_.norm, x_hc.data(), head_rows);
   int64_t row0 = 0, head_index = 0;
   for (const BatchItem& it : items) {
     it.state->n_tokens += it.n;
@@ -209,13 +222,7 @@ void Model::forward_mtp_batch(const std::vector<MtpBatchItem>& items) const {
     row0 += it.n;
   }
   const int64_t width = H * D;
-  std::vector<float> logits(head_rows.size() * size_t(c.vocab_size));
-  if (!head_rows.empty()) {
-    std::vector<float> selected(head_rows.size() * size_t(width));
-    for (size_t i = 0; i < head_rows.size(); ++i)
-      std::copy_n(x_hc.data() + head_rows[i] * width, width, selected.begin() + int64_t(i) * width);
-    head_forward(m.hc_head, m.norm, selected.data(), int64_t(head_rows.size()), logits.data());
-  }
+  const std::vector<float> logits = head_rows_forward(m.hc_head, m.norm, x_hc.data(), head_rows);
   row0 = 0;
   int64_t head_index = 0;
   for (const MtpBatchItem& it : items) {

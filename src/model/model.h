@@ -177,8 +177,15 @@ class Model {
   Model() = default;
   void block_forward(const BlockWeights& block, const std::vector<Segment>& segments, float* x_hc,
                      const int32_t* tokens, int64_t n_rows) const;
+  // A block whose attention is `attention(y, out)` over the normed rows
+  // (the main layers' attention, or a DSpark stage's block attention).
+  void block_forward_with(const BlockWeights& block, float* x_hc, const int32_t* tokens, int64_t n,
+                          const std::function<void(const float* y, float* out)>& attention) const;
   void dspark_stage(const BlockWeights& stage, size_t index, const std::vector<DsparkDraftItem>& items, float* x_hc,
                     const int32_t* tokens, const int64_t* positions, int64_t n) const;
+  // The head on the listed rows of x_hc only: [rows, vocab] logits.
+  std::vector<float> head_rows_forward(const HyperConnectionWeights& hc_head, const std::vector<float>& norm,
+                                       const float* x_hc, const std::vector<int64_t>& rows) const;
   void head_forward(const HyperConnectionWeights& hc_head, const std::vector<float>& norm, const float* x_hc, int64_t n,
                     float* logits) const;
 
