@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 namespace dsv4::tools {
 
@@ -33,32 +34,35 @@ double expected_distinct_experts(const ModelConfig& c, int64_t batch) {
   return e * (1.0 - std::pow(1.0 - k / e, double(batch)));
 }
 
-double mtp_step_bytes(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch) {
-  const double k = double(c.n_activated_experts), distinct = expected_distinct_experts(c, batch);
-  double bytes = double(cost.head_bytes + batch * cost.other_bytes);
-  for (const Model::LayerCost& l : cost.mtp_layers)
-    bytes += double(l.weight_bytes) + (distinct - k) * double(l.expert_bytes);
+namespace {
+
+// Bytes a step of `tokens` tokens reads through `layers`: the LM and HC
+// heads once, one embedding row per token, and per layer its weights plus
+// every routed expert beyond the k that one token picks (uniform routing).
+double step_bytes(const ModelConfig& c, const Model::TokenCost& cost, const std::vector<Model::LayerCost>& layers,
+                  int64_t tokens) {
+  const double k = double(c.n_activated_experts), distinct = expected_distinct_experts(c, tokens);
+  double bytes = double(cost.head_bytes + tokens * cost.other_bytes);
+  for (const Model::LayerCost& l : layers) bytes += double(l.weight_bytes) + (distinct - k) * double(l.expert_bytes);
   return bytes;
 }
 
-double dspark_step_bytes(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch, int64_t block,
-                         int64_t learned) {
-  (void)learned;  // main_proj is read once per extension whatever its rows
-  const double k = double(c.n_activated_experts), distinct = expected_distinct_experts(c, batch * block);
-  double bytes = double(cost.head_bytes + batch * block * cost.other_bytes);
-  for (const Model::LayerCost& l : cost.dspark_layers)
-    bytes += double(l.weight_bytes) + (distinct - k) * double(l.expert_bytes);
-  bytes +=
-      double(cost.dspark_main_proj_bytes + cost.dspark_other_bytes) + double(block) * double(cost.dspark_markov_bytes);
-  return bytes;
+}  // namespace
+
+double mtp_step_bytes(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch) {
+  return step_bytes(c, cost, cost.mtp_layers, batch);
+}
+
+double dspark_step_bytes(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch, int64_t block) {
+  // main_proj is read once per ring extension, the Markov projection once
+  // per drafted position (the chain is sequential).
+  return step_bytes(c, cost, cost.dspark_layers, batch * block) +
+         double(cost.dspark_main_proj_bytes + cost.dspark_other_bytes) +
+         double(block) * double(cost.dspark_markov_bytes);
 }
 
 double decode_step_bytes(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch) {
-  const double k = double(c.n_activated_experts), distinct = expected_distinct_experts(c, batch);
-  double bytes = double(cost.head_bytes + batch * cost.other_bytes);
-  for (const Model::LayerCost& l : cost.layers)
-    bytes += double(l.weight_bytes) + (distinct - k) * double(l.expert_bytes);
-  return bytes;
+  return step_bytes(c, cost, cost.layers, batch);
 }
 
 // The compute floor of a decode step of `batch` tokens: each weight the step

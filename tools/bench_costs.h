@@ -22,10 +22,8 @@ double mtp_step_bytes(const ModelConfig& c, const Model::TokenCost& cost, int64_
 
 // Bytes of one DSpark draft for `batch` sequences of `block` positions: the
 // stages (the experts of batch*block tokens), the shared head, main_proj
-// for the rows the rings learn (`learned` per sequence), and the Markov
-// projection once per position.
-double dspark_step_bytes(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch, int64_t block,
-                         int64_t learned);
+// for the rows the rings learn, and the Markov projection once per position.
+double dspark_step_bytes(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch, int64_t block);
 
 struct FlashCost {
   int64_t decode_bytes = 0, prefill_macs = 0;

@@ -134,7 +134,7 @@ void run_speculative_bench(const std::shared_ptr<const Model>& model, const Spec
   // Draft steps of the chain: the first runs the rows the last step accepted
   // (about the accept length per sequence), the others one row each.
   auto draft_bytes = [&](const Model::TokenCost& token_cost, int64_t batch, double accept_len) {
-    if (dspark) return dspark_step_bytes(c, token_cost, batch, drafts, std::max<int64_t>(1, int64_t(accept_len + 0.5)));
+    if (dspark) return dspark_step_bytes(c, token_cost, batch, drafts);
     if (!eagle) return 0.0;
     const int64_t first_rows = std::max<int64_t>(batch, int64_t(double(batch) * accept_len + 0.5));
     return mtp_step_bytes(c, token_cost, first_rows) + double(drafts - 1) * mtp_step_bytes(c, token_cost, batch);
