@@ -97,4 +97,40 @@ void fp4_round_trip(float* x, int64_t n, int64_t block) {
   }
 }
 
+namespace {
+// The e4m3 byte of a value on the e4m3 grid (|v| <= 448).
+uint8_t e4m3_grid_code(float v) {
+  // Ascending search over the positive codes; values are on the grid.
+  const float a = std::fabs(v);
+  int code = 0;
+  while (code < 0x7e && e4m3_to_float(uint8_t(code)) < a) ++code;
+  return uint8_t(code | (std::signbit(v) ? 0x80 : 0));
+}
+
+// The e2m1 nibble of a value on the e2m1 grid (|v| <= 6).
+uint8_t e2m1_grid_code(float v) {
+  const float a = std::fabs(v);
+  int code = 0;
+  while (code < 7 && e2m1_to_float(uint8_t(code)) < a) ++code;
+  return uint8_t(code | (std::signbit(v) ? 8 : 0));
+}
+}  // namespace
+
+void fp4_e4m3_round_trip(float* x, int64_t n, int64_t block, uint8_t* codes, uint8_t* scales) {
+  const float min_amax = 6.0f * std::ldexp(1.0f, -9);
+  for (int64_t b0 = 0; b0 < n; b0 += block) {
+    const int64_t b1 = std::min(n, b0 + block);
+    float amax = min_amax;
+    for (int64_t i = b0; i < b1; ++i) amax = std::max(amax, std::fabs(x[i]));
+    // Division, not a reciprocal product: the scale is not a power of two.
+    const float scale = round_to_e4m3(std::min(amax / 6.0f, 448.0f));
+    if (scales) scales[b0 / block] = e4m3_grid_code(scale);
+    for (int64_t i = b0; i < b1; ++i) {
+      const float q = round_to_e2m1(std::clamp(x[i] / scale, -6.0f, 6.0f));
+      if (codes) codes[i] = e2m1_grid_code(q);
+      x[i] = q * scale;
+    }
+  }
+}
+
 }  // namespace dsv4

@@ -70,6 +70,13 @@ void fp8_round_trip(float* x, int64_t n, int64_t block);
 // FP4 round trip used by the lightning indexer (blocks of 32, ue8m0 scales).
 void fp4_round_trip(float* x, int64_t n, int64_t block);
 
+// V4.1's compressed KV rows: FP4 with one E4M3 scale per `block` values,
+// s = e4m3(max(amax, 6 * 2^-9) / 6), q = e2m1(clamp(x / s, +-6)), x <- q * s.
+// With `codes` / `scales` non-null it also returns the nibbles (n, one per
+// byte) and the scale bytes (n / block), whose product decodes to exactly
+// the rounded x.
+void fp4_e4m3_round_trip(float* x, int64_t n, int64_t block, uint8_t* codes = nullptr, uint8_t* scales = nullptr);
+
 // Scalar reference versions used by the tests to check the fast paths.
 void fp8_round_trip_reference(float* x, int64_t n, int64_t block);
 

@@ -1,5 +1,6 @@
 #include "io/config.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -48,6 +49,89 @@ void require(bool ok, const std::string& message) {
   if (!ok) throw Error(message);
 }
 
+
+std::vector<int64_t> int_list(const json& j, const char* key, const std::string& origin) {
+  std::vector<int64_t> out;
+  if (!j.contains(key)) return out;
+  if (!j[key].is_array()) throw Error(origin + ": field \"" + key + "\" must be a list of integers");
+  for (auto& v : j[key]) {
+    if (!v.is_number_integer()) throw Error(origin + ": field \"" + key + "\" must be a list of integers");
+    out.push_back(v.get<int64_t>());
+  }
+  return out;
+}
+
+// The V4.1 layer roles, candidate filter, Engram and DSpark MoE fields, and
+// the relations between them that the forward pass relies on.
+void parse_v41_fields(const json& j, const Reader& r, ModelConfig& c, const std::string& origin) {
+  auto layer_ids = [&](const char* key) {
+    std::vector<int64_t> ids = int_list(j, key, origin);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if (ids[i] < 0 || ids[i] >= c.n_layers)
+        throw Error(origin + ": " + key + " holds " + std::to_string(ids[i]) + ", not a main layer");
+      if (i > 0 && ids[i] <= ids[i - 1]) throw Error(origin + ": " + key + " must be strictly increasing");
+    }
+    return ids;
+  };
+  c.kv_source_layer_ids = layer_ids("kv_source_layer_ids");
+  c.index_source_layer_ids = layer_ids("index_source_layer_ids");
+  c.candidate_source_layer_id = r.integer_or("candidate_source_layer_id", -1, -1);
+  if (c.candidate_source_layer_id >= 0) {
+    c.candidate_topk_blocks = r.integer("candidate_topk_blocks");
+    c.candidate_block_size = r.integer("candidate_block_size");
+  }
+  c.dspark_n_routed_experts = r.integer_or("dspark_n_routed_experts", 0);
+  c.dspark_n_activated_experts = r.integer_or("dspark_num_experts_per_tok", 0);
+  require(c.dspark_n_activated_experts <= c.routed_experts(c.n_layers),
+          origin + ": dspark_num_experts_per_tok exceeds dspark_n_routed_experts");
+
+  // Every compressed layer reads the compressed rows of the latest KV source
+  // at or before it and the selection of the latest index source; both must
+  // exist and share its ratio (rows are addressed by position div ratio).
+  auto contains = [](const std::vector<int64_t>& ids, int64_t l) {
+    return std::find(ids.begin(), ids.end(), l) != ids.end();
+  };
+  int64_t kv_source = -1, index_source = -1;
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const int64_t m = c.ratio(l);
+    if (contains(c.kv_source_layer_ids, l)) {
+      require(m > 0, origin + ": KV source layer " + std::to_string(l) + " has compress ratio 0");
+      kv_source = l;
+    }
+    if (contains(c.index_source_layer_ids, l)) {
+      require(m > 0, origin + ": index source layer " + std::to_string(l) + " has compress ratio 0");
+      index_source = l;
+    }
+    if (m == 0) continue;
+    require(kv_source >= 0 && c.ratio(kv_source) == m,
+            origin + ": compressed layer " + std::to_string(l) + " (ratio " + std::to_string(m) +
+                ") has no KV source of its ratio at or before it (kv_source_layer_ids)");
+    require(index_source >= 0 && c.ratio(index_source) == m,
+            origin + ": compressed layer " + std::to_string(l) + " (ratio " + std::to_string(m) +
+                ") has no index source of its ratio at or before it (index_source_layer_ids)");
+  }
+  for (int64_t l : c.kv_source_layer_ids)
+    require(contains(c.index_source_layer_ids, l),
+            origin + ": KV source layer " + std::to_string(l) + " must also be an index source (it publishes index keys)");
+  if (c.candidate_source_layer_id >= 0)
+    require(contains(c.index_source_layer_ids, c.candidate_source_layer_id),
+            origin + ": candidate_source_layer_id must be an index source layer");
+
+  c.engram_layer_ids = layer_ids("engram_layer_ids");
+  if (!c.engram_layer_ids.empty()) {
+    c.engram_num_embeddings = int_list(j, "engram_num_embeddings", origin);
+    require(c.engram_num_embeddings.size() == c.engram_layer_ids.size(),
+            origin + ": engram_num_embeddings needs one entry per Engram layer");
+    c.engram_max_ngram_size = r.integer("engram_max_ngram_size", 2);
+    c.engram_n_heads = r.integer("engram_n_heads");
+    c.engram_head_dim = r.integer("engram_head_dim");
+    c.engram_vocab_size = r.integer("engram_vocab_size", 2);
+    c.engram_pad_token_id = r.integer_or("engram_pad_token_id", r.integer_or("engram_pad_id", 2));
+    c.engram_compressed_vocab_size = r.integer("engram_compressed_vocab_size");
+    require(c.engram_head_dim % 32 == 0, origin + ": engram_head_dim must be a multiple of 32 (FP8 row scales)");
+    require(c.engram_pad_token_id < c.vocab_size, origin + ": engram_pad_token_id is outside the vocabulary");
+  }
+}
 }  // namespace
 
 ModelConfig parse_config(const std::string& text, const std::string& origin) {
@@ -58,22 +142,39 @@ ModelConfig parse_config(const std::string& text, const std::string& origin) {
     throw Error(origin + ": malformed JSON: " + e.what());
   }
   if (!j.is_object()) throw Error(origin + ": not a JSON object");
-  // V4.1-style configs nest the language model under text_config.
+  // V4.1 nests the language model under text_config (Hugging Face
+  // spellings); the root keeps the architecture, the special token ids and
+  // the quantization. Merge them into one object and read it like V4's.
+  ModelConfig c;
   if (j.contains("text_config") && j["text_config"].is_object()) {
-    std::string type = j.value("model_type", "");
-    throw Error(origin + ": model_type \"" + type + "\" (DeepSeek-V4.1 with text_config) is not supported yet");
+    json merged = j["text_config"];
+    for (const char* key : {"architectures", "bos_token_id", "eos_token_id", "quantization_config"})
+      if (j.contains(key) && !merged.contains(key)) merged[key] = j[key];
+    c.has_vision = j.contains("vision_config") && j["vision_config"].is_object();
+    const std::string root_type = j.value("model_type", "");
+    if (root_type != "deepseek_v41")
+      throw Error(origin + ": unsupported model_type \"" + root_type + "\" with text_config (supported: deepseek_v41)");
+    const std::string text_type = merged.value("model_type", "deepseek_v41_text");
+    if (text_type != "deepseek_v41_text")
+      throw Error(origin + ": unsupported text_config.model_type \"" + text_type + "\" (supported: deepseek_v41_text)");
+    merged["model_type"] = "deepseek_v41";
+    j = std::move(merged);
   }
   Reader r{j, origin};
-  ModelConfig c;
   c.model_type = r.string_or("model_type", "");
-  if (c.model_type != "deepseek_v4")
-    throw Error(origin + ": unsupported model_type \"" + c.model_type + "\" (supported: deepseek_v4)");
+  if (c.model_type != "deepseek_v4" && c.model_type != "deepseek_v41")
+    throw Error(origin + ": unsupported model_type \"" + c.model_type + "\" (supported: deepseek_v4, deepseek_v41)");
+  c.v41 = c.model_type == "deepseek_v41";
   if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty())
     c.architecture = j["architectures"][0].get<std::string>();
-  if (!c.architecture.empty() && c.architecture != "DeepseekV4ForCausalLM")
+  // A V4.1 checkpoint may also carry the V4 architecture name.
+  if (!c.architecture.empty() && c.architecture != "DeepseekV4ForCausalLM" &&
+      !(c.v41 && c.architecture == "DeepseekV41ForCausalLM"))
     throw Error(origin + ": unsupported architecture \"" + c.architecture + "\"");
-  for (const char* key : {"engram_layer_ids", "kv_source_layer_ids", "vision_config"})
-    if (j.contains(key)) throw Error(origin + ": feature \"" + key + "\" is not supported yet (V4.1 checkpoints)");
+  if (!c.v41)
+    for (const char* key : {"engram_layer_ids", "kv_source_layer_ids", "vision_config"})
+      if (j.contains(key))
+        throw Error(origin + ": feature \"" + key + "\" belongs to DeepSeek-V4.1 (model_type deepseek_v41 with a text_config)");
 
   c.vocab_size = r.integer("vocab_size");
   c.dim = r.integer("hidden_size");
@@ -126,9 +227,11 @@ ModelConfig parse_config(const std::string& text, const std::string& origin) {
   for (auto& v : ratios) {
     if (!v.is_number_integer()) throw Error(origin + ": compress_ratios must hold integers");
     int64_t m = v.get<int64_t>();
-    if (m != 0 && m != 4 && m != 128 && !(m > 4 && (m & (m - 1)) == 0))
+    // V4.1 groups layers by ratio (1 and 2 in the released schedule); V4
+    // has CSA (4) and HCA (powers of two above 4).
+    if (c.v41 ? m < 0 : (m != 0 && m != 4 && m != 128 && !(m > 4 && (m & (m - 1)) == 0)))
       throw Error(origin + ": compress ratio " + std::to_string(m) +
-                  " is not supported (0, 4 with overlap, or a power of two above 4)");
+                  (c.v41 ? " is not supported (negative)" : " is not supported (0, 4 with overlap, or a power of two above 4)"));
     c.compress_ratios.push_back(m);
   }
   if (j.contains("dspark_block_size")) {
@@ -184,13 +287,21 @@ ModelConfig parse_config(const std::string& text, const std::string& origin) {
     if (fmt != "e4m3") throw Error(origin + ": quantization fmt \"" + fmt + "\" is not supported (e4m3 only)");
     if (scale_fmt != "ue8m0") throw Error(origin + ": scale_fmt \"" + scale_fmt + "\" is not supported (ue8m0 only)");
     auto block = q.value("weight_block_size", std::vector<int64_t>{128, 128});
-    if (block != std::vector<int64_t>{128, 128})
-      throw Error(origin + ": weight_block_size other than [128, 128] is not supported");
+    if (block != std::vector<int64_t>{128, 128} && !(c.v41 && block == std::vector<int64_t>{32, 32}))
+      throw Error(origin + ": weight_block_size [" + std::to_string(block.empty() ? 0 : block[0]) + ", ...] is not " +
+                  "supported ([128, 128]; [32, 32] for DeepSeek-V4.1)");
     c.fp8_weights = true;
+    c.weight_block = block[0];
+    if (q.contains("expert_dtype") && q["expert_dtype"].is_string() && !j.contains("expert_dtype"))
+      j["expert_dtype"] = q["expert_dtype"];
   }
+  // V4.1 rounds every quantized product's input in 32-blocks (V4: 128).
+  c.activation_block = c.v41 ? 32 : 128;
   c.expert_dtype = r.string_or("expert_dtype", "");
   if (!c.expert_dtype.empty() && c.expert_dtype != "fp4" && c.expert_dtype != "fp8")
     throw Error(origin + ": expert_dtype \"" + c.expert_dtype + "\" is not supported");
+
+  if (c.v41) parse_v41_fields(j, r, c, origin);
 
   // Shape relations the forward pass relies on.
   require(c.rope_dim % 2 == 0 && c.rope_dim < c.head_dim,
@@ -200,10 +311,12 @@ ModelConfig parse_config(const std::string& text, const std::string& origin) {
   require(c.n_shared_experts == 1, origin + ": n_shared_experts must be 1");
   require(c.n_activated_experts <= c.n_routed_experts, origin + ": num_experts_per_tok exceeds n_routed_experts");
   require(c.n_hash_layers <= c.n_layers, origin + ": num_hash_layers exceeds num_hidden_layers");
-  require((c.index_head_dim & (c.index_head_dim - 1)) == 0,
+  require(c.v41 || (c.index_head_dim & (c.index_head_dim - 1)) == 0,
           origin + ": index_head_dim must be a power of two (Hadamard)");
   require(c.index_head_dim % 32 == 0, origin + ": index_head_dim must be a multiple of 32 (FP4 blocks)");
-  require(c.nope_dim() % 64 == 0, origin + ": head_dim - qk_rope_head_dim must be a multiple of 64 (FP8 KV blocks)");
+  require(c.v41 ? c.head_dim % 32 == 0 : c.nope_dim() % 64 == 0,
+          origin + (c.v41 ? ": head_dim must be a multiple of 32 (FP8 KV blocks)"
+                          : ": head_dim - qk_rope_head_dim must be a multiple of 64 (FP8 KV blocks)"));
   require(c.hc_mult >= 1 && c.hc_mult <= 16, origin + ": hc_mult out of range");
   return c;
 }

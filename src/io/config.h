@@ -43,8 +43,39 @@ struct ModelConfig {
   // ignored). 0 stages: no DSpark head.
   int64_t dspark_stages = 0, dspark_block_size = 0, dspark_noise_token_id = 0, dspark_markov_rank = 0;
   std::vector<int64_t> dspark_target_layer_ids;
-  bool fp8_weights = false;  // quantization_config present (fp8 e4m3, ue8m0, 128x128)
+  bool fp8_weights = false;  // quantization_config present (fp8 e4m3, ue8m0 block scales)
   std::string expert_dtype;  // "fp4", "fp8" or "" (same as the other linears)
+  // FP8 weight blocks (128x128 in V4, 32x32 in V4.1) and the width of the
+  // FP8 blocks the reference rounds a quantized product's input through.
+  int64_t weight_block = 128, activation_block = 128;
+
+  // ---- DeepSeek-V4.1 (docs/v41.md). `v41` switches the differences that
+  // are not layer roles: no per-head query norm, window rows rounded whole
+  // in 32-blocks, compressed rows in FP4 with E4M3 scales, the lagged HC
+  // pre and no HC head, DSpark reading the target layers' inputs.
+  bool v41 = false;
+  // Layers that compress their own KV (and publish index keys), layers that
+  // run their own indexer queries; every other compressed layer reuses the
+  // latest of each. The candidate source's block scores restrict the top-k
+  // of the index sources after it (-1: no candidate pre-filtering).
+  std::vector<int64_t> kv_source_layer_ids, index_source_layer_ids;
+  int64_t candidate_source_layer_id = -1, candidate_topk_blocks = 0, candidate_block_size = 0;
+  // Engram: n-gram hash memory added to the residual before these layers.
+  std::vector<int64_t> engram_layer_ids, engram_num_embeddings;
+  int64_t engram_max_ngram_size = 0, engram_n_heads = 0, engram_head_dim = 0, engram_vocab_size = 0;
+  int64_t engram_pad_token_id = 0, engram_compressed_vocab_size = 0;
+  // DSpark's own MoE size (0: the main model's).
+  int64_t dspark_n_routed_experts = 0, dspark_n_activated_experts = 0;
+  bool has_vision = false;  // vision_config present: its tensors are skipped (text only)
+
+  // Routed experts of layer `layer` (the DSpark stages may have their own).
+  int64_t routed_experts(int64_t layer) const {
+    return layer >= n_layers && dspark_n_routed_experts > 0 ? dspark_n_routed_experts : n_routed_experts;
+  }
+  int64_t activated_experts(int64_t layer) const {
+    return layer >= n_layers && dspark_n_activated_experts > 0 ? dspark_n_activated_experts : n_activated_experts;
+  }
+  bool has_engram() const { return !engram_layer_ids.empty(); }
 
   int64_t ratio(int64_t layer) const { return compress_ratios.at(size_t(layer)); }
   int64_t nope_dim() const { return head_dim - rope_dim; }

@@ -72,6 +72,36 @@ struct IndexerSelect {
   const int64_t* visible = nullptr;    // [rows]
   int64_t top_k = 0;
   std::vector<std::vector<int32_t>>* selected = nullptr;  // [rows], filled
+  // V4.1's two-level top-k. At the candidate source (candidates != null):
+  // the scores are max-pooled over blocks of candidate_block_size rows, the
+  // block of the newest visible row is always kept, and the best
+  // candidate_blocks blocks (ties: lower block) become the row's candidate
+  // mask ([visible[r]] bytes, 1 = candidate). At a later index source
+  // (allowed != null): only rows whose allowed[r][i] is 1 compete.
+  int64_t candidate_blocks = 0, candidate_block_size = 0;
+  std::vector<std::vector<uint8_t>>* candidates = nullptr;
+  const uint8_t* const* allowed = nullptr;
+};
+
+// An Engram table: FP8 e4m3 rows with one e8m0 scale per 32 values.
+struct EngramTable {
+  const uint8_t* data = nullptr;   // [rows, dim]
+  const uint8_t* scale = nullptr;  // [rows, dim / 32]
+  int64_t rows = 0, dim = 0;
+};
+
+// The Engram gate of n tokens: for each copy c,
+// dot_c = sum_d x[c,d] * weight[c,d] * key[c,d] * rsqrt(mean x[c]^2 + eps) * rsqrt(mean key[c]^2 + eps) / sqrt(dim),
+// gate_c = sigmoid(sign(dot_c) sqrt(max(|dot_c|, clamp))), x[c] += gate_c * value.
+// Sums in index order (dot_fixed), one rounding per operation.
+struct EngramGate {
+  float* x_hc = nullptr;          // [n, copies, dim]
+  const float* key = nullptr;     // [n, copies, dim] ...
+  int64_t key_stride = 0;         // ... rows key_stride apart (key and value of a token are one row)
+  const float* value = nullptr;   // [n, dim], rows key_stride apart
+  const float* weight = nullptr;  // [copies, dim]: q_weight * k_weight
+  int64_t n = 0, copies = 0, dim = 0;
+  float eps = 0, clamp = 1e-6f;
 };
 
 // One expert applied to some rows of the MoE input.
@@ -85,8 +115,14 @@ struct ExpertTask {
 class KernelBackend {
  public:
   virtual ~KernelBackend() = default;
-  // "cpu-avx512", "cpu-avx2", "cpu-scalar", ...
+  // "cpu-avx512", "cpu-avx2", "cpu-scalar", ... ("-exact": exact numerics)
   virtual std::string name() const = 0;
+  // The exact numerics: every sum in double with exact products, one
+  // rounding per result (kernels/cpu/exact_sums.h), so that results stay
+  // within a few units of the last place of the exact value. Slower; what
+  // V4.1's reference data need (docs/v41.md). Its own fixed orders, so the
+  // bits differ from the fast numerics' but not between its paths.
+  virtual bool exact() const { return false; }
 
   virtual Buffer buffer(int64_t floats) const { return Buffer(floats); }
 
@@ -139,6 +175,20 @@ class KernelBackend {
   virtual void hc_post(const HcShape& shape, const HcMix& mix, const float* y, float* x_hc, int64_t n) const = 0;
   // The head's collapse (sigmoid pre weights, no Sinkhorn).
   virtual void hc_head(const HcShape& shape, const HcSite& site, const float* x_hc, int64_t n, float* y) const = 0;
+  // V4.1's lagged pre: the mixing weights of this site (for hc_post, and
+  // mix->pre for the next sublayer), but the collapse into y with `pre`
+  // ([n, copies], what the previous sublayer's mix computed).
+  virtual void hc_pre_lagged(const HcShape& shape, const HcSite& site, const float* x_hc, int64_t n, const float* pre,
+                             float* y, HcMix* mix) const = 0;
+  // y = sum_k pre[k] * x[k] per token (the collapse of hc_pre alone).
+  virtual void hc_collapse(const HcShape& shape, const float* pre, const float* x_hc, int64_t n, float* y) const = 0;
+
+  // ---- Engram (V4.1's n-gram hash memory)
+  // out[t] = the table rows ids[t], decoded (e4m3 values times their
+  // per-32 e8m0 scale).
+  virtual void engram_lookup(const EngramTable& table, const int64_t* ids, int64_t n, float* out) const = 0;
+  // x[c] += gate_c * value per token and copy (see EngramGate).
+  virtual void engram_gate(const EngramGate& problem) const = 0;
 
   // ---- mixture of experts
   // Router: scores = sqrt(softplus(logits)) in place ([n, experts]); picks k
@@ -158,8 +208,11 @@ class KernelBackend {
 // The process's backend: the CPU path chosen at start (DSV4_KERNELS or the
 // CPU's best, see kernels/cpu/isa.h).
 const KernelBackend& default_backend();
+// The same path with the exact numerics.
+const KernelBackend& exact_backend();
 // A backend by name ("cpu-scalar", "cpu-avx2", "cpu-avx512", or "scalar",
-// "avx2", "avx512"); throws Error for an unknown or unsupported one.
+// "avx2", "avx512", each also with "-exact"); throws Error for an unknown or
+// unsupported one.
 const KernelBackend& backend_by_name(const std::string& name);
 
 }  // namespace dsv4

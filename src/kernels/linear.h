@@ -52,9 +52,12 @@ struct Linear {
   const uint8_t* data = nullptr;
   const uint8_t* scale = nullptr;  // ue8m0 bytes, layout depends on format
   int64_t scale_cols = 0;          // second dimension of the scale tensor
-  // The reference rounds the input through FP8 (1x128 blocks) before every
-  // FP8/FP4 weight product, except the bf16-dequantized wo_a.
+  // The reference rounds the input through FP8 (1 x input_block blocks:
+  // 128 in V4, 32 in V4.1) before every FP8/FP4 weight product, except the
+  // bf16-dequantized wo_a. V4.1's FP8 weights are expanded to BF16 at load
+  // (exact) and keep this rounding.
   bool quantize_input = false;
+  int64_t input_block = 128;
 
   bool empty() const { return data == nullptr; }
   int64_t weight_bytes() const;  // bytes read for one full pass over the weight

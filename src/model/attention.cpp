@@ -13,21 +13,16 @@
 
 namespace dsv4 {
 
-namespace {
+RowMap::RowMap(const std::vector<Segment>& segments, int64_t n_rows)
+    : position(static_cast<size_t>(n_rows)), owner(static_cast<size_t>(n_rows)) {
+  for (const Segment& s : segments)
+    for (int64_t t = 0; t < s.n; ++t) {
+      position[size_t(s.row0 + t)] = s.start + t;
+      owner[size_t(s.row0 + t)] = &s;
+    }
+}
 
-// Which sequence and position each row of a batch belongs to.
-struct RowMap {
-  std::vector<int64_t> position;
-  std::vector<const Segment*> owner;
-  RowMap(const std::vector<Segment>& segments, int64_t n_rows)
-      : position(static_cast<size_t>(n_rows)), owner(static_cast<size_t>(n_rows)) {
-    for (const Segment& s : segments)
-      for (int64_t t = 0; t < s.n; ++t) {
-        position[size_t(s.row0 + t)] = s.start + t;
-        owner[size_t(s.row0 + t)] = &s;
-      }
-  }
-};
+namespace {
 
 // Lightning indexer: for every row, the compressed rows its query attends
 // to (ascending ids). Projections run over the whole batch; scoring per
@@ -91,7 +86,11 @@ Buffer attention_kv_rows(const KernelBackend& kb, const ModelConfig& c, const At
   kb.linear(w.wkv, x, n, kv.data());
   kb.rms_norm(kv.data(), n, hd, hd, w.kv_norm.data(), c.norm_eps);
   kb.rope(kv.data() + nope, n, hd, positions, 1, rope, false);
-  kb.fp8_round(kv.data(), n, nope, hd, 64);
+  // V4 keeps the rotated dims unrounded; V4.1 rounds the whole row.
+  if (c.v41)
+    kb.fp8_round(kv.data(), n, hd, hd, 32);
+  else
+    kb.fp8_round(kv.data(), n, nope, hd, 64);
   return kv;
 }
 
@@ -119,7 +118,7 @@ void attention_forward(const KernelBackend& kb, const ModelConfig& c, const Atte
   const RowMap rows(segments, n);
   const std::vector<int64_t>& position = rows.position;
 
-  AttentionQueries queries = attention_queries(kb, c, w, rope, position.data(), x, n, true);
+  AttentionQueries queries = attention_queries(kb, c, w, rope, position.data(), x, n, !c.v41);
   Buffer& qr = queries.qr;
   Buffer& q = queries.q;
   Buffer kv = attention_kv_rows(kb, c, w, rope, position.data(), x, n);

@@ -149,4 +149,44 @@ void Fp4Rows::set_bytes(const std::vector<uint8_t>& bytes, int64_t rows) {
   std::copy(bytes.begin() + int64_t(nibbles_.size()), bytes.end(), scales_.begin());
 }
 
+Fp4ScaledRows::Fp4ScaledRows(int64_t width, int64_t block)
+    : width_(width), block_(block), blocks_((width + block - 1) / block) {
+  if (width % 2) throw Error("FP4 rows need an even width");
+}
+
+void Fp4ScaledRows::resize(int64_t rows) {
+  rows_ = rows;
+  nibbles_.resize(size_t(rows * width_ / 2), 0);
+  scales_.resize(size_t(rows * blocks_), 0x38);  // e4m3 1.0
+}
+
+void Fp4ScaledRows::append_rounding(float* values) {
+  std::vector<uint8_t> codes(static_cast<size_t>(width_));
+  resize(rows_ + 1);
+  fp4_e4m3_round_trip(values, width_, block_, codes.data(), scales_.data() + (rows_ - 1) * blocks_);
+  uint8_t* nibbles = nibbles_.data() + (rows_ - 1) * (width_ / 2);
+  for (int64_t i = 0; i < width_; i += 2) nibbles[i / 2] = uint8_t(codes[size_t(i)] | codes[size_t(i + 1)] << 4);
+}
+
+void Fp4ScaledRows::decode(int64_t row, float* out) const {
+  const uint8_t* nibbles = nibbles_.data() + row * (width_ / 2);
+  const uint8_t* scales = scales_.data() + row * blocks_;
+  for (int64_t i = 0; i < width_; ++i)
+    out[i] = e2m1_to_float(i % 2 ? nibbles[i / 2] >> 4 : nibbles[i / 2] & 15) * e4m3_to_float(scales[i / block_]);
+}
+
+std::vector<uint8_t> Fp4ScaledRows::bytes() const {
+  std::vector<uint8_t> out(nibbles_);
+  out.insert(out.end(), scales_.begin(), scales_.end());
+  return out;
+}
+
+void Fp4ScaledRows::set_bytes(const std::vector<uint8_t>& bytes, int64_t rows) {
+  if (int64_t(bytes.size()) != rows * (width_ / 2 + blocks_))
+    throw Error("decode-state snapshot: compressed rows of the wrong size");
+  resize(rows);
+  std::copy(bytes.begin(), bytes.begin() + int64_t(nibbles_.size()), nibbles_.begin());
+  std::copy(bytes.begin() + int64_t(nibbles_.size()), bytes.end(), scales_.begin());
+}
+
 }  // namespace dsv4

@@ -6,7 +6,10 @@
 //    (stored: one byte each plus a scale byte per block) and keeps the
 //    rotated `rope` dims as they are (stored as floats);
 //  - indexer keys: rounded through FP4 e2m1 with a scale per 32 (stored: a
-//    nibble each plus a scale byte per block).
+//    nibble each plus a scale byte per block);
+//  - V4.1's compressed rows: FP4 e2m1 with an E4M3 scale per 16 (stored the
+//    same way; the round trip itself hands over the codes, since an E4M3
+//    scale cannot be found again from the rounded values).
 // Encoding takes the rounded floats the forward pass computed and finds, per
 // block, a power-of-two scale that makes every value an exact code (the
 // largest magnitude over the format's maximum, rounded up to a power of
@@ -62,6 +65,25 @@ class Fp4Rows {
  private:
   int64_t width_ = 0, block_ = 32, blocks_ = 0, rows_ = 0;
   std::vector<uint8_t> nibbles_, scales_;  // [rows, width / 2], [rows, blocks]
+};
+
+class Fp4ScaledRows {
+ public:
+  Fp4ScaledRows() = default;
+  explicit Fp4ScaledRows(int64_t width, int64_t block = 16);
+  int64_t width() const { return width_; }
+  int64_t rows() const { return rows_; }
+  void resize(int64_t rows);
+  // Rounds `values` in place (fp4_e4m3_round_trip) and stores the result.
+  void append_rounding(float* values);
+  void decode(int64_t row, float* out) const;
+  int64_t memory_bytes() const { return rows_ * (width_ / 2 + blocks_); }
+  std::vector<uint8_t> bytes() const;
+  void set_bytes(const std::vector<uint8_t>& bytes, int64_t rows);
+
+ private:
+  int64_t width_ = 0, block_ = 16, blocks_ = 0, rows_ = 0;
+  std::vector<uint8_t> nibbles_, scales_;  // [rows, width / 2], [rows, blocks] (e4m3)
 };
 
 }  // namespace dsv4

@@ -55,13 +55,13 @@ void Model::dspark_extend_batch(const std::vector<DsparkExtension>& items) const
 // One stage over the draft rows of all items: a block whose attention sees
 // the item's ring (positions p-window+1 .. p) and all of its draft rows.
 void Model::dspark_stage(const BlockWeights& b, size_t index, const std::vector<DsparkDraftItem>& items, float* x_hc,
-                         const int32_t* tokens, const int64_t* positions, int64_t n) const {
+                         const int32_t* tokens, const int64_t* positions, int64_t n, float* lag_pre) const {
   const ModelConfig& c = config_;
   const KernelBackend& kb = *backend_;
   const int64_t hd = c.head_dim;
   block_forward_with(b, x_hc, tokens, n, [&](const float* y, float* out) {
-    // V4's stages keep the per-head query norm of its attention.
-    AttentionQueries q = attention_queries(kb, c, b.attn, rope_window_, positions, y, n, true);
+    // V4's stages keep the per-head query norm of its attention (V4.1 has none).
+    AttentionQueries q = attention_queries(kb, c, b.attn, rope_window_, positions, y, n, !c.v41);
     Buffer kv = attention_kv_rows(kb, c, b.attn, rope_window_, positions, y, n);
     std::vector<std::vector<float>> ring(items.size());
     std::vector<const float*> keys;
@@ -85,7 +85,7 @@ void Model::dspark_stage(const BlockWeights& b, size_t index, const std::vector<
     kb.sink_attention({q.q.data(), n, c.n_heads, hd, keys.data(), key_begin.data(), b.attn.sink.data(),
                        1.0f / std::sqrt(float(hd)), o.data()});
     attention_output(kb, c, b.attn, rope_window_, positions, o.data(), n, out);
-  });
+  }, lag_pre);
 }
 
 void Model::dspark_draft(const std::vector<DsparkDraftItem>& items) const {
@@ -112,12 +112,23 @@ void Model::dspark_draft(const std::vector<DsparkDraftItem>& items) const {
   if (n == 0) return;
   Buffer x_hc = kb.buffer(n * c.hc_mult * D);
   kb.embed(weights_.embed, tokens.data(), n, c.hc_mult, x_hc.data());
+  // V4.1's stages chain the lagged pre, starting one-hot on copy 0.
+  std::vector<float> lag_pre;
+  if (c.v41) {
+    lag_pre.assign(size_t(n * c.hc_mult), 0.0f);
+    for (int64_t r = 0; r < n; ++r) lag_pre[size_t(r * c.hc_mult)] = 1.0f;
+  }
   for (size_t s = 0; s < d.stages.size(); ++s)
-    dspark_stage(d.stages[s], s, items, x_hc.data(), tokens.data(), positions.data(), n);
-  // Collapse, then the shared head on the normed rows; the confidence head
-  // reads the rows before the norm.
+    dspark_stage(d.stages[s], s, items, x_hc.data(), tokens.data(), positions.data(), n,
+                 c.v41 ? lag_pre.data() : nullptr);
+  // Collapse (V4: the HC head; V4.1: the last stage's FFN pre), then the
+  // shared head on the normed rows; the confidence head reads the rows
+  // before the norm.
   Buffer x = kb.buffer(n * D), normed = kb.buffer(n * D);
-  kb.hc_head(hc_shape(c), hc_site(d.hc_head), x_hc.data(), n, x.data());
+  if (c.v41)
+    kb.hc_collapse(hc_shape(c), lag_pre.data(), x_hc.data(), n, x.data());
+  else
+    kb.hc_head(hc_shape(c), hc_site(d.hc_head), x_hc.data(), n, x.data());
   std::copy_n(x.data(), n * D, normed.data());
   kb.rms_norm(normed.data(), n, D, D, d.norm.data(), c.norm_eps);
   std::vector<float> logits(size_t(n * V));

@@ -11,6 +11,7 @@ const char* LayerLayout::name() const {
     case LayerKind::Window: return "window";
     case LayerKind::CompressedIndexed: return "csa";
     case LayerKind::Compressed: return "hca";
+    case LayerKind::Grouped: return "grouped";
   }
   return "?";
 }
@@ -18,6 +19,22 @@ const char* LayerLayout::name() const {
 LayerLayout layer_layout(const ModelConfig& config, int64_t layer) {
   const int64_t ratio = config.ratio(layer);
   if (ratio == 0) return {LayerKind::Window, 0};
+  if (config.v41) {
+    // parse_config checked that every compressed main layer has a KV source
+    // and an index source of its ratio at or before it.
+    LayerLayout layout{LayerKind::Grouped, ratio};
+    for (int64_t l : config.kv_source_layer_ids)
+      if (l <= layer) layout.kv_group = l;
+    for (int64_t l : config.index_source_layer_ids)
+      if (l <= layer) layout.index_group = l;
+    layout.candidate_source = layer == config.candidate_source_layer_id;
+    layout.uses_candidates = layout.index_group == layer && config.candidate_source_layer_id >= 0 &&
+                             config.candidate_source_layer_id < layer;
+    if (layer >= config.n_layers || layout.kv_group < 0 || layout.index_group < 0)
+      throw Error("layer " + std::to_string(layer) + ": compress ratio " + std::to_string(ratio) +
+                  " without a KV and an index source");
+    return layout;
+  }
   if (ratio == 4) return {LayerKind::CompressedIndexed, 4};
   if (ratio > 4 && (ratio & (ratio - 1)) == 0) return {LayerKind::Compressed, ratio};
   throw Error("layer " + std::to_string(layer) + ": compress ratio " + std::to_string(ratio) +
@@ -29,6 +46,7 @@ int64_t default_ratio(LayerKind kind) {
     case LayerKind::Window: return 0;
     case LayerKind::CompressedIndexed: return 4;
     case LayerKind::Compressed: return 128;
+    case LayerKind::Grouped: return 2;
   }
   return 0;
 }

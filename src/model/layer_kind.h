@@ -17,14 +17,30 @@ enum class LayerKind {
   // HCA: a non-overlapping compressor of a larger power-of-two ratio (128 in
   // the official schedules); every compressed row is attended.
   Compressed,
+  // V4.1: a layer of a compressed-KV group. The group's KV source compresses
+  // (ratio 2: gated pooling of 2 tokens, ratio 1: one row per token) and
+  // publishes index keys; an index source scores them with its own queries;
+  // the other layers of the group reuse both (docs/v41.md).
+  Grouped,
 };
 
 struct LayerLayout {
   LayerKind kind = LayerKind::Window;
   int64_t ratio = 0;  // tokens per compressed row (0: none)
+  // Grouped layers: the layer whose compressed rows and index keys this
+  // layer reads (itself when it is the KV source), and the layer whose
+  // selection it attends (itself when it is an index source).
+  int64_t kv_group = -1, index_group = -1;
+  bool candidate_source = false;  // its block scores restrict later index sources
+  bool uses_candidates = false;   // an index source after the candidate source
 
   bool compresses() const { return kind != LayerKind::Window; }
+  // Grouped layers compress only as their group's KV source.
+  bool owns_compressor(int64_t layer) const { return kind != LayerKind::Grouped ? compresses() : kv_group == layer; }
   bool has_indexer() const { return kind == LayerKind::CompressedIndexed; }
+  bool runs_indexer(int64_t layer) const {
+    return kind == LayerKind::CompressedIndexed || (kind == LayerKind::Grouped && index_group == layer);
+  }
   // Overlapping compressors keep the previous window's slots too.
   bool overlapping() const { return kind == LayerKind::CompressedIndexed; }
   // Compressed rows visible to the token at `position` (rows complete after

@@ -25,7 +25,23 @@ struct Segment {
   int64_t start;
   int64_t row0;
   int64_t n;
+  SequenceState* sequence = nullptr;  // V4.1: the group's source layers live here
 };
+
+// What V4.1's layers hand down the stack within one forward call (the
+// reference's shared runtime): the latest index source's selection and the
+// candidate source's masks, per row of the batch.
+struct GroupedShared {
+  std::vector<std::vector<int32_t>> selected;    // [rows]: compressed rows, ascending
+  std::vector<std::vector<uint8_t>> candidates;  // [rows]: 1 = row in a candidate block
+};
+
+// V4.1's compressed attention (LayerKind::Grouped): the KV source compresses
+// and publishes index keys, an index source selects, every layer of the
+// group attends the selected rows of the source and its own window.
+void attention_grouped(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w, const RopeTable& rope,
+                       const LayerLayout& layout, int64_t layer, const std::vector<Segment>& segments,
+                       GroupedShared& shared, const float* x, int64_t n_rows, float* out);
 
 // Gated pooling compressor, in two steps: the projections of all rows of a
 // batch at once, then, per sequence, the tokens pushed in order through the
@@ -54,6 +70,12 @@ AttentionQueries attention_queries(const KernelBackend& kb, const ModelConfig& c
                                    bool head_norm);
 Buffer attention_kv_rows(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w,
                          const RopeTable& rope, const int64_t* positions, const float* x, int64_t n);
+// Rows of a batch to the position each holds and the segment it belongs to.
+struct RowMap {
+  std::vector<int64_t> position;
+  std::vector<const Segment*> owner;
+  RowMap(const std::vector<Segment>& segments, int64_t n_rows);
+};
 void attention_output(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w, const RopeTable& rope,
                       const int64_t* positions, float* o, int64_t n, float* out);
 

@@ -1,11 +1,49 @@
 #include "model/model.h"
 
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "model/layers.h"
 
 namespace dsv4 {
+
+namespace {
+
+// The Engram hash tables: the token map from the caller (derived from the
+// tokenizer) or from an engram_tokenizer.json beside config.json, which
+// also carries the hash multipliers the reference draws from NumPy's
+// generator (otherwise they are drawn the same way: core/numpy_random.h).
+EngramHasher load_engram_hasher(const ModelConfig& c, const std::string& dir, std::vector<int32_t> token_map) {
+  const std::filesystem::path file = std::filesystem::path(dir) / "engram_tokenizer.json";
+  nlohmann::json tables;
+  if (std::filesystem::exists(file)) {
+    std::ifstream in(file);
+    try {
+      tables = nlohmann::json::parse(in);
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(file.string() + ": malformed JSON: " + e.what());
+    }
+  }
+  try {
+    if (token_map.empty() && tables.contains("token_map")) token_map = tables["token_map"].get<std::vector<int32_t>>();
+    if (token_map.empty())
+      throw Error("this DeepSeek-V4.1 checkpoint has Engram layers, which need the compressed token map of its "
+                  "tokenizer (no tokenizer was given and there is no engram_tokenizer.json)");
+    std::vector<std::vector<int64_t>> multipliers;
+    if (tables.contains("hash_multipliers"))
+      multipliers = tables["hash_multipliers"].get<std::vector<std::vector<int64_t>>>();
+    else
+      throw Error("this DeepSeek-V4.1 checkpoint needs Engram hash multipliers (engram_tokenizer.json)");
+    return EngramHasher(c, std::move(token_map), std::move(multipliers));
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(file.string() + ": " + e.what());
+  }
+}
+
+}  // namespace
 
 std::unique_ptr<Model> Model::load(const std::string& path, const LoadOptions& options) {
   std::unique_ptr<Model> model(new Model());
@@ -13,9 +51,12 @@ std::unique_ptr<Model> Model::load(const std::string& path, const LoadOptions& o
   if (!std::filesystem::is_directory(path)) throw Error("model path must be a directory: " + path);
   const ModelConfig& c = model->config_;
   for (int64_t l = 0; l < c.n_layers + c.n_mtp_layers; ++l) model->layouts_.push_back(layer_layout(c, l));
-  model->backend_ = options.backend ? options.backend : &default_backend();
+  // V4.1's reference data hold roundings a few units of the last place from
+  // their midpoints; only the exact numerics agree with them (docs/v41.md).
+  model->backend_ = options.backend ? options.backend : c.v41 ? &exact_backend() : &default_backend();
   model->store_ = TensorStore::open(path, options.no_mmap ? FileResidency::Copied : FileResidency::Mapped);
   model->weights_ = bind_weights(model->config_, model->store_, options.progress);
+  if (c.has_engram()) model->engram_ = load_engram_hasher(c, path, options.engram_token_map);
   // Window-only layers rotate with rope_theta; compressed layers with
   // compress_rope_theta and the YaRN ramp.
   model->rope_window_ = RopeTable(RopeParams{c.rope_dim, c.rope_theta});
@@ -31,41 +72,81 @@ SequenceState Model::new_state() const {
 }
 
 void Model::block_forward(const BlockWeights& b, const std::vector<Segment>& segments, float* x_hc,
-                          const int32_t* tokens, int64_t n) const {
+                          const int32_t* tokens, int64_t n, GroupedShared& shared, float* lag_pre) const {
   const RopeTable& rope = b.layout.compresses() ? rope_compressed_ : rope_window_;
-  block_forward_with(b, x_hc, tokens, n, [&](const float* y, float* out) {
-    attention_forward(*backend_, config_, b.attn, rope, b.layout, segments, y, n, out);
-  });
+  block_forward_with(
+      b, x_hc, tokens, n,
+      [&](const float* y, float* out) {
+        if (b.layout.kind == LayerKind::Grouped)
+          attention_grouped(*backend_, config_, b.attn, rope, b.layout, b.layer_id, segments, shared, y, n, out);
+        else
+          attention_forward(*backend_, config_, b.attn, rope, b.layout, segments, y, n, out);
+      },
+      lag_pre);
 }
 
 void Model::block_forward_with(const BlockWeights& b, float* x_hc, const int32_t* tokens, int64_t n,
-                               const std::function<void(const float* y, float* out)>& attention) const {
+                               const std::function<void(const float* y, float* out)>& attention,
+                               float* lag_pre) const {
   const ModelConfig& c = config_;
   const KernelBackend& kb = *backend_;
   const HcShape shape = hc_shape(c);
   Buffer y = kb.buffer(n * c.dim), sub = kb.buffer(n * c.dim);
-  HcMix mix;
+  HcMix attn_mix, ffn_mix;
 
-  kb.hc_pre(shape, hc_site(b.hc_attn), x_hc, n, y.data(), &mix);
+  // V4.1 collapses each sublayer's input with the pre of the sublayer
+  // before it (the block's attention with the previous FFN's).
+  if (lag_pre)
+    kb.hc_pre_lagged(shape, hc_site(b.hc_attn), x_hc, n, lag_pre, y.data(), &attn_mix);
+  else
+    kb.hc_pre(shape, hc_site(b.hc_attn), x_hc, n, y.data(), &attn_mix);
   kb.rms_norm(y.data(), n, c.dim, c.dim, b.attn_norm.data(), c.norm_eps);
   attention(y.data(), sub.data());
-  kb.hc_post(shape, mix, sub.data(), x_hc, n);
+  kb.hc_post(shape, attn_mix, sub.data(), x_hc, n);
 
-  kb.hc_pre(shape, hc_site(b.hc_ffn), x_hc, n, y.data(), &mix);
+  if (lag_pre)
+    kb.hc_pre_lagged(shape, hc_site(b.hc_ffn), x_hc, n, attn_mix.pre.data(), y.data(), &ffn_mix);
+  else
+    kb.hc_pre(shape, hc_site(b.hc_ffn), x_hc, n, y.data(), &ffn_mix);
   kb.rms_norm(y.data(), n, c.dim, c.dim, b.ffn_norm.data(), c.norm_eps);
   moe_forward(kb, c, b.moe, y.data(), tokens, n, sub.data());
-  kb.hc_post(shape, mix, sub.data(), x_hc, n);
+  kb.hc_post(shape, ffn_mix, sub.data(), x_hc, n);
+  if (lag_pre) std::copy(ffn_mix.pre.begin(), ffn_mix.pre.end(), lag_pre);
+}
+
+void Model::engram_forward(const EngramWeights& e, const int64_t* hash_ids, float* x_hc, int64_t n) const {
+  const ModelConfig& c = config_;
+  const KernelBackend& kb = *backend_;
+  const int64_t columns = engram_.columns(), width = columns * c.engram_head_dim, out = (c.hc_mult + 1) * c.dim;
+  Buffer rows = kb.buffer(n * width), kv = kb.buffer(n * out);
+  kb.engram_lookup(e.table, hash_ids, n * columns, rows.data());
+  kb.linear(e.wkv, rows.data(), n, kv.data());
+  // Each token's kv row: one key per HC copy, then the value.
+  kb.engram_gate({x_hc, kv.data(), out, kv.data() + c.hc_mult * c.dim, e.weight.data(), n, c.hc_mult, c.dim,
+                  c.norm_eps});
 }
 
 std::vector<float> Model::head_rows_forward(const HyperConnectionWeights& hc_head, const std::vector<float>& norm,
-                                            const float* x_hc, const std::vector<int64_t>& rows) const {
+                                            const float* x_hc, const std::vector<int64_t>& rows,
+                                            const float* lag_pre) const {
   const int64_t width = config_.hc_mult * config_.dim;
   std::vector<float> logits(rows.size() * size_t(config_.vocab_size));
   if (rows.empty()) return logits;
   std::vector<float> selected(rows.size() * size_t(width));
   for (size_t i = 0; i < rows.size(); ++i)
     std::copy_n(x_hc + rows[i] * width, width, selected.begin() + int64_t(i) * width);
-  head_forward(hc_head, norm, selected.data(), int64_t(rows.size()), logits.data());
+  if (!lag_pre) {
+    head_forward(hc_head, norm, selected.data(), int64_t(rows.size()), logits.data());
+    return logits;
+  }
+  const KernelBackend& kb = *backend_;
+  const int64_t n = int64_t(rows.size()), H = config_.hc_mult, D = config_.dim;
+  std::vector<float> pre(size_t(n * H));
+  for (int64_t i = 0; i < n; ++i) std::copy_n(lag_pre + rows[size_t(i)] * H, H, pre.begin() + i * H);
+  Buffer y = kb.buffer(n * D);
+  kb.hc_collapse(hc_shape(config_), pre.data(), selected.data(), n, y.data());
+  kb.rms_norm(y.data(), n, D, D, norm.data(), config_.norm_eps);
+  kb.linear(weights_.head, y.data(), n, logits.data());
   return logits;
 }
 
@@ -111,11 +192,30 @@ void Model::forward_batch(const std::vector<BatchItem>& items) const {
     std::vector<Segment> segments;
     int64_t row0 = 0;
     for (const BatchItem& it : items) {
-      if (it.n > 0) segments.push_back({&it.state->layers[size_t(layer)], it.state->n_tokens, row0, it.n});
+      if (it.n > 0) segments.push_back({&it.state->layers[size_t(layer)], it.state->n_tokens, row0, it.n, it.state});
       row0 += it.n;
     }
     return segments;
   };
+  // V4.1: the lagged pre starts one-hot on copy 0; the Engram rows of every
+  // position come from the token ids before it.
+  std::vector<float> lag_pre;
+  if (c.v41) {
+    lag_pre.assign(size_t(rows * c.hc_mult), 0.0f);
+    for (int64_t r = 0; r < rows; ++r) lag_pre[size_t(r * c.hc_mult)] = 1.0f;
+  }
+  std::vector<std::vector<int64_t>> hash_ids(c.engram_layer_ids.size());
+  for (size_t slot = 0; slot < hash_ids.size(); ++slot) {
+    hash_ids[slot].resize(size_t(rows * engram_.columns()));
+    int64_t row0 = 0;
+    for (const BatchItem& it : items) {
+      if (int64_t(it.state->tokens.size()) != it.state->n_tokens)
+        throw Error("sequence state lacks the token ids an Engram model needs");
+      engram_.hash(int64_t(slot), it.state->tokens, it.tokens, it.n, hash_ids[slot].data() + row0 * engram_.columns());
+      row0 += it.n;
+    }
+  }
+  GroupedShared shared;
   const bool observe = hc_observer_ && items.size() == 1;
   if (observe) hc_observer_(0, x_hc.data(), items[0].state->n_tokens, rows);
   // DSpark's inputs: the mean of the HC copies after each target layer.
@@ -142,9 +242,19 @@ void Model::forward_batch(const std::vector<BatchItem>& items) const {
     }
   };
   for (int64_t l = 0; l < c.n_layers; ++l) {
-    block_forward(weights_.layers[size_t(l)], segments_for(l), x_hc.data(), tokens.data(), rows);
+    const BlockWeights& block = weights_.layers[size_t(l)];
+    if (block.engram) {
+      const size_t slot = size_t(std::find(c.engram_layer_ids.begin(), c.engram_layer_ids.end(), l) -
+                                 c.engram_layer_ids.begin());
+      engram_forward(*block.engram, hash_ids[slot].data(), x_hc.data(), rows);
+      if (observe && engram_observer_) engram_observer_(l, x_hc.data(), items[0].state->n_tokens, rows);
+    }
+    // V4.1's DSpark reads its target layers' inputs, V4's their outputs.
+    if (has_dspark() && c.v41) keep_dspark_hidden(l);
+    block_forward(block, segments_for(l), x_hc.data(), tokens.data(), rows, shared,
+                  c.v41 ? lag_pre.data() : nullptr);
     if (observe) hc_observer_(l + 1, x_hc.data(), items[0].state->n_tokens, rows);
-    if (has_dspark()) keep_dspark_hidden(l);
+    if (has_dspark() && !c.v41) keep_dspark_hidden(l);
   }
   // The head runs only on the rows whose logits someone asked for.
   std::vector<int64_t> head_rows;
@@ -157,10 +267,12 @@ void Model::forward_batch(const std::vector<BatchItem>& items) const {
       r0 += it.n;
     }
   }
-  const std::vector<float> logits = head_rows_forward(weights_.hc_head, weights_.norm, x_hc.data(), head_rows);
+  const std::vector<float> logits = head_rows_forward(weights_.hc_head, weights_.norm, x_hc.data(), head_rows,
+                                                      c.v41 ? lag_pre.data() : nullptr);
   int64_t row0 = 0, head_index = 0;
   for (const BatchItem& it : items) {
     it.state->n_tokens += it.n;
+    if (c.has_engram()) it.state->tokens.insert(it.state->tokens.end(), it.tokens, it.tokens + it.n);
     if (it.final_hc) {
       const int64_t keep = it.final_hc_rows < 0 ? it.n : std::min(it.n, it.final_hc_rows);
       std::copy_n(x_hc.begin() + (row0 + it.n - keep) * width, keep * width, it.final_hc);
@@ -212,7 +324,8 @@ void Model::forward_mtp_batch(const std::vector<MtpBatchItem>& items) const {
     if (it.n > 0) segments.push_back({&it.state->mtp_layers[0], it.state->mtp_tokens, row0, it.n});
     row0 += it.n;
   }
-  block_forward(m.block, segments, x_hc.data(), next.data(), n);
+  GroupedShared shared;
+  block_forward(m.block, segments, x_hc.data(), next.data(), n, shared);
   // The head only on the rows whose logits someone asked for.
   std::vector<int64_t> head_rows;
   row0 = 0;

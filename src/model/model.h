@@ -12,13 +12,15 @@
 #include "io/config.h"
 #include "io/safetensors.h"
 #include "kernels/backend.h"
+#include "model/engram.h"
 #include "model/layer_kind.h"
 #include "model/state.h"
 #include "model/weights.h"
 
 namespace dsv4 {
 
-struct Segment;  // model/layers.h
+struct Segment;        // model/layers.h
+struct GroupedShared;  // model/layers.h
 
 // The check of token ids against a vocabulary: throws dsv4::Error naming
 // the first id outside [0, vocab) as "<what> N is outside the vocabulary".
@@ -76,6 +78,10 @@ struct LoadOptions {
   std::function<void(int64_t, int64_t)> progress;
   // Copy the weights into huge-page memory instead of mapping the files.
   bool no_mmap = false;
+  // V4.1 Engram: the compressed id of every token id, derived from the
+  // tokenizer (text/engram_token_map.h). Empty: read the token_map of an
+  // engram_tokenizer.json beside config.json (the tiny test checkpoints).
+  std::vector<int32_t> engram_token_map;
   // The kernels that run the forward pass (null: default_backend()).
   const KernelBackend* backend = nullptr;
 };
@@ -109,6 +115,8 @@ class Model {
   void forward_mtp(SequenceState& state, const float* hc, const int32_t* next_tokens, int64_t n, float* logits) const;
   void forward_mtp_batch(const std::vector<MtpBatchItem>& items) const;
   bool has_mtp() const { return !weights_.mtp.empty(); }
+  // V4.1: the Engram addressing (empty without Engram layers).
+  const EngramHasher& engram_hasher() const { return engram_; }
 
   // DSpark head (model/dspark.cpp; docs/speculative.md). dspark_extend
   // writes the stages' ring rows of positions first .. first+n-1 from the
@@ -130,6 +138,8 @@ class Model {
   // embedding and l+1 after main layer l, for a chunk of n tokens at `start`.
   using HcObserver = std::function<void(int64_t index, const float* x_hc, int64_t start, int64_t n)>;
   void set_hc_observer(HcObserver observer) { hc_observer_ = std::move(observer); }
+  // V4.1: called with layer l after the Engram add that precedes block l.
+  void set_engram_observer(HcObserver observer) { engram_observer_ = std::move(observer); }
 
   // Bytes of weights one decode step reads for a single token: everything but
   // the embedding table (one row) and the unselected routed experts.
@@ -175,17 +185,25 @@ class Model {
 
  private:
   Model() = default;
+  // lag_pre: V4.1's lagged pre ([n_rows, hc_mult]): the attention collapses
+  // with it, and it returns the FFN's mix for the next block (null: V4).
   void block_forward(const BlockWeights& block, const std::vector<Segment>& segments, float* x_hc,
-                     const int32_t* tokens, int64_t n_rows) const;
+                     const int32_t* tokens, int64_t n_rows, GroupedShared& shared, float* lag_pre = nullptr) const;
   // A block whose attention is `attention(y, out)` over the normed rows
   // (the main layers' attention, or a DSpark stage's block attention).
   void block_forward_with(const BlockWeights& block, float* x_hc, const int32_t* tokens, int64_t n,
-                          const std::function<void(const float* y, float* out)>& attention) const;
+                          const std::function<void(const float* y, float* out)>& attention,
+                          float* lag_pre = nullptr) const;
+  // V4.1's Engram before block `layer`: hash_ids [n, columns] of its table.
+  void engram_forward(const EngramWeights& engram, const int64_t* hash_ids, float* x_hc, int64_t n) const;
   void dspark_stage(const BlockWeights& stage, size_t index, const std::vector<DsparkDraftItem>& items, float* x_hc,
-                    const int32_t* tokens, const int64_t* positions, int64_t n) const;
+                    const int32_t* tokens, const int64_t* positions, int64_t n, float* lag_pre) const;
   // The head on the listed rows of x_hc only: [rows, vocab] logits.
+  // V4.1 (lag_pre not null): the rows collapse with their lagged pre instead
+  // of an HC head.
   std::vector<float> head_rows_forward(const HyperConnectionWeights& hc_head, const std::vector<float>& norm,
-                                       const float* x_hc, const std::vector<int64_t>& rows) const;
+                                       const float* x_hc, const std::vector<int64_t>& rows,
+                                       const float* lag_pre = nullptr) const;
   void head_forward(const HyperConnectionWeights& hc_head, const std::vector<float>& norm, const float* x_hc, int64_t n,
                     float* logits) const;
 
@@ -195,7 +213,8 @@ class Model {
   TensorStore store_;
   ModelWeights weights_;
   RopeTable rope_window_, rope_compressed_;
-  HcObserver hc_observer_;
+  HcObserver hc_observer_, engram_observer_;
+  EngramHasher engram_;
 };
 
 }  // namespace dsv4

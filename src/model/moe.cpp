@@ -11,7 +11,7 @@ namespace dsv4 {
 
 void moe_forward(const KernelBackend& kb, const ModelConfig& c, const MoeWeights& w, const float* x,
                  const int32_t* tokens, int64_t n, float* out) {
-  const int64_t E = c.n_routed_experts, K = c.n_activated_experts;
+  const int64_t E = int64_t(w.experts.size()), K = w.top_k;
   std::vector<float> scores(size_t(n * E));
   kb.linear(w.gate, x, n, scores.data());
   std::vector<int32_t> chosen(size_t(n * K));

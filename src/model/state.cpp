@@ -59,20 +59,32 @@ void LayerState::rollback(int64_t tokens) {
   index_compressor.undo_from(tokens);
   if (layout.compresses()) {
     compressed.resize(std::min(compressed.rows(), tokens / layout.ratio));
-    if (layout.has_indexer()) index_keys.resize(std::min(index_keys.rows(), tokens / layout.ratio));
+    compressed_fp4.resize(std::min(compressed_fp4.rows(), tokens / layout.ratio));
+    index_keys.resize(std::min(index_keys.rows(), tokens / layout.ratio));
   }
 }
 
-static void reset_layer(LayerState& s, const ModelConfig& c, const LayerLayout& layout) {
+// V4 rounds a window row's first `nope` dims in 64-blocks and keeps the
+// rotated dims; V4.1 rounds the whole row in 32-blocks.
+static KvRows window_rows(const ModelConfig& c) {
+  return c.v41 ? KvRows(c.head_dim, c.head_dim, 32) : KvRows(c.head_dim, c.nope_dim());
+}
+
+static void reset_layer(LayerState& s, const ModelConfig& c, const LayerLayout& layout, int64_t layer) {
   s.layout = layout;
-  s.window = KvRows(c.head_dim, c.nope_dim());
+  s.window = window_rows(c);
   s.window.resize(c.window);
   s.compressed = KvRows(c.head_dim, c.nope_dim());
+  s.compressed_fp4 = Fp4ScaledRows(c.head_dim, 16);
   s.index_keys = Fp4Rows(c.index_head_dim > 0 ? c.index_head_dim : 2);
   s.compressor = {};
   s.index_compressor = {};
   s.set_journaling(false);
-  if (layout.compresses()) {
+  if (layout.kind == LayerKind::Grouped) {
+    // Only the KV source keeps a partial group (ratio 1 completes a row
+    // with every token).
+    if (layout.owns_compressor(layer) && layout.ratio > 1) s.compressor.reset(layout.ratio, c.head_dim);
+  } else if (layout.compresses()) {
     const int64_t copies = layout.overlapping() ? 2 : 1;
     s.compressor.reset(copies * layout.ratio, copies * c.head_dim);
     if (layout.has_indexer()) s.index_compressor.reset(2 * layout.ratio, 2 * c.index_head_dim);
@@ -84,11 +96,13 @@ void SequenceState::reset(const ModelConfig& c) {
   mtp_tokens = 0;
   checkpoint_tokens_ = checkpoint_mtp_tokens_ = -1;
   layers.resize(size_t(c.n_layers));
-  for (int64_t l = 0; l < c.n_layers; ++l) reset_layer(layers[size_t(l)], c, layer_layout(c, l));
+  for (int64_t l = 0; l < c.n_layers; ++l) reset_layer(layers[size_t(l)], c, layer_layout(c, l), l);
   mtp_layers.resize(size_t(c.n_mtp_layers));
-  for (int64_t k = 0; k < c.n_mtp_layers; ++k) reset_layer(mtp_layers[size_t(k)], c, layer_layout(c, c.n_layers + k));
+  for (int64_t k = 0; k < c.n_mtp_layers; ++k)
+    reset_layer(mtp_layers[size_t(k)], c, layer_layout(c, c.n_layers + k), c.n_layers + k);
   dspark_tokens = 0;
-  dspark_rings.assign(size_t(c.dspark_stages), KvRows(c.head_dim, c.nope_dim()));
+  dspark_rings.assign(size_t(c.dspark_stages), window_rows(c));
+  tokens.clear();
   for (KvRows& ring : dspark_rings) ring.resize(c.window);
 }
 
@@ -107,6 +121,7 @@ void SequenceState::rollback(int64_t tokens, int64_t mtp) {
                 ", " + std::to_string(n_tokens) + "]");
   for (auto& l : layers) l.rollback(tokens);
   for (auto& l : mtp_layers) l.rollback(mtp);
+  if (int64_t(this->tokens.size()) > tokens) this->tokens.resize(size_t(tokens));
   n_tokens = tokens;
   mtp_tokens = mtp;
 }
@@ -119,7 +134,7 @@ void SequenceState::end_checkpoint() {
 
 namespace {
 constexpr uint32_t kSnapshotMagic = 0x34565344;  // "DSV4"
-constexpr uint64_t kSnapshotVersion = 2;         // 2: compact rows
+constexpr uint64_t kSnapshotVersion = 3;         // 2: compact rows; 3: V4.1 rows and token ids
 
 struct Writer {
   std::vector<uint8_t> out;
@@ -173,6 +188,8 @@ void write_layer(Writer& w, const LayerState& s) {
   w.blob(s.compressed.bytes());
   w.u64(uint64_t(s.index_keys.rows()));
   w.blob(s.index_keys.bytes());
+  w.u64(uint64_t(s.compressed_fp4.rows()));
+  w.blob(s.compressed_fp4.bytes());
   w.floats(s.compressor.kv);
   w.floats(s.compressor.score);
   w.floats(s.index_compressor.kv);
@@ -193,6 +210,8 @@ void read_layer(Reader& r, LayerState& s) {
   s.compressed.set_bytes(r.blob(), rows);
   rows = int64_t(r.u64());
   s.index_keys.set_bytes(r.blob(), rows);
+  rows = int64_t(r.u64());
+  s.compressed_fp4.set_bytes(r.blob(), rows);
   check_floats(s.compressor.kv);
   check_floats(s.compressor.score);
   check_floats(s.index_compressor.kv);
@@ -210,6 +229,8 @@ std::vector<uint8_t> SequenceState::snapshot() const {
   w.u64(mtp_layers.size());
   for (auto& l : layers) write_layer(w, l);
   for (auto& l : mtp_layers) write_layer(w, l);
+  w.u64(tokens.size());
+  w.bytes(tokens.data(), tokens.size() * sizeof(int32_t));
   return std::move(w.out);
 }
 
@@ -227,6 +248,10 @@ void SequenceState::restore(const std::vector<uint8_t>& bytes) {
     throw Error("decode-state snapshot belongs to a model with a different layer count");
   for (auto& l : s.layers) read_layer(r, l);
   for (auto& l : s.mtp_layers) read_layer(r, l);
+  const uint64_t n_ids = r.u64();
+  if (n_ids > uint64_t(s.n_tokens)) throw Error("decode-state snapshot holds more token ids than tokens");
+  s.tokens.resize(size_t(n_ids));
+  r.bytes(s.tokens.data(), n_ids * sizeof(int32_t));
   if (r.pos != bytes.size()) throw Error("decode-state snapshot has trailing bytes");
   *this = std::move(s);
 }
@@ -235,6 +260,7 @@ int64_t SequenceState::memory_bytes() const {
   int64_t total = 0;
   auto add = [&](const LayerState& l) {
     total += l.window.memory_bytes() + l.compressed.memory_bytes() + l.index_keys.memory_bytes() +
+             l.compressed_fp4.memory_bytes() +
              int64_t(l.compressor.kv.size() + l.compressor.score.size() + l.index_compressor.kv.size() +
                      l.index_compressor.score.size()) *
                  4;
@@ -242,7 +268,7 @@ int64_t SequenceState::memory_bytes() const {
   for (auto& l : layers) add(l);
   for (auto& l : mtp_layers) add(l);
   for (auto& ring : dspark_rings) total += ring.memory_bytes();
-  return total;
+  return total + int64_t(tokens.size() * sizeof(int32_t));
 }
 
 }  // namespace dsv4

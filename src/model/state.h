@@ -40,7 +40,10 @@ struct LayerState {
   LayerLayout layout;
   KvRows window;       // ring of `window` rows; position p in slot p % window
   KvRows compressed;   // one row per `ratio` tokens
-  Fp4Rows index_keys;  // CSA layers: one row per compressed row
+  Fp4Rows index_keys;  // CSA layers (V4.1: KV sources): one row per compressed row
+  // V4.1 KV sources: the group's compressed rows (FP4, E4M3 scales); the
+  // other layers of the group read their source's.
+  Fp4ScaledRows compressed_fp4;
   CompressorState compressor, index_compressor;
 
   // Window row of `position` (already rounded), through the journal.
@@ -72,6 +75,10 @@ struct SequenceState {
   // correctness.
   std::vector<KvRows> dspark_rings;
   int64_t dspark_tokens = 0;
+  // V4.1 Engram: the token ids of positions 0 .. n_tokens-1, of which an
+  // n-gram hash reads the last few (kept whole: 4 bytes a token, and a
+  // rollback or snapshot needs nothing else).
+  std::vector<int32_t> tokens;
 
   void reset(const ModelConfig& config);
   bool empty() const { return layers.empty(); }

@@ -1,6 +1,8 @@
 #include "model/weights.h"
 
+#include <algorithm>
 #include <cstring>
+#include <memory>
 #include <set>
 
 #include "core/error.h"
@@ -16,7 +18,7 @@ enum class Storage { Dense, Quantized, Expert };
 
 class Binder {
  public:
-  Binder(const ModelConfig& c, const TensorStore& s) : config_(c), store_(s) {}
+  Binder(const ModelConfig& c, const TensorStore& s, ModelWeights& out) : config_(c), store_(s), out_(out) {}
 
   const TensorInfo& tensor(const std::string& name) {
     const TensorInfo* t = store_.find(name);
@@ -87,12 +89,18 @@ class Binder {
       if (!s) throw Error("checkpoint is missing tensor " + prefix + ".scale");
       total_bytes += s->nbytes;
       if (s->dtype != DType::F8_E8M0) bad_dtype(*s, "F8_E8M0 (ue8m0 block scales)");
-      expect_shape(*s, {(rows + 127) / 128, (cols + 127) / 128});
-      lin.format = WeightFormat::FP8_BLOCK128;
-      lin.scale = s->data;
-      lin.scale_cols = (cols + 127) / 128;
-      lin.quantize_input = quantize_input;
+      const int64_t block = config_.weight_block;
+      expect_shape(*s, {(rows + block - 1) / block, (cols + block - 1) / block});
       check_scales(*s);
+      lin.quantize_input = quantize_input;
+      lin.input_block = config_.activation_block;
+      if (block == 128) {
+        lin.format = WeightFormat::FP8_BLOCK128;
+        lin.scale = s->data;
+        lin.scale_cols = (cols + 127) / 128;
+      } else {
+        expand_to_bf16(lin, w, *s, block);
+      }
       return lin;
     }
     if (w.dtype == DType::I8 || w.dtype == DType::U8) {
@@ -108,10 +116,36 @@ class Binder {
       lin.scale = s->data;
       lin.scale_cols = cols / 32;
       lin.quantize_input = quantize_input;
+      lin.input_block = config_.activation_block;
       check_scales(*s);
       return lin;
     }
     bad_dtype(w, "BF16, F32, F8_E4M3 or packed FP4 (I8)");
+  }
+
+  // V4.1's FP8 weights have 32x32 blocks, which the FP8 kernels (128x128)
+  // do not read: they are expanded to BF16 once. e4m3 values times a power
+  // of two keep at most 4 significant bits, so BF16 holds them exactly (the
+  // check below refuses the one exception, results below BF16's smallest
+  // subnormal). Costs twice the FP8 bytes for those matrices.
+  void expand_to_bf16(Linear& lin, const TensorInfo& w, const TensorInfo& s, int64_t block) {
+    const int64_t rows = lin.rows, cols = lin.cols, scale_cols = (cols + block - 1) / block;
+    auto buffer = std::make_unique<uint16_t[]>(size_t(rows * cols));
+    for (int64_t o = 0; o < rows; ++o)
+      for (int64_t i = 0; i < cols; ++i) {
+        const float v = e4m3_to_float(w.data[o * cols + i]) * e8m0_to_float(s.data[(o / block) * scale_cols + i / block]);
+        const uint32_t bits = float_to_bits(v);
+        if (bits & 0xffff)
+          throw Error("tensor " + w.name + ": value at [" + std::to_string(o) + ", " + std::to_string(i) +
+                      "] does not fit BF16 exactly (scale out of range)");
+        buffer[size_t(o * cols + i)] = uint16_t(bits >> 16);
+      }
+    lin.format = WeightFormat::BF16;
+    lin.data = reinterpret_cast<const uint8_t*>(buffer.get());
+    lin.scale = nullptr;
+    lin.scale_cols = 0;
+    out_.converted_bytes += rows * cols * 2;
+    out_.converted.push_back(std::move(buffer));
   }
 
   void check_scales(const TensorInfo& s) {
@@ -171,7 +205,9 @@ class Binder {
     a.wo_a = linear(ap + ".wo_a", c.o_groups * c.o_lora_rank, c.n_heads * c.head_dim / c.o_groups, Storage::Quantized,
                     false);
     a.wo_b = linear(ap + ".wo_b", c.dim, c.o_groups * c.o_lora_rank, Storage::Quantized);
-    if (b.layout.compresses()) {
+    if (b.layout.kind == LayerKind::Grouped) {
+      grouped_attention(a, ap, b.layout, layer_id);
+    } else if (b.layout.compresses()) {
       a.has_compressor = true;
       a.compressor = compressor(ap + ".compressor", b.layout, c.head_dim);
       if (b.layout.has_indexer()) {
@@ -187,10 +223,15 @@ class Binder {
         throw Error("tensor " + ap + unexpected + " present but layer " + std::to_string(layer_id) +
                     " is window-only (compress ratio 0)");
 
+    if (std::find(c.engram_layer_ids.begin(), c.engram_layer_ids.end(), layer_id) != c.engram_layer_ids.end())
+      b.engram = engram(p + ".engram", layer_id);
+
     MoeWeights& m = b.moe;
     const std::string fp = p + ".ffn";
+    const int64_t experts = c.routed_experts(layer_id);
     m.hash_routed = layer_id < c.n_hash_layers;
-    m.gate = linear(fp + ".gate", c.n_routed_experts, c.dim, Storage::Dense);
+    m.top_k = c.activated_experts(layer_id);
+    m.gate = linear(fp + ".gate", experts, c.dim, Storage::Dense);
     if (m.hash_routed) {
       const TensorInfo& t = tensor(fp + ".gate.tid2eid");
       expect_shape(t, {c.vocab_size, c.n_activated_experts});
@@ -217,9 +258,9 @@ class Binder {
           throw Error("tensor " + t.name + " row " + std::to_string(tok) + " repeats an expert id");
       }
     } else {
-      m.bias = vec(fp + ".gate.bias", c.n_routed_experts);
+      m.bias = vec(fp + ".gate.bias", experts);
     }
-    for (int64_t e = 0; e < c.n_routed_experts; ++e) {
+    for (int64_t e = 0; e < experts; ++e) {
       std::string ep = fp + ".experts." + std::to_string(e);
       ExpertWeights ex;
       ex.w1 = linear(ep + ".w1", c.moe_inter_dim, c.dim, Storage::Expert);
@@ -233,24 +274,89 @@ class Binder {
     return b;
   }
 
+  // V4.1 attention roles: a KV source owns the compressor (ratio 1: one
+  // projection per token, no gate; above: gated pooling without position
+  // biases or overlap) and the index keys' projection; an index source
+  // owns its queries. Other layers of the group own neither.
+  void grouped_attention(AttentionWeights& a, const std::string& ap, const LayerLayout& layout, int64_t layer_id) {
+    const ModelConfig& c = config_;
+    const bool kv_source = layout.kv_group == layer_id, index_source = layout.index_group == layer_id;
+    const std::string cp = ap + ".compressor", ip = ap + ".indexer";
+    if (kv_source) {
+      a.has_compressor = true;
+      CompressorWeights& k = a.compressor;
+      k.ratio = layout.ratio;
+      k.width = c.head_dim;
+      k.wkv = linear(cp + ".wkv", c.head_dim, c.dim, Storage::Dense);
+      if (layout.ratio > 1) k.wgate = linear(cp + ".wgate", c.head_dim, c.dim, Storage::Dense);
+      k.norm = vec(cp + ".norm.weight", c.head_dim);
+      a.indexer.wk = linear(ip + ".wk", c.index_head_dim, c.head_dim, Storage::Dense);
+      a.indexer.k_norm = vec(ip + ".k_norm.weight", c.index_head_dim);
+    }
+    if (index_source) {
+      a.has_indexer = true;
+      a.indexer.wq_b = linear(ip + ".wq_b", c.index_n_heads * c.index_head_dim, c.q_lora_rank, Storage::Quantized);
+      a.indexer.weights_proj = linear(ip + ".weights_proj", c.index_n_heads, c.dim, Storage::Dense);
+    }
+    if (!kv_source)
+      for (const std::string& name : {cp + ".wkv.weight", ip + ".wk.weight"})
+        if (store_.find(name))
+          throw Error("tensor " + name + " present but layer " + std::to_string(layer_id) +
+                      " is not a KV source (kv_source_layer_ids)");
+    if (!index_source && store_.find(ip + ".wq_b.weight"))
+      throw Error("tensor " + ip + ".wq_b.weight present but layer " + std::to_string(layer_id) +
+                  " is not an index source (index_source_layer_ids)");
+  }
+
+  EngramWeights engram(const std::string& p, int64_t layer_id) {
+    const ModelConfig& c = config_;
+    const size_t slot = size_t(std::find(c.engram_layer_ids.begin(), c.engram_layer_ids.end(), layer_id) -
+                               c.engram_layer_ids.begin());
+    const int64_t rows = c.engram_num_embeddings[slot], dim = c.engram_head_dim;
+    const int64_t columns = (c.engram_max_ngram_size - 1) * c.engram_n_heads;
+    EngramWeights e;
+    const TensorInfo& table = tensor(p + ".embed.weight");
+    if (table.dtype != DType::F8_E4M3) bad_dtype(table, "F8_E4M3 (the Engram table is stored in FP8)");
+    expect_shape(table, {rows, dim});
+    const TensorInfo& scale = tensor(p + ".embed.scale");
+    if (scale.dtype != DType::F8_E8M0) bad_dtype(scale, "F8_E8M0 (one ue8m0 scale per 32 values of a row)");
+    expect_shape(scale, {rows, dim / 32});
+    check_scales(scale);
+    e.table = {table.data, scale.data, rows, dim};
+    e.wkv = linear(p + ".wkv", (c.hc_mult + 1) * c.dim, columns * dim, Storage::Quantized);
+    const std::vector<float> q = to_floats(shaped(p + ".q_weight", {c.hc_mult, c.dim}));
+    const std::vector<float> k = to_floats(shaped(p + ".k_weight", {c.hc_mult, c.dim}));
+    e.weight.resize(q.size());
+    for (size_t i = 0; i < q.size(); ++i) e.weight[i] = q[i] * k[i];
+    return e;
+  }
+
+  const TensorInfo& shaped(const std::string& name, const std::vector<int64_t>& shape) {
+    const TensorInfo& t = tensor(name);
+    expect_shape(t, shape);
+    return t;
+  }
+
   int64_t total_bytes = 0;
 
  private:
   const ModelConfig& config_;
   const TensorStore& store_;
+  ModelWeights& out_;
 };
 
 }  // namespace
 
 ModelWeights bind_weights(const ModelConfig& c, const TensorStore& store,
                           const std::function<void(int64_t, int64_t)>& progress) {
-  Binder b(c, store);
   ModelWeights w;
+  Binder b(c, store, w);
   int64_t total = c.n_layers + c.n_mtp_layers + 1;  // DSpark stages count with the last step
   w.embed = b.linear("embed", c.vocab_size, c.dim, Storage::Dense);
   w.head = b.linear("head", c.vocab_size, c.dim, Storage::Dense);
   w.norm = b.vec("norm.weight", c.dim);
-  w.hc_head = b.hyper("hc_head", c.hc_mult, 1);
+  // V4.1 collapses with the last sublayer's (lagged) pre: no HC head.
+  if (!c.v41) w.hc_head = b.hyper("hc_head", c.hc_mult, 1);
   if (progress) progress(1, total);
   for (int64_t l = 0; l < c.n_layers; ++l) {
     w.layers.push_back(b.block("layers." + std::to_string(l), l));
@@ -278,9 +384,11 @@ ModelWeights bind_weights(const ModelConfig& c, const TensorStore& store,
     d.main_norm = b.vec("mtp.0.main_norm.weight", c.dim);
     const std::string last = "mtp." + std::to_string(c.dspark_stages - 1);
     d.norm = b.vec(last + ".norm.weight", c.dim);
-    d.hc_head = b.hyper(last + ".hc_head", c.hc_mult, 1);
-    d.markov_w1 = b.linear(last + ".markov_head.markov_w1", c.vocab_size, c.dspark_markov_rank, Storage::Dense);
-    d.markov_w2 = b.linear(last + ".markov_head.markov_w2", c.vocab_size, c.dspark_markov_rank, Storage::Dense);
+    if (!c.v41) d.hc_head = b.hyper(last + ".hc_head", c.hc_mult, 1);
+    const std::string w1 = c.v41 ? ".markov_head.embed" : ".markov_head.markov_w1";
+    const std::string w2 = c.v41 ? ".markov_head.head" : ".markov_head.markov_w2";
+    d.markov_w1 = b.linear(last + w1, c.vocab_size, c.dspark_markov_rank, Storage::Dense);
+    d.markov_w2 = b.linear(last + w2, c.vocab_size, c.dspark_markov_rank, Storage::Dense);
     d.confidence = b.linear(last + ".confidence_head.proj", 1, c.dim + c.dspark_markov_rank, Storage::Dense);
     w.dspark = std::move(d);
   }

@@ -10,6 +10,7 @@
 
 #include "io/config.h"
 #include "io/safetensors.h"
+#include "kernels/backend.h"
 #include "kernels/linear.h"
 #include "model/layer_kind.h"
 
@@ -34,6 +35,9 @@ struct IndexerWeights {
   Linear wq_b;          // [index_heads*index_dim, q_lora]
   Linear weights_proj;  // [index_heads, dim]
   CompressorWeights compressor;
+  // V4.1 KV sources: index keys = k_norm(wk . compressed latent).
+  Linear wk;  // [index_dim, head_dim]
+  std::vector<float> k_norm;
 };
 
 struct AttentionWeights {
@@ -51,6 +55,7 @@ struct ExpertWeights {
 
 struct MoeWeights {
   bool hash_routed = false;
+  int64_t top_k = 0;             // experts per token (the DSpark stages may have their own)
   Linear gate;                   // [experts, dim] router, fp32 compute
   std::vector<float> bias;       // [experts] selection-only bias (score routing)
   std::vector<int32_t> tid2eid;  // [vocab, top_k] (hash routing)
@@ -58,9 +63,19 @@ struct MoeWeights {
   ExpertWeights shared;
 };
 
+// V4.1 Engram of one layer: the hashed rows' table, the projection of the
+// concatenated rows into one key per HC copy and a value, and the gate's
+// weights (q_weight * k_weight, only ever used as that product).
+struct EngramWeights {
+  EngramTable table;
+  Linear wkv;                 // [(hc_mult + 1) * dim, hash columns * head_dim]
+  std::vector<float> weight;  // [hc_mult, dim]
+};
+
 struct BlockWeights {
   int64_t layer_id = 0;
   LayerLayout layout;
+  std::optional<EngramWeights> engram;
   std::vector<float> attn_norm, ffn_norm;
   HyperConnectionWeights hc_attn, hc_ffn;
   AttentionWeights attn;
@@ -84,7 +99,7 @@ struct DsparkWeights {
   Linear main_proj;  // [dim, targets * dim]
   std::vector<float> main_norm, norm;
   HyperConnectionWeights hc_head;
-  Linear markov_w1, markov_w2;  // [vocab, rank] each
+  Linear markov_w1, markov_w2;  // [vocab, rank] each (V4.1: markov_head.embed / .head)
   Linear confidence;            // [1, dim + rank]
 };
 
@@ -96,6 +111,10 @@ struct ModelWeights {
   std::vector<MtpWeights> mtp;
   std::optional<DsparkWeights> dspark;
   int64_t total_bytes = 0;  // bytes of all bound tensors
+  // Weights converted at load (V4.1's 32x32-block FP8 expanded to BF16,
+  // exactly); the Linears above point into them.
+  std::vector<std::unique_ptr<uint16_t[]>> converted;
+  int64_t converted_bytes = 0;
 };
 
 // progress(done, total) is called while binding layers (load progress bars).

@@ -7,15 +7,47 @@
 #include <vector>
 
 #include "core/threads.h"
+#include "kernels/cpu/exact_sums.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/vector_ops.h"
 
 namespace dsv4::cpu {
 
-void sink_attention(KernelIsa isa, const SinkAttention& a) {
+namespace {
+
+// The exact numerics' attention of one row and head: scores as exact dots,
+// the softmax and the weighted sum of the keys in double, one rounding per
+// output value.
+void sink_attention_exact(KernelIsa isa, const SinkAttention& a, int64_t t, int64_t h) {
+  const int64_t hd = a.dim;
+  const float* const* keys = a.keys + a.key_begin[t];
+  const int64_t n_keys = a.key_begin[t + 1] - a.key_begin[t];
+  const float* q = a.q + (t * a.heads + h) * hd;
+  std::vector<double> weight(static_cast<size_t>(n_keys)), acc(static_cast<size_t>(hd), 0.0);
+  double top = a.sink[h];
+  for (int64_t j = 0; j < n_keys; ++j) {
+    weight[size_t(j)] = dot_exact(q, keys[j], hd, isa) * double(a.scale);
+    top = std::max(top, weight[size_t(j)]);
+  }
+  double denominator = std::exp(double(a.sink[h]) - top);
+  for (double& w : weight) denominator += (w = std::exp(w - top));
+  for (int64_t j = 0; j < n_keys; ++j)
+    for (int64_t i = 0; i < hd; ++i) acc[size_t(i)] += weight[size_t(j)] * double(keys[j][i]);
+  float* out = a.out + (t * a.heads + h) * hd;
+  for (int64_t i = 0; i < hd; ++i) out[i] = float(acc[size_t(i)] / denominator);
+}
+
+}  // namespace
+
+void sink_attention(KernelIsa isa, const SinkAttention& a, bool exact) {
   const int64_t H = a.heads, hd = a.dim;
   int64_t work = 0;
   for (int64_t r = 0; r < a.rows; ++r) work += 2 * H * hd * (a.key_begin[r + 1] - a.key_begin[r]);
+  if (exact) {
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads_for(work * 4))
+    for (int64_t item = 0; item < a.rows * H; ++item) sink_attention_exact(isa, a, item / H, item % H);
+    return;
+  }
   // Work items: a row and a block of heads, which share the row's keys (the
   // blocked kernels load each key once for up to 16 heads).
   const int64_t head_block = std::min<int64_t>(H, 16), blocks = (H + head_block - 1) / head_block;
@@ -43,26 +75,96 @@ void sink_attention(KernelIsa isa, const SinkAttention& a) {
   }
 }
 
-void indexer_select(KernelIsa isa, const IndexerSelect& p) {
-  const int64_t heads = p.heads, hd = p.dim;
-  int64_t work = 0;
-  for (int64_t r = 0; r < p.rows; ++r) work += p.visible[r] * heads * hd;
-  p.selected->assign(size_t(p.rows), {});
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads_for(work))
-  for (int64_t r = 0; r < p.rows; ++r) {
-    const int64_t visible = p.visible[r];
-    const float* keys = p.keys[r];
+namespace {
+
+// Indices of the k largest of n scores (ties: lower index), ascending.
+template <typename T>
+std::vector<int32_t> top_k_of(const T* scores, int64_t n, int64_t k) {
+  std::vector<int32_t> idx(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) idx[size_t(i)] = int32_t(i);
+  k = std::min(k, n);
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
+                    [&](int32_t a, int32_t b) { return scores[a] > scores[b] || (scores[a] == scores[b] && a < b); });
+  idx.resize(size_t(k));
+  std::sort(idx.begin(), idx.end());
+  return idx;
+}
+
+// Level one of V4.1's two-level top-k over one query's scores: block maxima,
+// the newest block pinned, the best `keep` blocks (ties: lower block).
+template <typename T>
+std::vector<uint8_t> candidate_mask(const std::vector<T>& scores, int64_t keep, int64_t block_size) {
+  const int64_t visible = int64_t(scores.size());
+  std::vector<uint8_t> mask(static_cast<size_t>(visible), 0);
+  if (visible == 0) return mask;
+  const int64_t blocks = (visible + block_size - 1) / block_size;
+  std::vector<T> block_max(static_cast<size_t>(blocks), -INFINITY);
+  for (int64_t i = 0; i < visible; ++i)
+    block_max[size_t(i / block_size)] = std::max(block_max[size_t(i / block_size)], scores[size_t(i)]);
+  block_max[size_t(blocks - 1)] = INFINITY;
+  for (int32_t b : top_k_of(block_max.data(), blocks, keep))
+    for (int64_t i = b * block_size; i < std::min(visible, (b + 1) * block_size); ++i) mask[size_t(i)] = 1;
+  return mask;
+}
+
+}  // namespace
+
+namespace {
+
+// One query row: scores of its visible rows (fast: the fp32 dot rows; exact:
+// dot_exact and the head sum in double), then the selection.
+template <typename T>
+void select_row(KernelIsa isa, const IndexerSelect& p, int64_t r, bool exact) {
+  const int64_t heads = p.heads, hd = p.dim, visible = p.visible[r];
+  const float* keys = p.keys[r];
+  const float* weights = p.head_weights + r * heads;
+  std::vector<T> scores(static_cast<size_t>(visible));
+  if (exact) {
+    for (int64_t i = 0; i < visible; ++i) {
+      double s = 0.0;
+      for (int64_t h = 0; h < heads; ++h)
+        s += std::max(dot_exact(p.q + (r * heads + h) * hd, keys + i * hd, hd, isa), 0.0) * double(weights[h]);
+      scores[size_t(i)] = T(s);
+    }
+  } else {
     std::vector<const float*> rows_of_keys(static_cast<size_t>(visible));
     for (int64_t i = 0; i < visible; ++i) rows_of_keys[size_t(i)] = keys + i * hd;
-    std::vector<float> dots(size_t(heads * visible)), scores(static_cast<size_t>(visible));
+    std::vector<float> dots(size_t(heads * visible));
     dot_fixed_rows(p.q + r * heads * hd, heads, rows_of_keys.data(), visible, hd, dots.data(), isa);
-    const float* weights = p.head_weights + r * heads;
     for (int64_t i = 0; i < visible; ++i) {
       float s = 0.0f;
       for (int64_t h = 0; h < heads; ++h) s += std::max(dots[size_t(h * visible + i)], 0.0f) * weights[h];
-      scores[size_t(i)] = s;
+      scores[size_t(i)] = T(s);
     }
-    (*p.selected)[size_t(r)] = top_k_indices(scores.data(), visible, p.top_k);
+  }
+  if (p.candidates) (*p.candidates)[size_t(r)] = candidate_mask(scores, p.candidate_blocks, p.candidate_block_size);
+  if (p.allowed && p.allowed[r]) {
+    // Only the allowed rows compete; their ids map back through `ids`.
+    std::vector<int32_t> ids;
+    std::vector<T> kept;
+    for (int64_t i = 0; i < visible; ++i)
+      if (p.allowed[r][i]) ids.push_back(int32_t(i)), kept.push_back(scores[size_t(i)]);
+    std::vector<int32_t> picked = top_k_of(kept.data(), int64_t(kept.size()), p.top_k);
+    for (int32_t& i : picked) i = ids[size_t(i)];
+    (*p.selected)[size_t(r)] = std::move(picked);
+  } else {
+    (*p.selected)[size_t(r)] = top_k_of(scores.data(), visible, p.top_k);
+  }
+}
+
+}  // namespace
+
+void indexer_select(KernelIsa isa, const IndexerSelect& p, bool exact) {
+  int64_t work = 0;
+  for (int64_t r = 0; r < p.rows; ++r) work += p.visible[r] * p.heads * p.dim;
+  p.selected->assign(size_t(p.rows), {});
+  if (p.candidates) p.candidates->assign(size_t(p.rows), {});
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads_for(work))
+  for (int64_t r = 0; r < p.rows; ++r) {
+    if (exact)
+      select_row<double>(isa, p, r, true);
+    else
+      select_row<float>(isa, p, r, false);
   }
 }
 

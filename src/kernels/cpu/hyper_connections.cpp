@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/threads.h"
+#include "kernels/cpu/exact_sums.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/ops.h"
@@ -19,14 +20,19 @@ namespace {
 
 // mix = (fn . v) / sqrt(mean(v^2) + eps) for every token; v is the token's
 // hc_mult copies flattened copy-major.
-std::vector<float> hc_mixes(KernelIsa isa, const HcShape& c, const HcSite& w, const float* x_hc, int64_t n) {
+std::vector<float> hc_mixes(KernelIsa isa, const HcShape& c, const HcSite& w, const float* x_hc, int64_t n, bool exact) {
   const int64_t width = c.copies * c.dim, mix = w.fn->rows;
   std::vector<float> out(size_t(n * mix));
-  linear_forward(isa, *w.fn, x_hc, n, out.data());
+  if (exact)
+    linear_forward_exact(isa, *w.fn, x_hc, n, out.data());
+  else
+    linear_forward(isa, *w.fn, x_hc, n, out.data());
 #pragma omp parallel for schedule(static) num_threads(threads_for(n* width))
   for (int64_t t = 0; t < n; ++t) {
     const float* v = x_hc + t * width;
-    float inv = 1.0f / std::sqrt(sum_of_squares(v, width, isa) / float(width) + c.norm_eps);
+    const float mean = exact ? float(sum_of_squares_exact(v, width, isa) / double(width))
+                             : sum_of_squares(v, width, isa) / float(width);
+    float inv = 1.0f / std::sqrt(mean + c.norm_eps);
     for (int64_t i = 0; i < mix; ++i) out[size_t(t * mix + i)] *= inv;
   }
   return out;
@@ -51,8 +57,18 @@ DSV4_TARGET_AVX512 void collapse_avx512(int64_t h, int64_t d, const float* x, co
   }
   collapse_columns(h, d, i, x, pre, y);
 }
-void collapse(KernelIsa isa, const HcShape& c, const float* x, const float* pre, float* y) {
-  if (isa == KernelIsa::Avx512)
+// The exact numerics' collapse: the sum in double, one rounding.
+void collapse_exact(const HcShape& c, const float* x, const float* pre, float* y) {
+  for (int64_t i = 0; i < c.dim; ++i) {
+    double s = 0.0;
+    for (int64_t j = 0; j < c.copies; ++j) s += double(pre[j]) * double(x[j * c.dim + i]);
+    y[i] = float(s);
+  }
+}
+void collapse(KernelIsa isa, const HcShape& c, const float* x, const float* pre, float* y, bool exact = false) {
+  if (exact)
+    collapse_exact(c, x, pre, y);
+  else if (isa == KernelIsa::Avx512)
     collapse_avx512(c.copies, c.dim, x, pre, y);
   else
     collapse_columns(c.copies, c.dim, 0, x, pre, y);
@@ -62,9 +78,10 @@ inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
 }  // namespace
 
-void hc_pre(KernelIsa isa, const HcShape& c, const HcSite& w, const float* x_hc, int64_t n, float* y, HcMix* out) {
+void hc_pre(KernelIsa isa, const HcShape& c, const HcSite& w, const float* x_hc, int64_t n, float* y, HcMix* out,
+            const float* collapse_pre, bool exact) {
   const int64_t h = c.copies, mix_n = w.fn->rows;
-  std::vector<float> mixes = hc_mixes(isa, c, w, x_hc, n);
+  std::vector<float> mixes = hc_mixes(isa, c, w, x_hc, n, exact);
   out->pre.resize(size_t(n * h));
   out->post.resize(size_t(n * h));
   out->comb.resize(size_t(n * h * h));
@@ -111,8 +128,15 @@ void hc_pre(KernelIsa isa, const HcShape& c, const HcSite& w, const float* x_hc,
       normalize_rows();
       normalize_columns();
     }
-    collapse(isa, c, x_hc + t * h * c.dim, pre, y + t * c.dim);
+    collapse(isa, c, x_hc + t * h * c.dim, collapse_pre ? collapse_pre + t * h : pre, y + t * c.dim, exact);
   }
+}
+
+void hc_collapse(KernelIsa isa, const HcShape& c, const float* pre, const float* x_hc, int64_t n, float* y,
+                 bool exact) {
+#pragma omp parallel for schedule(static) num_threads(threads_for(n* c.copies * c.dim))
+  for (int64_t t = 0; t < n; ++t)
+    collapse(isa, c, x_hc + t * c.copies * c.dim, pre + t * c.copies, y + t * c.dim, exact);
 }
 
 namespace {
@@ -152,11 +176,30 @@ DSV4_TARGET_AVX512 void hc_post_token_avx512(int64_t h, int64_t d, const float* 
   hc_post_token(h, d, i, post, comb, y, x);
 }
 
+// The exact numerics' expansion: each new copy value summed in double.
+void hc_post_token_exact(int64_t h, int64_t d, const float* post, const float* comb, const float* y, float* x) {
+  double old[16];
+  for (int64_t i = 0; i < d; ++i) {
+    for (int64_t j = 0; j < h; ++j) old[j] = x[j * d + i];
+    for (int64_t k = 0; k < h; ++k) {
+      double s = double(post[k]) * double(y[i]);
+      for (int64_t j = 0; j < h; ++j) s += double(comb[j * h + k]) * old[j];
+      x[k * d + i] = float(s);
+    }
+  }
+}
+
 }  // namespace
 
-void hc_post(KernelIsa isa, const HcShape& c, const HcMix& mix, const float* y, float* x_hc, int64_t n) {
+void hc_post(KernelIsa isa, const HcShape& c, const HcMix& mix, const float* y, float* x_hc, int64_t n, bool exact) {
   const int64_t h = c.copies, d = c.dim;
   const bool avx512 = isa == KernelIsa::Avx512;
+  if (exact) {
+#pragma omp parallel for schedule(static) num_threads(threads_for(n * 2 * h * h * d))
+    for (int64_t t = 0; t < n; ++t)
+      hc_post_token_exact(h, d, mix.post.data() + t * h, mix.comb.data() + t * h * h, y + t * d, x_hc + t * h * d);
+    return;
+  }
 #pragma omp parallel for schedule(static) num_threads(threads_for(n * 2 * h * h * d))
   for (int64_t t = 0; t < n; ++t) {
     const float* post = mix.post.data() + t * h;
@@ -168,13 +211,13 @@ void hc_post(KernelIsa isa, const HcShape& c, const HcMix& mix, const float* y, 
   }
 }
 
-void hc_head(KernelIsa isa, const HcShape& c, const HcSite& w, const float* x_hc, int64_t n, float* y) {
+void hc_head(KernelIsa isa, const HcShape& c, const HcSite& w, const float* x_hc, int64_t n, float* y, bool exact) {
   const int64_t h = c.copies;
-  std::vector<float> mixes = hc_mixes(isa, c, w, x_hc, n);
+  std::vector<float> mixes = hc_mixes(isa, c, w, x_hc, n, exact);
   for (int64_t t = 0; t < n; ++t) {
     float pre[16];
     for (int64_t j = 0; j < h; ++j) pre[j] = sigmoid(mixes[size_t(t * h + j)] * w.scale[0] + w.base[j]) + c.eps;
-    collapse(isa, c, x_hc + t * h * c.dim, pre, y + t * c.dim);
+    collapse(isa, c, x_hc + t * h * c.dim, pre, y + t * c.dim, exact);
   }
 }
 

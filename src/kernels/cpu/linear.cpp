@@ -29,19 +29,6 @@ namespace {
 
 // ---------------------------------------------------------------- scalar ---
 
-// The input in the weight's storage order.
-void to_storage_order(const Linear& w, const float* x, float* out) {
-  if (w.format != WeightFormat::FP4_BLOCK32) {
-    std::copy_n(x, w.cols, out);
-    return;
-  }
-  for (int64_t b = 0; b < w.cols; b += 32)
-    for (int k = 0; k < 16; ++k) {
-      out[b + k] = x[b + 2 * k];
-      out[b + 16 + k] = x[b + 2 * k + 1];
-    }
-}
-
 double dot_scalar(const Linear& w, int64_t row, const float* x) {
   double sum = 0.0;
   float wv[16];
@@ -134,14 +121,14 @@ double linear_dot_reference(const Linear& w, int64_t row, const float* x) {
 namespace {
 
 // Inputs in storage order (rounded through FP8 if asked: the round trip
-// works on 128-column blocks, which the FP4 storage order only permutes
-// within), packed for the GEMM when `packed`. `row` is the thread's scratch row.
+// works on 128- or 32-column blocks, which the FP4 storage order only
+// permutes within), packed for the GEMM when `packed`. `row` is the thread's scratch row.
 void prepare_token(const Linear& w, const float* x, int64_t n, int64_t t, bool packed, bool outer, float* row,
                    float* xs) {
   const int64_t cols = w.cols;
   float* dst = packed ? row : xs + t * cols;
   to_storage_order(w, x + t * cols, dst);
-  if (w.quantize_input) fp8_round_trip(dst, cols, 128);
+  if (w.quantize_input) fp8_round_trip(dst, cols, w.input_block);
   if (packed && outer)
     pack_token_outer(dst, cols, n, t, xs);
   else if (packed)

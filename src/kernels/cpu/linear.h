@@ -36,6 +36,15 @@ inline void linear_forward_many(const LinearProduct* products, size_t count) {
   linear_forward_many(active_kernel_isa(), products, count);
 }
 
+// The exact numerics' product (exact_sums.h): every weight decoded to a
+// float, times the (rounded) input in double, summed in double in the
+// fixed lane order; one rounding to float at the end. Slower than the
+// canonical order (products of all formats stay exact, the sum does not
+// lose the fp32 lanes' bits), used where results must agree with a
+// reference to a few units of the last place (V4.1's golden data).
+void linear_forward_exact(KernelIsa isa, const Linear& w, const float* x, int64_t n, float* y, int64_t row_begin = 0,
+                          int64_t row_end = -1, int64_t y_stride = -1);
+
 // Decodes one weight row to floats (embedding lookups, tests).
 void linear_decode_row(const Linear& w, int64_t row, float* out);
 

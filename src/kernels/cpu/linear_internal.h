@@ -58,6 +58,19 @@ inline void decode16_storage(const Linear& w, int64_t row, int64_t i0, float* ou
   for (int l = 0; l < 16; ++l) out[l] = e2m1_to_float(odd ? p[l] >> 4 : p[l] & 15) * s;
 }
 
+// The input in the weight's storage order.
+inline void to_storage_order(const Linear& w, const float* x, float* out) {
+  if (w.format != WeightFormat::FP4_BLOCK32) {
+    std::copy_n(x, w.cols, out);
+    return;
+  }
+  for (int64_t b = 0; b < w.cols; b += 32)
+    for (int k = 0; k < 16; ++k) {
+      out[b + k] = x[b + 2 * k];
+      out[b + 16 + k] = x[b + 2 * k + 1];
+    }
+}
+
 // The canonical order (see linear.h): within each chunk of kChunk columns,
 // element i goes to fp32 lane i mod 16 with one fused multiply-add, in
 // increasing i; the 16 lanes are folded in double in a fixed tree; the chunk

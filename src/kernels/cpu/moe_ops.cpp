@@ -60,7 +60,11 @@ void moe_route(float* scores, int64_t n, int64_t experts, int64_t k, const float
 // products (linear_forward_many: the same bits as one call each), so the
 // routed experts of a decode step stream back to back.
 void experts(KernelIsa isa, const float* x, int64_t rows, int64_t dim, int64_t inter, const ExpertTask* tasks,
-             size_t count, float swiglu_limit, float* out) {
+             size_t count, float swiglu_limit, float* out, bool exact) {
+  auto run = [&](std::vector<LinearProduct>& products) {
+    if (!exact) return linear_forward_many(isa, products.data(), products.size());
+    for (const LinearProduct& p : products) linear_forward_exact(isa, *p.w, p.x, p.n, p.y);
+  };
   const int64_t D = dim, I = inter;
   std::vector<int64_t> offset(count);
   int64_t pairs = 0;
@@ -76,7 +80,7 @@ void experts(KernelIsa isa, const float* x, int64_t rows, int64_t dim, int64_t i
     products.push_back({task.w1, xin.data() + offset[k] * D, task.count, a.data() + offset[k] * I});
     products.push_back({task.w3, xin.data() + offset[k] * D, task.count, b.data() + offset[k] * I});
   }
-  linear_forward_many(isa, products.data(), products.size());
+  run(products);
   products.clear();
   for (size_t k = 0; k < count; ++k) {
     const ExpertTask& task = tasks[k];
@@ -86,7 +90,7 @@ void experts(KernelIsa isa, const float* x, int64_t rows, int64_t dim, int64_t i
              weighted ? task.weights[i] : 1.0f, weighted);
     products.push_back({task.w2, a.data() + offset[k] * I, task.count, y.data() + offset[k] * D});
   }
-  linear_forward_many(isa, products.data(), products.size());
+  run(products);
   std::fill(out, out + rows * D, 0.0f);
   for (size_t k = 0; k < count; ++k)
     for (int64_t i = 0; i < tasks[k].count; ++i)

@@ -6,6 +6,9 @@
 #include <cmath>
 #include <numeric>
 
+#include "kernels/cpu/exact_sums.h"
+#include "kernels/cpu/ops.h"
+
 namespace dsv4 {
 
 // dot_fixed and add_scaled use fused multiply-adds (one rounding each): the
@@ -213,5 +216,14 @@ std::vector<int32_t> top_k_indices(const float* scores, int64_t n, int64_t k) {
   std::sort(idx.begin(), idx.end());
   return idx;
 }
+
+namespace cpu {
+
+void rms_norm_exact(float* x, const float* w, int64_t n, float eps, KernelIsa isa) {
+  const double inv = 1.0 / std::sqrt(sum_of_squares_exact(x, n, isa) / double(n) + double(eps));
+  for (int64_t i = 0; i < n; ++i) x[i] = float((w ? double(w[i]) : 1.0) * (double(x[i]) * inv));
+}
+
+}  // namespace cpu
 
 }  // namespace dsv4

@@ -1,0 +1,179 @@
+// DeepSeek-V4.1 compressed attention (docs/v41.md). Layers of one ratio form
+// a group: its KV source compresses (ratio 2: gated pooling of two tokens,
+// ratio 1: one row per token), rounds each row to FP4 with E4M3 scales and
+// derives the index keys from the unrotated row; index sources score those
+// keys with their own queries (after the candidate source, only inside its
+// candidate blocks) and pick the top-k; every layer of the group attends the
+// latest selection over the source's rows, plus its own window. This file
+// decides what each row sees; the backend computes.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "model/layers.h"
+
+namespace dsv4 {
+
+namespace {
+
+// The KV source's compressor: every token of each segment goes through the
+// partial group in order (prefill chunks and decode alike); each completed
+// row is normed, turned into its index key, rotated at its group's first
+// position and rounded into the layer's compressed rows.
+void compress_rows(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w, const RopeTable& rope,
+                   const LayerLayout& layout, const std::vector<Segment>& segments, const float* x, int64_t n_rows) {
+  const int64_t m = layout.ratio, width = c.head_dim, key_width = c.index_head_dim, rd = c.rope_dim;
+  Buffer kv = kb.buffer(n_rows * width), score = kb.buffer(m > 1 ? n_rows * width : 0);
+  kb.linear(w.compressor.wkv, x, n_rows, kv.data());
+  if (m > 1) kb.linear(w.compressor.wgate, x, n_rows, score.data());
+
+  std::vector<float> latents;
+  std::vector<int64_t> row_position;
+  std::vector<LayerState*> owner;
+  std::vector<const float*> kv_of(static_cast<size_t>(m)), score_of(static_cast<size_t>(m));
+  std::vector<float> pooled(static_cast<size_t>(width));
+  for (const Segment& s : segments) {
+    CompressorState& state = s.state->compressor;
+    for (int64_t t = 0; t < s.n; ++t) {
+      const int64_t pos = s.start + t;
+      const float* kv_t = kv.data() + (s.row0 + t) * width;
+      if (m == 1) {
+        latents.insert(latents.end(), kv_t, kv_t + width);
+      } else {
+        const int64_t slot = pos % m;
+        state.save(pos, slot * width, width);
+        std::memcpy(state.kv.data() + slot * width, kv_t, size_t(width) * 4);
+        std::memcpy(state.score.data() + slot * width, score.data() + (s.row0 + t) * width, size_t(width) * 4);
+        if ((pos + 1) % m != 0) continue;
+        for (int64_t k = 0; k < m; ++k) {
+          kv_of[size_t(k)] = state.kv.data() + k * width;
+          score_of[size_t(k)] = state.score.data() + k * width;
+        }
+        kb.softmax_pool(kv_of.data(), score_of.data(), m, width, pooled.data());
+        latents.insert(latents.end(), pooled.begin(), pooled.end());
+      }
+      row_position.push_back(pos + 1 - m);  // a row sits at its group's first token
+      owner.push_back(s.state);
+    }
+  }
+  const int64_t rows = int64_t(owner.size());
+  if (rows == 0) return;
+  kb.rms_norm(latents.data(), rows, width, width, w.compressor.norm.data(), c.norm_eps);
+  // Index keys come from the row before its rotation.
+  Buffer keys = kb.buffer(rows * key_width);
+  kb.linear(w.indexer.wk, latents.data(), rows, keys.data());
+  kb.rms_norm(keys.data(), rows, key_width, key_width, w.indexer.k_norm.data(), c.norm_eps);
+  kb.rope(keys.data() + key_width - rd, rows, key_width, row_position.data(), 1, rope, false);
+  kb.fp4_round(keys.data(), rows, key_width, key_width, 32);
+  kb.rope(latents.data() + width - rd, rows, width, row_position.data(), 1, rope, false);
+  for (int64_t i = 0; i < rows; ++i) {
+    owner[size_t(i)]->index_keys.append(keys.data() + i * key_width);
+    owner[size_t(i)]->compressed_fp4.append_rounding(latents.data() + i * width);
+  }
+}
+
+// An index source's selection for every row: its own FP4 queries against
+// the group's index keys (no Hadamard in V4.1).
+void select_rows(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w, const RopeTable& rope,
+                 const LayerLayout& layout, const std::vector<Segment>& segments, const RowMap& rows,
+                 GroupedShared& shared, const float* x, const float* qr, int64_t n_rows) {
+  const int64_t heads = c.index_n_heads, hd = c.index_head_dim;
+  Buffer q = kb.buffer(n_rows * heads * hd), head_weights = kb.buffer(n_rows * heads);
+  kb.linear(w.indexer.wq_b, qr, n_rows, q.data());
+  kb.linear(w.indexer.weights_proj, x, n_rows, head_weights.data());
+  kb.rope(q.data() + hd - c.rope_dim, n_rows * heads, hd, rows.position.data(), heads, rope, false);
+  kb.fp4_round(q.data(), n_rows * heads, hd, hd, 32);
+  kb.scale(head_weights.data(), n_rows * heads, 1.0f / std::sqrt(float(hd)) * (1.0f / std::sqrt(float(heads))));
+
+  std::vector<std::vector<float>> decoded(segments.size());
+  for (size_t k = 0; k < segments.size(); ++k) {
+    const Segment& s = segments[k];
+    const Fp4Rows& source = s.sequence->layers[size_t(layout.kv_group)].index_keys;
+    const int64_t count = layout.visible_rows(s.start + s.n - 1);
+    decoded[k].resize(size_t(count * hd));
+    for (int64_t i = 0; i < count; ++i) source.decode(i, decoded[k].data() + i * hd);
+  }
+  std::vector<const float*> keys(static_cast<size_t>(n_rows));
+  std::vector<int64_t> visible(static_cast<size_t>(n_rows));
+  std::vector<const uint8_t*> allowed(static_cast<size_t>(n_rows), nullptr);
+  for (int64_t r = 0; r < n_rows; ++r) {
+    keys[size_t(r)] = decoded[size_t(rows.owner[size_t(r)] - segments.data())].data();
+    visible[size_t(r)] = layout.visible_rows(rows.position[size_t(r)]);
+    if (layout.uses_candidates) allowed[size_t(r)] = shared.candidates[size_t(r)].data();
+  }
+  IndexerSelect problem{q.data(), head_weights.data(), n_rows, heads, hd, keys.data(), visible.data(), c.index_topk,
+                        &shared.selected};
+  if (layout.candidate_source) {
+    problem.candidate_blocks = c.candidate_topk_blocks;
+    problem.candidate_block_size = c.candidate_block_size;
+    problem.candidates = &shared.candidates;
+  }
+  if (layout.uses_candidates) problem.allowed = allowed.data();
+  kb.indexer_select(problem);
+}
+
+}  // namespace
+
+void attention_grouped(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w, const RopeTable& rope,
+                       const LayerLayout& layout, int64_t layer, const std::vector<Segment>& segments,
+                       GroupedShared& shared, const float* x, int64_t n_rows, float* out) {
+  const int64_t H = c.n_heads, hd = c.head_dim, win = c.window, n = n_rows;
+  const RowMap rows(segments, n);
+  AttentionQueries queries = attention_queries(kb, c, w, rope, rows.position.data(), x, n, false);
+  Buffer kv = attention_kv_rows(kb, c, w, rope, rows.position.data(), x, n);
+  // The source writes its rows (and keys) before anyone selects or reads.
+  if (layout.kv_group == layer) compress_rows(kb, c, w, rope, layout, segments, x, n);
+  if (layout.index_group == layer) select_rows(kb, c, w, rope, layout, segments, rows, shared, x, queries.qr.data(), n);
+  const std::vector<std::vector<int32_t>>& selected = shared.selected;
+
+  // Per sequence: the window rows before the chunk and the selected
+  // compressed rows of the source, decoded once.
+  struct Decoded {
+    std::vector<float> window, rows;
+    std::vector<int64_t> row_of;
+  };
+  std::vector<Decoded> cache(segments.size());
+  for (size_t k = 0; k < segments.size(); ++k) {
+    const Segment& s = segments[k];
+    Decoded& d = cache[k];
+    const int64_t first = std::max<int64_t>(0, s.start - win + 1);
+    d.window.resize(size_t((s.start - first) * hd));
+    for (int64_t p = first; p < s.start; ++p) s.state->window.decode(p % win, d.window.data() + (p - first) * hd);
+    const Fp4ScaledRows& source = s.sequence->layers[size_t(layout.kv_group)].compressed_fp4;
+    d.row_of.assign(size_t(layout.visible_rows(s.start + s.n - 1)), -1);
+    for (int64_t t = s.row0; t < s.row0 + s.n; ++t)
+      for (int32_t i : selected[size_t(t)]) d.row_of[size_t(i)] = 0;
+    int64_t used = 0;
+    for (int64_t& slot : d.row_of)
+      if (slot == 0) slot = used++;
+    d.rows.resize(size_t(used * hd));
+    for (int64_t i = 0; i < int64_t(d.row_of.size()); ++i)
+      if (d.row_of[size_t(i)] >= 0) source.decode(i, d.rows.data() + d.row_of[size_t(i)] * hd);
+  }
+
+  // Keys of every row in a fixed order: selected rows by id, then the
+  // window by position (independent of chunking and batching).
+  std::vector<const float*> keys;
+  std::vector<int64_t> key_begin(static_cast<size_t>(n + 1));
+  for (int64_t t = 0; t < n; ++t) {
+    key_begin[size_t(t)] = int64_t(keys.size());
+    const int64_t pos = rows.position[size_t(t)];
+    const Segment& seg = *rows.owner[size_t(t)];
+    const Decoded& d = cache[size_t(&seg - segments.data())];
+    for (int32_t i : selected[size_t(t)]) keys.push_back(d.rows.data() + d.row_of[size_t(i)] * hd);
+    const int64_t window_first = std::max<int64_t>(0, seg.start - win + 1);
+    for (int64_t p = std::max<int64_t>(0, pos - win + 1); p <= pos; ++p)
+      keys.push_back(p >= seg.start ? kv.data() + (seg.row0 + p - seg.start) * hd
+                                    : d.window.data() + (p - window_first) * hd);
+  }
+  key_begin[size_t(n)] = int64_t(keys.size());
+  Buffer o = kb.buffer(n * H * hd);
+  kb.sink_attention({queries.q.data(), n, H, hd, keys.data(), key_begin.data(), w.sink.data(),
+                     1.0f / std::sqrt(float(hd)), o.data()});
+  for (const Segment& s : segments)
+    for (int64_t t = 0; t < s.n; ++t) s.state->write_window(s.start + t, kv.data() + (s.row0 + t) * hd);
+  attention_output(kb, c, w, rope, rows.position.data(), o.data(), n, out);
+}
+
+}  // namespace dsv4
