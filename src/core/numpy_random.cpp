@@ -62,7 +62,7 @@ std::vector<uint32_t> seed_pool(uint64_t seed) {
   return pool;
 }
 
-// The (low, high) halves of a u128 multiply, plus helpers for readability.
+// High and low 64-bit halves of a 128-bit value.
 uint64_t hi64(u128 x) { return static_cast<uint64_t>(x >> 64); }
 uint64_t lo64(u128 x) { return static_cast<uint64_t>(x); }
 
