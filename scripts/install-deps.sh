@@ -3,7 +3,7 @@
 # Idempotent; skips apt entirely when everything is already there.
 set -euo pipefail
 PACKAGES=(build-essential cmake ninja-build pkg-config ca-certificates curl
-          nlohmann-json3-dev libcli11-dev libpcre2-dev libcpp-httplib-dev libboost-dev
+          nlohmann-json3-dev libcli11-dev libpcre2-dev libicu-dev libcpp-httplib-dev libboost-dev
           libgtest-dev libbenchmark-dev libdnnl-dev clang libclang-rt-14-dev python3
           # Debian builds oneDNN with its OpenCL runtime: its CMake package config
           # calls find_package(OpenCL) and fails without these two.
