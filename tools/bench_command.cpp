@@ -18,6 +18,7 @@
 #include "bench_costs.h"
 #include "bench_speculative.h"
 #include "commands.h"
+#include "engram_setup.h"
 #include "core/error.h"
 #include "core/machine.h"
 #include "core/threads.h"
@@ -54,6 +55,7 @@ int run_bench(const BenchArgs& a) {
   LoadOptions load_options;
   load_options.progress = load_progress;
   load_options.no_mmap = a.no_mmap;
+  load_options.engram_token_map = engram_token_map_for(a.model);
   std::shared_ptr<Model> model = Model::load(a.model, load_options);
   {
     // Page faults belong to loading, not to the first timed steps.

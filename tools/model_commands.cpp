@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "commands.h"
+#include "engram_setup.h"
 #include "core/error.h"
 #include "core/threads.h"
 #include "model/model.h"
@@ -123,6 +124,7 @@ int run_logits(const std::string& model_dir, const std::string& tokens_spec, con
   if (!dspark_spec.empty()) dspark_positions = parse_token_list(dspark_spec);
   LoadOptions options;
   options.progress = load_progress;
+  options.engram_token_map = engram_token_map_for(model_dir);
   auto model = Model::load(model_dir, options);
   const ModelConfig& c = model->config();
   if (mtp && !model->has_mtp()) throw Error("--mtp given but the checkpoint has no MTP block");

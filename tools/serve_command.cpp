@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "commands.h"
+#include "engram_setup.h"
 #include "core/error.h"
 #include "core/machine.h"
 #include "core/threads.h"
@@ -279,6 +280,7 @@ int run_serve(ServeArgs& a) {
   LoadOptions load_options;
   load_options.progress = load_progress;
   load_options.no_mmap = a.no_mmap;
+  load_options.engram_token_map = engram_token_map_for(model_dir, a.tokenizer_path);
   auto model = std::shared_ptr<Model>(Model::load(model_dir, load_options));
   std::string tok_path = a.tokenizer_path.empty() ? (fs::path(model_dir) / "tokenizer.json").string()
                                                   : (fs::is_directory(a.tokenizer_path)

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/numpy_random.h"
 #include "model/layers.h"
 
 namespace dsv4 {
@@ -36,7 +37,8 @@ EngramHasher load_engram_hasher(const ModelConfig& c, const std::string& dir, st
     if (tables.contains("hash_multipliers"))
       multipliers = tables["hash_multipliers"].get<std::vector<std::vector<int64_t>>>();
     else
-      throw Error("this DeepSeek-V4.1 checkpoint needs Engram hash multipliers (engram_tokenizer.json)");
+      for (int64_t layer : c.engram_layer_ids)
+        multipliers.push_back(engram_hash_multipliers(layer, c.engram_max_ngram_size, c.engram_compressed_vocab_size));
     return EngramHasher(c, std::move(token_map), std::move(multipliers));
   } catch (const nlohmann::json::exception& e) {
     throw Error(file.string() + ": " + e.what());
