@@ -22,9 +22,12 @@ void register_make_model_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--out", a->out, "Output directory")->required();
   cmd->add_option(
          "--preset", a->spec.preset,
-         "smoke (tiny, real tokenizer), flash or pro (real shapes), flash-0731 or pro-0813 (with a DSpark head)")
-      ->check(CLI::IsMember({"smoke", "flash", "pro", "flash-0731", "pro-0813", "smoke-0731"}));
-  cmd->add_option("--layers", a->spec.layers, "Main layers (alternating CSA/HCA); default 2")->check(CLI::Range(1, 64));
+         "smoke (tiny, real tokenizer), flash or pro (real shapes), flash-0731 or pro-0813 (with a DSpark head), "
+         "v41 (DeepSeek-V4.1-Flash shapes) or smoke-v41 (tiny V4.1)")
+      ->check(CLI::IsMember({"smoke", "flash", "pro", "flash-0731", "pro-0813", "smoke-0731", "v41", "smoke-v41"}));
+  cmd->add_option("--layers", a->spec.layers,
+                  "Main layers (V4: alternating CSA/HCA; V4.1: a ratio-2 then a ratio-1 group); default 2 (smoke-v41: 4)")
+      ->check(CLI::Range(1, 64));
   cmd->add_option("--dtype", a->dtype, "fp8 (FP8 weights, FP4 experts, like the official files) or bf16")
       ->check(CLI::IsMember({"fp8", "bf16"}));
   cmd->add_option("--seed", a->spec.seed, "Random seed");

@@ -96,6 +96,7 @@ std::string model_variant(const ModelConfig& c) {
     return dspark ? "DeepSeek-V4-Flash-0731-shaped" : "DeepSeek-V4-Flash-shaped";
   if (c.dim == 7168 && c.n_routed_experts == 384)
     return dspark ? "DeepSeek-V4-Pro-0813-shaped" : "DeepSeek-V4-Pro-shaped";
+  if (c.v41 && c.dim == 5120 && c.n_routed_experts == 384) return "DeepSeek-V4.1-Flash-shaped";
   return c.architecture + " (custom shape)";
 }
 
@@ -150,7 +151,32 @@ void print_startup_summary(const Model& model, const Engine& engine, const Serve
   std::fprintf(stderr, "weights: %s (%s), %s\n", gib(model.weights().total_bytes).c_str(), formats.c_str(),
                a.no_mmap ? "copied into huge-page memory (--no-mmap)"
                          : "mapped from the checkpoint files (page cache; --no-mmap copies them)");
+  if (model.weights().converted_bytes > 0)
+    std::fprintf(stderr,
+                 "weights: %s of 32x32-block FP8 matrices expanded to BF16 in memory (exact; the FP8 kernels read "
+                 "128x128 blocks)\n",
+                 gib(model.weights().converted_bytes).c_str());
   std::fprintf(stderr, "%s\n", kernel_path_line().c_str());
+  if (model.backend().exact())
+    std::fprintf(stderr,
+                 "numerics: exact (products exact, sums in double: the V4.1 reference's roundings are reproduced; "
+                 "slower than the fp32-lane kernels)\n");
+  if (c.v41) {
+    std::string roles = "kv sources";
+    for (int64_t l : c.kv_source_layer_ids) roles += " " + std::to_string(l);
+    roles += ", index sources";
+    for (int64_t l : c.index_source_layer_ids) roles += " " + std::to_string(l);
+    if (c.candidate_source_layer_id >= 0)
+      roles += ", candidate source " + std::to_string(c.candidate_source_layer_id) + " (top " +
+               std::to_string(c.candidate_topk_blocks) + " blocks of " + std::to_string(c.candidate_block_size) + ")";
+    std::string engram = "Engram before layers";
+    for (int64_t l : c.engram_layer_ids) engram += " " + std::to_string(l);
+    std::fprintf(stderr, "V4.1 layout: %s; %s\n", roles.c_str(), c.has_engram() ? engram.c_str() : "no Engram");
+  }
+  if (model.weights().skipped_vision_tensors > 0 || c.has_vision) {
+    std::fprintf(stderr, "vision: %lld vision-tower tensors (%s) skipped; serving text only\n",
+                 (long long)model.weights().skipped_vision_tensors, gib(model.weights().skipped_vision_bytes).c_str());
+  }
   const EngineOptions& eo = engine.options();
   const std::string budget = eo.max_total_tokens > 0 ? std::to_string(eo.max_total_tokens) + " tokens" : "unlimited";
   std::fprintf(stderr, "memory: prefix cache %s, running-request token budget (max_total_tokens) %s\n",

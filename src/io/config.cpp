@@ -152,10 +152,11 @@ ModelConfig parse_config(const std::string& text, const std::string& origin) {
       if (j.contains(key) && !merged.contains(key)) merged[key] = j[key];
     c.has_vision = j.contains("vision_config") && j["vision_config"].is_object();
     const std::string root_type = j.value("model_type", "");
-    if (root_type != "deepseek_v41")
+    // The V4.1 model card spells it deepseek_v4.1; the config files deepseek_v41.
+    if (root_type != "deepseek_v41" && root_type != "deepseek_v4.1")
       throw Error(origin + ": unsupported model_type \"" + root_type + "\" with text_config (supported: deepseek_v41)");
     const std::string text_type = merged.value("model_type", "deepseek_v41_text");
-    if (text_type != "deepseek_v41_text")
+    if (text_type != "deepseek_v41_text" && text_type != "deepseek_v4.1_text")
       throw Error(origin + ": unsupported text_config.model_type \"" + text_type + "\" (supported: deepseek_v41_text)");
     merged["model_type"] = "deepseek_v41";
     j = std::move(merged);

@@ -20,6 +20,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 json synthetic_config(const SyntheticSpec& s) {
+  if (s.preset == "v41" || s.preset == "smoke-v41") return synthetic_config_v41(s);
   json c = {{"architectures", {"DeepseekV4ForCausalLM"}},
             {"model_type", "deepseek_v4"},
             {"attention_bias", false},
@@ -106,7 +107,8 @@ json synthetic_config(const SyntheticSpec& s) {
               {"routed_scaling_factor", 2.5},
               {"num_hash_layers", 0}});
   } else {
-    throw Error("unknown preset \"" + s.preset + "\" (smoke, flash, pro, flash-0731, pro-0813 or smoke-0731)");
+    throw Error("unknown preset \"" + s.preset +
+                "\" (smoke, flash, pro, flash-0731, pro-0813, smoke-0731, v41 or smoke-v41)");
   }
   // Real-shaped slices alternate CSA (ratio 4) and HCA (ratio 128) layers,
   // like the bulk of the official schedules; the MTP block is window-only.
@@ -147,7 +149,9 @@ namespace {
 
 // How a tensor's values are generated.
 enum class Fill { Gaussian, Ones, Zeros, HashTable };
-enum class Storage { BF16, F32, FP8, FP4, I64 };
+// FP8_ROWS: e4m3 values with one ue8m0 scale per 32 values of a row (the
+// V4.1 Engram tables).
+enum class Storage { BF16, F32, FP8, FP4, I64, FP8_ROWS };
 
 struct PlannedTensor {
   std::string name;
@@ -293,11 +297,16 @@ class CheckpointWriter {
       case Storage::F32: pieces_.push_back({name, DType::F32, shape, t.rows * t.cols * 4, src, false}); break;
       case Storage::I64: pieces_.push_back({name, DType::I64, shape, t.rows * t.cols * 8, src, false}); break;
       case Storage::FP8: {
-        int64_t sr = (rows + 127) / 128, sc = (cols + 127) / 128;
+        const int64_t block = c_.weight_block;
+        int64_t sr = (rows + block - 1) / block, sc = (cols + block - 1) / block;
         pieces_.push_back({name, DType::F8_E4M3, shape, rows * cols, src, false});
         pieces_.push_back({base + ".scale", DType::F8_E8M0, {sr, sc}, sr * sc, src, true});
         break;
       }
+      case Storage::FP8_ROWS:
+        pieces_.push_back({name, DType::F8_E4M3, shape, rows * cols, src, false});
+        pieces_.push_back({base + ".scale", DType::F8_E8M0, {rows, cols / 32}, rows * cols / 32, src, true});
+        break;
       case Storage::FP4:
         pieces_.push_back({name, DType::I8, {rows, cols / 2}, rows * cols / 2, src, false});
         pieces_.push_back({base + ".scale", DType::F8_E8M0, {rows, cols / 32}, rows * cols / 32, src, true});
@@ -338,19 +347,26 @@ class CheckpointWriter {
       add(cp + ".ape", Storage::F32, r, w2, 0.1f);
       add(cp + ".norm.weight", Storage::BF16, width, 0, 0, Fill::Ones);
     };
-    if (layout.compresses()) compressor(a + ".compressor", layout.ratio, c.head_dim);
+    if (layout.kind == LayerKind::Grouped) {
+      grouped_attention(a, layout, layer);
+    } else if (layout.compresses()) {
+      compressor(a + ".compressor", layout.ratio, c.head_dim);
+    }
     if (layout.has_indexer()) {
       linear(a + ".indexer.wq_b", c.index_n_heads * c.index_head_dim, c.q_lora_rank);
       add(a + ".indexer.weights_proj.weight", Storage::BF16, c.index_n_heads, D, 1.0f / std::sqrt(float(D)));
       compressor(a + ".indexer.compressor", layout.ratio, c.index_head_dim);
     }
+    if (std::find(c.engram_layer_ids.begin(), c.engram_layer_ids.end(), layer) != c.engram_layer_ids.end())
+      engram(p + ".engram", layer);
     const std::string f = p + ".ffn";
-    add(f + ".gate.weight", Storage::BF16, c.n_routed_experts, D, 1.0f / std::sqrt(float(D)));
+    const int64_t experts = c.routed_experts(layer);
+    add(f + ".gate.weight", Storage::BF16, experts, D, 1.0f / std::sqrt(float(D)));
     if (layer < c.n_hash_layers)
       add(f + ".gate.tid2eid", Storage::I64, c.vocab_size, c.n_activated_experts, 0, Fill::HashTable);
     else
-      add(f + ".gate.bias", Storage::F32, c.n_routed_experts, 0, 0, Fill::Zeros);
-    for (int64_t e = 0; e < c.n_routed_experts; ++e) {
+      add(f + ".gate.bias", Storage::F32, experts, 0, 0, Fill::Zeros);
+    for (int64_t e = 0; e < experts; ++e) {
       std::string ep = f + ".experts." + std::to_string(e);
       linear(ep + ".w1", c.moe_inter_dim, D, true);
       linear(ep + ".w2", D, c.moe_inter_dim, true);
@@ -361,15 +377,48 @@ class CheckpointWriter {
     linear(f + ".shared_experts.w3", c.moe_inter_dim, D);
   }
 
+  // V4.1: a KV source's compressor (gated for ratios above 1) and index
+  // keys' projection; an index source's queries.
+  void grouped_attention(const std::string& a, const LayerLayout& layout, int64_t layer) {
+    const ModelConfig& c = c_;
+    const int64_t D = c.dim;
+    if (layout.kv_group == layer) {
+      add(a + ".compressor.wkv.weight", Storage::BF16, c.head_dim, D, 1.0f / std::sqrt(float(D)));
+      if (layout.ratio > 1)
+        add(a + ".compressor.wgate.weight", Storage::BF16, c.head_dim, D, 1.0f / std::sqrt(float(D)));
+      add(a + ".compressor.norm.weight", Storage::BF16, c.head_dim, 0, 0, Fill::Ones);
+      add(a + ".indexer.wk.weight", Storage::BF16, c.index_head_dim, c.head_dim, 1.0f / std::sqrt(float(c.head_dim)));
+      add(a + ".indexer.k_norm.weight", Storage::BF16, c.index_head_dim, 0, 0, Fill::Ones);
+    }
+    if (layout.index_group == layer) {
+      linear(a + ".indexer.wq_b", c.index_n_heads * c.index_head_dim, c.q_lora_rank);
+      add(a + ".indexer.weights_proj.weight", Storage::BF16, c.index_n_heads, D, 1.0f / std::sqrt(float(D)));
+    }
+  }
+
+  // V4.1 Engram: the hashed rows' FP8 table, their projection and the gate.
+  void engram(const std::string& p, int64_t layer) {
+    const ModelConfig& c = c_;
+    const size_t slot = size_t(std::find(c.engram_layer_ids.begin(), c.engram_layer_ids.end(), layer) -
+                               c.engram_layer_ids.begin());
+    const int64_t columns = (c.engram_max_ngram_size - 1) * c.engram_n_heads;
+    add(p + ".embed.weight", Storage::FP8_ROWS, c.engram_num_embeddings[slot], c.engram_head_dim, 1.0f);
+    linear(p + ".wkv", (c.hc_mult + 1) * c.dim, columns * c.engram_head_dim);
+    add(p + ".q_weight", Storage::BF16, c.hc_mult, c.dim, 0, Fill::Ones);
+    add(p + ".k_weight", Storage::BF16, c.hc_mult, c.dim, 0, Fill::Ones);
+  }
+
   void plan() {
     const ModelConfig& c = c_;
     add("embed.weight", Storage::BF16, c.vocab_size, c.dim, 1.0f);
     for (int64_t l = 0; l < c.n_layers; ++l) block("layers." + std::to_string(l), l);
     add("norm.weight", Storage::BF16, c.dim, 0, 0, Fill::Ones);
     add("head.weight", Storage::BF16, c.vocab_size, c.dim, 1.0f / std::sqrt(float(c.dim)));
-    add("hc_head_fn", Storage::F32, c.hc_mult, c.hc_mult * c.dim, 0.01f / std::sqrt(float(c.hc_mult * c.dim)));
-    add("hc_head_base", Storage::F32, c.hc_mult, 0, 0, Fill::Zeros);
-    add("hc_head_scale", Storage::F32, 1, 0, 0, Fill::Ones);
+    if (!c.v41) {  // V4.1 collapses with the lagged pre: no HC head
+      add("hc_head_fn", Storage::F32, c.hc_mult, c.hc_mult * c.dim, 0.01f / std::sqrt(float(c.hc_mult * c.dim)));
+      add("hc_head_base", Storage::F32, c.hc_mult, 0, 0, Fill::Zeros);
+      add("hc_head_scale", Storage::F32, 1, 0, 0, Fill::Ones);
+    }
     for (int64_t k = 0; k < c.n_mtp_layers; ++k) {
       std::string p = "mtp." + std::to_string(k);
       block(p, c.n_layers + k);
@@ -388,12 +437,16 @@ class CheckpointWriter {
       add("mtp.0.main_norm.weight", Storage::BF16, c.dim, 0, 0, Fill::Ones);
       const std::string last = "mtp." + std::to_string(c.dspark_stages - 1);
       add(last + ".norm.weight", Storage::BF16, c.dim, 0, 0, Fill::Ones);
-      add(last + ".hc_head_fn", Storage::F32, c.hc_mult, c.hc_mult * c.dim,
-          0.01f / std::sqrt(float(c.hc_mult * c.dim)));
-      add(last + ".hc_head_base", Storage::F32, c.hc_mult, 0, 0, Fill::Zeros);
-      add(last + ".hc_head_scale", Storage::F32, 1, 0, 0, Fill::Ones);
-      add(last + ".markov_head.markov_w1.weight", Storage::BF16, c.vocab_size, rank, 1.0f);
-      add(last + ".markov_head.markov_w2.weight", Storage::BF16, c.vocab_size, rank, 1.0f / std::sqrt(float(rank)));
+      if (!c.v41) {
+        add(last + ".hc_head_fn", Storage::F32, c.hc_mult, c.hc_mult * c.dim,
+            0.01f / std::sqrt(float(c.hc_mult * c.dim)));
+        add(last + ".hc_head_base", Storage::F32, c.hc_mult, 0, 0, Fill::Zeros);
+        add(last + ".hc_head_scale", Storage::F32, 1, 0, 0, Fill::Ones);
+      }
+      const std::string w1 = c.v41 ? ".markov_head.embed.weight" : ".markov_head.markov_w1.weight";
+      const std::string w2 = c.v41 ? ".markov_head.head.weight" : ".markov_head.markov_w2.weight";
+      add(last + w1, Storage::BF16, c.vocab_size, rank, 1.0f);
+      add(last + w2, Storage::BF16, c.vocab_size, rank, 1.0f / std::sqrt(float(rank)));
       add(last + ".confidence_head.proj.weight", Storage::BF16, 1, c.dim + rank, 1.0f / std::sqrt(float(c.dim + rank)));
     }
   }
@@ -447,25 +500,31 @@ class CheckpointWriter {
         return;
       case Storage::F32: std::memcpy(out + r0 * cols * 4, v, size_t((r1 - r0) * cols) * 4); return;
       case Storage::I64: return;
-      case Storage::FP8: {
-        // One 128x128 block scale: the power of two that fits the block amax.
-        const int64_t sc = (cols + 127) / 128;
-        for (int64_t cb = 0; cb < sc; ++cb) {
-          int64_t c0 = cb * 128, c1 = std::min(cols, c0 + 128);
-          float amax = 1e-30f;
-          for (int64_t r = r0; r < r1; ++r)
-            for (int64_t c = c0; c < c1; ++c) amax = std::max(amax, std::fabs(v[(r - r0) * cols + c]));
-          float scale = pow2_ceil(amax / 448.0f);
-          if (p.is_scale) {
-            out[(r0 / 128) * sc + cb] = e8m0_code(scale);
-            continue;
-          }
-          for (int64_t r = r0; r < r1; ++r)
-            for (int64_t c = c0; c < c1; ++c) {
-              float q = round_to_e4m3(std::clamp(v[(r - r0) * cols + c] / scale, -448.0f, 448.0f));
-              out[r * cols + c] = e4m3_code(q);
+      case Storage::FP8:
+      case Storage::FP8_ROWS: {
+        // One scale per block (128x128 in V4, 32x32 in V4.1, 1x32 for the
+        // Engram rows): the power of two that fits the block amax. The
+        // generated row ranges start on block boundaries.
+        const int64_t rb = t.storage == Storage::FP8_ROWS ? 1 : c_.weight_block;
+        const int64_t cbw = t.storage == Storage::FP8_ROWS ? 32 : c_.weight_block;
+        const int64_t sc = (cols + cbw - 1) / cbw;
+        for (int64_t b0 = r0; b0 < r1; b0 += rb)
+          for (int64_t cb = 0; cb < sc; ++cb) {
+            const int64_t b1 = std::min(r1, b0 + rb), c0 = cb * cbw, c1 = std::min(cols, c0 + cbw);
+            float amax = 1e-30f;
+            for (int64_t r = b0; r < b1; ++r)
+              for (int64_t c = c0; c < c1; ++c) amax = std::max(amax, std::fabs(v[(r - r0) * cols + c]));
+            float scale = pow2_ceil(amax / 448.0f);
+            if (p.is_scale) {
+              out[(b0 / rb) * sc + cb] = e8m0_code(scale);
+              continue;
             }
-        }
+            for (int64_t r = b0; r < b1; ++r)
+              for (int64_t c = c0; c < c1; ++c) {
+                float q = round_to_e4m3(std::clamp(v[(r - r0) * cols + c] / scale, -448.0f, 448.0f));
+                out[r * cols + c] = e4m3_code(q);
+              }
+          }
         return;
       }
       case Storage::FP4: {
@@ -513,7 +572,10 @@ void write_synthetic_checkpoint(const SyntheticSpec& spec, const std::string& di
     for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
       fs::path src = fs::path(tokenizer_dir) / f;
       if (!fs::exists(src)) throw Error("tokenizer file missing: " + src.string());
-      fs::copy_file(src, fs::path(dir) / f, fs::copy_options::overwrite_existing);
+      if (c.v41 && std::string(f) == "tokenizer.json")
+        write_v41_tokenizer(src.string(), (fs::path(dir) / f).string());
+      else
+        fs::copy_file(src, fs::path(dir) / f, fs::copy_options::overwrite_existing);
     }
 }
 

@@ -11,7 +11,7 @@
 namespace dsv4 {
 
 struct SyntheticSpec {
-  std::string preset = "smoke";  // smoke | flash | pro
+  std::string preset = "smoke";  // smoke | flash | pro | ... (see synthetic_config)
   int64_t layers = -1;           // main layers; -1 = the preset's default
   bool fp8 = true;               // FP8 weights + FP4 experts, else all BF16
   uint64_t seed = 1234;
@@ -19,6 +19,12 @@ struct SyntheticSpec {
 
 // The config.json of a preset (HF root-style keys, as the official files).
 nlohmann::json synthetic_config(const SyntheticSpec& spec);
+// V4.1 presets (model/synthetic_v41.cpp): v41 has the released V4.1-Flash
+// dimensions, smoke-v41 small ones; both with text_config, layer roles,
+// Engram layers and a DSpark head.
+nlohmann::json synthetic_config_v41(const SyntheticSpec& spec);
+// The V4 tokenizer with the two special tokens V4.1 renamed.
+void write_v41_tokenizer(const std::string& v4_tokenizer_json, const std::string& out_path);
 
 // Writes config.json, the safetensors shard(s) (+ index when sharded) and,
 // when `tokenizer_dir` is given, tokenizer.json / tokenizer_config.json into

@@ -392,6 +392,15 @@ ModelWeights bind_weights(const ModelConfig& c, const TensorStore& store,
     d.confidence = b.linear(last + ".confidence_head.proj", 1, c.dim + c.dspark_markov_rank, Storage::Dense);
     w.dspark = std::move(d);
   }
+  // V4.1's vision tower (ViT, aligner, image span embeddings): not used
+  // until vision exists; counted so that the startup log can say so.
+  for (const auto& [name, info] : store.tensors())
+    for (const char* prefix : {"vision.", "aligner.", "image_start", "image_end", "image_newline"})
+      if (name.rfind(prefix, 0) == 0) {
+        ++w.skipped_vision_tensors;
+        w.skipped_vision_bytes += info.nbytes;
+        break;
+      }
   w.total_bytes = b.total_bytes;
   return w;
 }

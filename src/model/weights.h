@@ -115,6 +115,8 @@ struct ModelWeights {
   // exactly); the Linears above point into them.
   std::vector<std::unique_ptr<uint16_t[]>> converted;
   int64_t converted_bytes = 0;
+  // Vision-tower tensors of a V4.1 checkpoint, left unbound (text only).
+  int64_t skipped_vision_tensors = 0, skipped_vision_bytes = 0;
 };
 
 // progress(done, total) is called while binding layers (load progress bars).

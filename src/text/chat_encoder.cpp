@@ -691,7 +691,7 @@ EncoderProfile select_profile(const ojson& config, std::string_view tool_call_pa
     v4 = true;
   } else {
     const ojson& mt = get_or_null(config, "model_type");
-    if (mt == "deepseek_v41") v41 = true;
+    if (mt == "deepseek_v41" || mt == "deepseek_v4.1") v41 = true;
     const ojson& arch = get_or_null(config, "architectures");
     if (arch.is_array()) {
       for (const auto& a : arch) {
