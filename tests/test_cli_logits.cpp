@@ -70,6 +70,57 @@ TEST(CliLogits, InlineTokensWithoutMtpHaveOnlyLogits) {
   fs::remove(out);
 }
 
+// --dspark: the V4.1 golden drafts through the stable CLI, independent of
+// --prefill / --chunk-size / --threads, in the order of the positions.
+TEST(CliLogits, DsparkDraftsMatchGoldenWhateverTheSchedule) {
+  const std::string model = model_dir("tiny-v41-flash");
+  TensorStore g = TensorStore::open(model + "/golden.safetensors");
+  std::vector<int32_t> tokens = read_i32(g, "tokens");
+  for (int32_t t : read_i32(g, "decode_tokens")) tokens.push_back(t);
+  const std::vector<int32_t> positions = {340, 335, 350};  // decode-route positions, out of order
+  fs::path ids = temp_path("v41_ids.txt"), pos = temp_path("v41_pos.txt");
+  {
+    std::ofstream f(ids), p(pos);
+    for (size_t i = 0; i < tokens.size(); ++i) f << tokens[i] << (i + 1 < tokens.size() ? "," : "\n");
+    p << "340\n335\n350\n";
+  }
+  const std::vector<int32_t> golden_positions = read_i32(g, "dspark.positions");
+  const std::vector<float> golden_logits = read_f32(g, "dspark.logits");
+  const std::vector<int32_t> golden_ids = read_i32(g, "dspark.draft_ids");
+  std::vector<float> first;
+  for (const std::string& schedule : {std::string(" --prefill 333"), std::string(" --prefill 300 --chunk-size 17 --threads 1")}) {
+    fs::path out = temp_path("v41_out.safetensors");
+    CommandResult r = run("logits --model " + model + " --tokens @" + ids.string() + " --out " + out.string() +
+                          " --dspark @" + pos.string() + schedule);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    TensorStore s = TensorStore::open(out.string());
+    EXPECT_EQ(s.get("dspark_logits").shape, (std::vector<int64_t>{3, 5, 512}));
+    EXPECT_EQ(s.get("dspark_ids").shape, (std::vector<int64_t>{3, 6}));
+    EXPECT_EQ(s.get("dspark_ids").dtype, DType::I32);
+    EXPECT_EQ(s.get("dspark_confidence").shape, (std::vector<int64_t>{3, 5}));
+    const std::vector<float> logits = read_f32(s, "dspark_logits");
+    const std::vector<int32_t> out_ids = read_i32(s, "dspark_ids");
+    for (size_t i = 0; i < positions.size(); ++i) {
+      const size_t k = size_t(std::find(golden_positions.begin(), golden_positions.end(), positions[i]) -
+                              golden_positions.begin());
+      ASSERT_LT(k, golden_positions.size());
+      for (size_t j = 0; j < 6; ++j) EXPECT_EQ(out_ids[i * 6 + j], golden_ids[k * 6 + j]);
+      for (size_t j = 0; j < 5 * 512; ++j) EXPECT_NEAR(logits[i * 2560 + j], golden_logits[k * 2560 + j], 1e-3);
+    }
+    if (first.empty())
+      first = logits;
+    else
+      EXPECT_EQ(first, logits) << "drafts depend on the schedule";
+    fs::remove(out);
+  }
+  CommandResult past_end = run("logits --model " + model + " --tokens 0,5,6 --out " + temp_path("x").string() +
+                               " --dspark 2");
+  EXPECT_NE(past_end.exit_code, 0);
+  EXPECT_NE(past_end.output.find("--dspark position 2 needs token 3"), std::string::npos) << past_end.output;
+  fs::remove(ids);
+  fs::remove(pos);
+}
+
 TEST(CliLogits, FailuresAreOneClearLineAndNonZeroExit) {
   fs::path out = temp_path("never.safetensors");
   CommandResult missing = run("logits --model /nonexistent --tokens 1,2 --out " + out.string());
