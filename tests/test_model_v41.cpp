@@ -214,3 +214,48 @@ TEST(V41Golden, RollbackAndSnapshotAreBitwise) {
 
 }  // namespace
 }  // namespace dsv4::test
+
+namespace dsv4::test {
+namespace {
+
+// Bounded replay: the late layers run on the prompt's last window only. Not
+// the bits of a full prefill (late-layer windows start empty), but close;
+// the test reports how close, and checks what must hold exactly: a replay
+// point at or before the chunk changes nothing, and a replayed prefill in
+// chunks gives the bits of a replayed prefill in one piece.
+TEST(V41Replay, LastWindowOnlyIsCloseAndScheduleIndependent) {
+  V41Case& c = v41();
+  const Model& m = *c.model;
+  const int64_t V = m.config().vocab_size, T = c.prompt_len, N = int64_t(c.tokens.size());
+  ASSERT_EQ(m.replay_layer(), 6);
+  auto run = [&](int64_t replay_from, int64_t chunk) {
+    SequenceState s = m.new_state();
+    std::vector<float> logits(size_t((N - T + 1) * V));
+    for (int64_t b = 0; b < T; b += chunk) {
+      const int64_t n = std::min(chunk, T - b);
+      BatchItem item{&s, c.tokens.data() + b, n, b + n == T ? logits.data() : nullptr};
+      item.last_logits_only = true;
+      item.replay_from = replay_from;
+      m.forward_batch({item});
+    }
+    for (int64_t p = T; p < N; ++p) m.forward(s, c.tokens.data() + p, 1, logits.data() + (p - T + 1) * V);
+    return logits;
+  };
+  const std::vector<float> full = run(-1, T), replayed = run(T - m.config().window, T);
+  EXPECT_EQ(run(0, T), full) << "a replay point at the start changes nothing";
+  EXPECT_EQ(run(T - m.config().window, 50), replayed) << "replay in chunks";
+  double worst = 0, first = 0;
+  for (int64_t r = 0; r <= N - T; ++r) {
+    double e = 0;
+    for (int64_t v = 0; v < V; ++v) e = std::max(e, double(std::fabs(full[size_t(r * V + v)] - replayed[size_t(r * V + v)])));
+    worst = std::max(worst, e);
+    if (r == 0) first = e;
+  }
+  std::printf("bounded replay vs full prefill: last prompt logits max |diff| %.3g, over the %lld decode steps after %.3g\n",
+              first, (long long)(N - T), worst);
+  EXPECT_GT(worst, 0.0);
+  EXPECT_LT(first, 5.0);
+}
+
+}  // namespace
+}  // namespace dsv4::test

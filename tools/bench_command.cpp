@@ -44,6 +44,7 @@ struct BenchArgs {
   std::string speculative;  // EAGLE or NGRAM: also bench speculative decoding
   std::vector<double> accept_lens = {2, 3, 4};
   bool no_mmap = false;
+  std::string numerics = "auto";  // auto (the model's default), exact or fast
 };
 
 }  // namespace
@@ -56,7 +57,11 @@ int run_bench(const BenchArgs& a) {
   load_options.progress = load_progress;
   load_options.no_mmap = a.no_mmap;
   load_options.engram_token_map = engram_token_map_for(a.model);
+  if (a.numerics != "auto")
+    load_options.backend = a.numerics == "exact" ? &exact_backend() : &default_backend();
   std::shared_ptr<Model> model = Model::load(a.model, load_options);
+  std::printf("numerics: %s (%s)\n", model->backend().exact() ? "exact (double sums)" : "fast (fp32 lanes)",
+              model->backend().name().c_str());
   {
     // Page faults belong to loading, not to the first timed steps.
     const double t0 = now_seconds();
@@ -357,6 +362,9 @@ void register_bench_command(CLI::App& app, int& exit_code) {
       ->check(CLI::PositiveNumber);
   cmd->add_option("--csv", a->csv, "Also write the results as CSV");
   cmd->add_flag("--no-mmap", a->no_mmap, "Copy the weights into huge-page memory instead of mapping the files");
+  cmd->add_option("--numerics", a->numerics,
+                  "auto (the model's: exact for V4.1), exact (double sums) or fast (fp32 lanes)")
+      ->check(CLI::IsMember({"auto", "exact", "fast"}));
   cmd->add_option("--plot", a->plot, "Also write an SVG chart of the results against the rooflines");
   cmd->add_option("--speculative", a->speculative,
                   "Also compare plain and speculative decoding through the engine: EAGLE (the MTP head) or NGRAM");

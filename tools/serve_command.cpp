@@ -46,7 +46,7 @@ struct ServeArgs {
   int64_t max_prefill_tokens = 0, max_queued_requests = 1024;
   std::string reasoning_parser, tool_call_parser, log_level = "info", schedule_policy = "fcfs";
   bool deterministic = false, disable_radix_cache = false, hierarchical_cache = false, no_mmap = false;
-  bool enable_cache_report = false, clamp_max_tokens = false;
+  bool enable_cache_report = false, clamp_max_tokens = false, bounded_replay = false;
   int64_t grammar_max_string_chars = 0;
   bool allow_special_tokens_in_content = false;
   std::vector<std::string> allowed_origins;
@@ -334,17 +334,25 @@ int run_serve(ServeArgs& a) {
   eo.prefix_cache_bytes = a.disable_radix_cache ? 0 : int64_t(cache_gb * double(int64_t(1) << 30));
   eo.pin_threads = true;
   eo.speculative = speculative_options(a, *model);
+  eo.bounded_replay = a.bounded_replay;
   // SGLang's periodic "Decode batch" line, at --log-level info or debug.
   if (a.log_level == "info" || a.log_level == "debug")
     eo.log = [](const std::string& line) { std::fprintf(stderr, "[dsv4 info] %s\n", line.c_str()); };
   auto engine = std::make_shared<Engine>(model, eo);
   print_startup_summary(*model, *engine, a);
   print_speculative_summary(*model, eo.speculative);
+  if (a.bounded_replay)
+    std::fprintf(stderr,
+                 "bounded replay: on: prompts run layers %lld-%lld on their last %lld tokens only (not the logits of "
+                 "a full prefill; prompt logprobs refused)\n",
+                 (long long)model->replay_layer(), (long long)model->config().n_layers - 1,
+                 (long long)model->config().window);
 
   ServerOptions so;
   so.host = a.host;
   so.port = a.port;
   so.api_key = a.api_key;
+  so.bounded_replay = a.bounded_replay;
   so.served_model_name = a.served_model_name.empty()
                              ? (embedded ? "dsv4-smoke" : fs::path(model_dir).filename().string())
                              : a.served_model_name;
@@ -447,6 +455,10 @@ void register_serve_command(CLI::App& app, int& exit_code) {
       ->check(CLI::Range(int64_t(1), int64_t(1) << 30));
   cmd->add_option("--schedule-policy", a->schedule_policy, "fcfs");
   cmd->add_flag("--disable-radix-cache", a->disable_radix_cache, "Disable prefix reuse");
+  cmd->add_flag("--enable-decoder-swa-bounded-replay", a->bounded_replay,
+                "DeepSeek-V4.1: prefill runs the late layers (from the ratio-1 KV source on) on each prompt's last "
+                "128 tokens only, sharing that source's compressed rows: faster prefill, logits not identical to a "
+                "full prefill, no prompt logprobs (docs/v41.md)");
   cmd->add_flag("--no-mmap", a->no_mmap,
                 "Copy the weights into huge-page memory instead of mapping the files (llama.cpp's --no-mmap)");
   cmd->add_flag("--enable-hierarchical-cache", a->hierarchical_cache,

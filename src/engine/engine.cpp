@@ -1,5 +1,7 @@
 #include "engine/engine.h"
 
+#include "core/error.h"
+
 #include <malloc.h>
 
 #include <algorithm>
@@ -21,6 +23,9 @@ Engine::Engine(std::shared_ptr<const Model> model, EngineOptions options)
   if (options_.context_length <= 0 || options_.context_length > model_max) options_.context_length = model_max;
   if (options_.chunked_prefill_size <= 0) options_.chunked_prefill_size = options_.context_length;
   budgets_ = {options_.max_running_requests, options_.max_total_tokens, options_.chunked_prefill_size};
+  if (options_.bounded_replay && model_->replay_layer() < 0)
+    throw Error("--enable-decoder-swa-bounded-replay needs a DeepSeek-V4.1 checkpoint (a ratio-1 KV source whose "
+                "compressed rows the late layers share); this model has none");
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -264,6 +269,10 @@ void Engine::step(std::vector<std::unique_ptr<Sequence>>& running) {
     std::vector<int32_t> tokens = s.tokens(item.start, item.n - drafted);
     if (drafted > 0) tokens.insert(tokens.end(), s.drafts.begin(), s.drafts.end());
     exec.push_back({&s.state, std::move(tokens), item.logits});
+    // Bounded replay: a prompt chunk runs the late layers on the prompt's
+    // last window only.
+    if (options_.bounded_replay && item.prefill)
+      exec.back().replay_from = int64_t(s.prompt.size()) - model_->config().window;
     if (keep_hc_rows) {
       exec.back().final_hc = &hc[i];
       exec.back().final_hc_rows = drafted > 0 ? item.n : std::min(item.n, model_->config().window);

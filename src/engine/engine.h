@@ -37,6 +37,9 @@ struct EngineOptions {
   int64_t prefix_cache_bytes = int64_t(1) << 30;  // 0 disables the prefix cache
   bool pin_threads = false;                       // pin the model thread's OpenMP team (pin_compute_threads)
   SpeculativeOptions speculative;                 // none by default (docs/speculative.md)
+  // V4.1 bounded replay (--enable-decoder-swa-bounded-replay): prompt chunks
+  // run the late layers on the prompt's last window only (Model::replay_layer).
+  bool bounded_replay = false;
   // Every `decode_log_interval` decode steps, one line through `log` (SGLang's
   // "Decode batch" line, with the acceptance of speculation); 0 or no log: none.
   int64_t decode_log_interval = 40;

@@ -39,6 +39,7 @@ StepLogits Executor::run(std::vector<ExecItem>& items) const {
       b.dspark_hidden = it.dspark_hidden->data();
       b.dspark_hidden_rows = dspark_rows;
     }
+    b.replay_from = it.replay_from;
     batch.push_back(b);
   }
   if (!batch.empty()) model_.forward_batch(batch);

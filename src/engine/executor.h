@@ -22,6 +22,7 @@ struct ExecItem {
   // `dspark_rows` fed rows, or null.
   std::vector<float>* dspark_hidden = nullptr;
   int64_t dspark_rows = 0;
+  int64_t replay_from = -1;  // BatchItem::replay_from
 };
 
 // The logits of one forward pass: item i has rows(i) rows of `vocab` floats

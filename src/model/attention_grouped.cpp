@@ -176,4 +176,9 @@ void attention_grouped(const KernelBackend& kb, const ModelConfig& c, const Atte
   attention_output(kb, c, w, rope, rows.position.data(), o.data(), n, out);
 }
 
+void grouped_compress(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w, const RopeTable& rope,
+                      const LayerLayout& layout, const std::vector<Segment>& segments, const float* x, int64_t n_rows) {
+  compress_rows(kb, c, w, rope, layout, segments, x, n_rows);
+}
+
 }  // namespace dsv4

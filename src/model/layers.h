@@ -42,6 +42,10 @@ struct GroupedShared {
 void attention_grouped(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w, const RopeTable& rope,
                        const LayerLayout& layout, int64_t layer, const std::vector<Segment>& segments,
                        GroupedShared& shared, const float* x, int64_t n_rows, float* out);
+// The KV source's compression alone (its rows and index keys, nothing
+// attended): what bounded replay keeps of the rows that skip the layer.
+void grouped_compress(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w, const RopeTable& rope,
+                      const LayerLayout& layout, const std::vector<Segment>& segments, const float* x, int64_t n_rows);
 
 // Gated pooling compressor, in two steps: the projections of all rows of a
 // batch at once, then, per sequence, the tokens pushed in order through the

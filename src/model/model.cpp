@@ -59,6 +59,8 @@ std::unique_ptr<Model> Model::load(const std::string& path, const LoadOptions& o
   model->store_ = TensorStore::open(path, options.no_mmap ? FileResidency::Copied : FileResidency::Mapped);
   model->weights_ = bind_weights(model->config_, model->store_, options.progress);
   if (c.has_engram()) model->engram_ = load_engram_hasher(c, path, options.engram_token_map);
+  for (int64_t l : c.kv_source_layer_ids)
+    if (c.ratio(l) == 1) model->replay_layer_ = l;
   // Window-only layers rotate with rope_theta; compressed layers with
   // compress_rope_theta and the YaRN ramp.
   model->rope_window_ = RopeTable(RopeParams{c.rope_dim, c.rope_theta});
@@ -114,6 +116,16 @@ void Model::block_forward_with(const BlockWeights& b, float* x_hc, const int32_t
   moe_forward(kb, c, b.moe, y.data(), tokens, n, sub.data());
   kb.hc_post(shape, ffn_mix, sub.data(), x_hc, n);
   if (lag_pre) std::copy(ffn_mix.pre.begin(), ffn_mix.pre.end(), lag_pre);
+}
+
+void Model::replay_compress(const BlockWeights& b, const std::vector<Segment>& segments, const float* x_hc,
+                            const float* lag_pre, int64_t n) const {
+  const KernelBackend& kb = *backend_;
+  Buffer y = kb.buffer(n * config_.dim);
+  HcMix unused;
+  kb.hc_pre_lagged(hc_shape(config_), hc_site(b.hc_attn), x_hc, n, lag_pre, y.data(), &unused);
+  kb.rms_norm(y.data(), n, config_.dim, config_.dim, b.attn_norm.data(), config_.norm_eps);
+  grouped_compress(kb, config_, b.attn, rope_compressed_, b.layout, segments, y.data(), n);
 }
 
 void Model::engram_forward(const EngramWeights& e, const int64_t* hash_ids, float* x_hc, int64_t n) const {
@@ -218,6 +230,53 @@ void Model::forward_batch(const std::vector<BatchItem>& items) const {
     }
   }
   GroupedShared shared;
+  // Bounded replay: from the replay layer on, only the rows at or after each
+  // item's replay_from run (gathered into a compact batch and scattered
+  // back); the replay layer first compresses the rows that skip it.
+  bool replaying = false;
+  for (const BatchItem& it : items) replaying |= it.replay_from > it.state->n_tokens && it.n > 0;
+  if (replaying && replay_layer_ < 0) throw Error("bounded replay needs a model with a ratio-1 KV source (V4.1)");
+  auto replay_block = [&](int64_t l) {
+    const BlockWeights& block = weights_.layers[size_t(l)];
+    const int64_t H = c.hc_mult;
+    std::vector<Segment> skipped, kept;
+    std::vector<int64_t> kept_rows, skipped_rows;
+    int64_t row0 = 0;
+    for (const BatchItem& it : items) {
+      const int64_t start = it.state->n_tokens;
+      const int64_t skip = std::clamp<int64_t>(it.replay_from - start, 0, it.n);
+      LayerState* layer = &it.state->layers[size_t(l)];
+      if (skip > 0) skipped.push_back({layer, start, int64_t(skipped_rows.size()), skip, it.state});
+      for (int64_t t = 0; t < skip; ++t) skipped_rows.push_back(row0 + t);
+      if (it.n > skip) kept.push_back({layer, start + skip, int64_t(kept_rows.size()), it.n - skip, it.state});
+      for (int64_t t = skip; t < it.n; ++t) kept_rows.push_back(row0 + t);
+      row0 += it.n;
+    }
+    auto gather = [&](const std::vector<int64_t>& which, std::vector<float>& x, std::vector<float>& pre,
+                      std::vector<int32_t>& ids) {
+      x.resize(which.size() * size_t(width));
+      pre.resize(which.size() * size_t(H));
+      ids.resize(which.size());
+      for (size_t i = 0; i < which.size(); ++i) {
+        std::copy_n(x_hc.data() + which[i] * width, width, x.begin() + int64_t(i) * width);
+        std::copy_n(lag_pre.data() + which[i] * H, H, pre.begin() + int64_t(i) * H);
+        ids[i] = tokens[size_t(which[i])];
+      }
+    };
+    std::vector<float> x, pre;
+    std::vector<int32_t> ids;
+    if (l == replay_layer_ && !skipped_rows.empty()) {
+      gather(skipped_rows, x, pre, ids);
+      replay_compress(block, skipped, x.data(), pre.data(), int64_t(skipped_rows.size()));
+    }
+    if (kept_rows.empty()) return;
+    gather(kept_rows, x, pre, ids);
+    block_forward(block, kept, x.data(), ids.data(), int64_t(kept_rows.size()), shared, pre.data());
+    for (size_t i = 0; i < kept_rows.size(); ++i) {
+      std::copy_n(x.begin() + int64_t(i) * width, width, x_hc.data() + kept_rows[i] * width);
+      std::copy_n(pre.begin() + int64_t(i) * H, H, lag_pre.data() + kept_rows[i] * H);
+    }
+  };
   const bool observe = hc_observer_ && items.size() == 1;
   if (observe) hc_observer_(0, x_hc.data(), items[0].state->n_tokens, rows);
   // DSpark's inputs: the mean of the HC copies after each target layer.
@@ -253,8 +312,11 @@ void Model::forward_batch(const std::vector<BatchItem>& items) const {
     }
     // V4.1's DSpark reads its target layers' inputs, V4's their outputs.
     if (has_dspark() && c.v41) keep_dspark_hidden(l);
-    block_forward(block, segments_for(l), x_hc.data(), tokens.data(), rows, shared,
-                  c.v41 ? lag_pre.data() : nullptr);
+    if (replaying && l >= replay_layer_)
+      replay_block(l);
+    else
+      block_forward(block, segments_for(l), x_hc.data(), tokens.data(), rows, shared,
+                    c.v41 ? lag_pre.data() : nullptr);
     if (observe) hc_observer_(l + 1, x_hc.data(), items[0].state->n_tokens, rows);
     if (has_dspark() && !c.v41) keep_dspark_hidden(l);
   }

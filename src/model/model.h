@@ -43,6 +43,11 @@ struct BatchItem {
   // dim]; -1: all n). The MTP drafter needs just the window's worth of a
   // long prefill chunk.
   int64_t final_hc_rows = -1;
+  // V4.1 bounded replay (Model::replay_layer): the layers from the replay
+  // layer on run only on the positions from `replay_from` (earlier ones get
+  // the replay layer's compressed rows only); -1: every layer on every row.
+  // Rows before replay_from then have no logits or final state worth reading.
+  int64_t replay_from = -1;
   // DSpark: the mean over HC copies of the outputs of the checkpoint's
   // target layers, concatenated ([rows, targets * dim]), of the last
   // `dspark_hidden_rows` rows (-1: all n), or null.
@@ -115,6 +120,11 @@ class Model {
   void forward_mtp(SequenceState& state, const float* hc, const int32_t* next_tokens, int64_t n, float* logits) const;
   void forward_mtp_batch(const std::vector<MtpBatchItem>& items) const;
   bool has_mtp() const { return !weights_.mtp.empty(); }
+  // V4.1 bounded replay (SGLang's --enable-decoder-swa-bounded-replay):
+  // the first layer of the late half, the ratio-1 KV source whose compressed
+  // rows (one per token) every later layer attends; -1 when the model has
+  // none (V4). See BatchItem::replay_from and docs/v41.md.
+  int64_t replay_layer() const { return replay_layer_; }
   // V4.1: the Engram addressing (empty without Engram layers).
   const EngramHasher& engram_hasher() const { return engram_; }
 
@@ -194,6 +204,10 @@ class Model {
   void block_forward_with(const BlockWeights& block, float* x_hc, const int32_t* tokens, int64_t n,
                           const std::function<void(const float* y, float* out)>& attention,
                           float* lag_pre = nullptr) const;
+  // Bounded replay at the replay layer: the compressed rows (and index
+  // keys) of the rows that skip the late layers.
+  void replay_compress(const BlockWeights& block, const std::vector<Segment>& segments, const float* x_hc,
+                       const float* lag_pre, int64_t n) const;
   // V4.1's Engram before block `layer`: hash_ids [n, columns] of its table.
   void engram_forward(const EngramWeights& engram, const int64_t* hash_ids, float* x_hc, int64_t n) const;
   void dspark_stage(const BlockWeights& stage, size_t index, const std::vector<DsparkDraftItem>& items, float* x_hc,
@@ -215,6 +229,7 @@ class Model {
   RopeTable rope_window_, rope_compressed_;
   HcObserver hc_observer_, engram_observer_;
   EngramHasher engram_;
+  int64_t replay_layer_ = -1;
 };
 
 }  // namespace dsv4

@@ -455,6 +455,13 @@ void Server::Impl::generate(const std::string& raw, HttpResponse& res) {
   const bool stream = bool_field(body, "stream", false);
   const bool return_logprob = bool_field(body, "return_logprob", false);
   const int64_t top_n = int_field(body, "top_logprobs_num", 0, 0, 20);
+  // SGLang's input_token_logprobs (logprob_start_len >= 0): refused, not
+  // silently left out. The model computes no prompt logprobs; with bounded
+  // replay the late layers never see most of the prompt at all.
+  if (return_logprob && int_field(body, "logprob_start_len", -1, -1, int64_t(1) << 40) >= 0)
+    throw BadRequest(opt.bounded_replay ? "prompt logprobs (logprob_start_len >= 0) are not available with "
+                                          "--enable-decoder-swa-bounded-replay"
+                                        : "prompt logprobs (logprob_start_len >= 0) are not supported; use -1");
   const bool skip_special = bool_field(sp, "skip_special_tokens", true);
   const std::vector<std::string> stops = stop_field(sp);
   const std::vector<std::string> rids = rid_field(body, prompts.size(), random_hex(32), true);

@@ -43,6 +43,8 @@ struct ServerOptions {
   // A prompt + max_tokens past the context length: cut max_tokens to fit
   // (--clamp-max-tokens) instead of answering 400.
   bool clamp_max_tokens = false;
+  // The engine runs V4.1 bounded replay: prompt logprobs cannot exist.
+  bool bounded_replay = false;
   // Constrained JSON: strings without a maxLength hold at most this many
   // characters (0: unlimited), so a model that never closes one still ends.
   int64_t grammar_max_string_chars = 0;

@@ -23,6 +23,7 @@ before(async () => {
   servers.plain = await startServer(['--served-model-name', 'v41', '--grammar-max-string-chars', '12'], { model: dir });
   servers.dspark = await startServer(['--served-model-name', 'v41', '--speculative-algorithm', 'DSPARK',
     '--speculative-dspark-block-size', '5', '--disable-speculative-bypass'], { model: dir });
+  servers.replay = await startServer(['--served-model-name', 'v41', '--enable-decoder-swa-bounded-replay'], { model: dir });
   for (const [k, s] of Object.entries(servers))
     clients[k] = new OpenAI({ baseURL: s.baseURL, apiKey: 'unused', maxRetries: 0, timeout: 120000 });
 });
@@ -87,4 +88,22 @@ test('DSPARK gives the plain server\'s tokens and logprobs (greedy and seeded)',
     assert.deepEqual(spec.json.meta_info.output_token_logprobs, plain.json.meta_info.output_token_logprobs);
     assert.ok(spec.json.meta_info.spec_verify_ct > 0);
   }
+});
+
+test('bounded replay serves, says so, and refuses prompt logprobs', async () => {
+  assert.match(servers.replay.stderr(), /bounded replay: on: prompts run layers 2-3 on their last 128 tokens only/);
+  const long = 'one two three four five six seven eight nine ten '.repeat(40);
+  const r = await postJSON(servers.replay.origin, '/generate',
+    { text: long, sampling_params: { max_new_tokens: 8, temperature: 0, ignore_eos: true } });
+  assert.equal(r.status, 200, r.text);
+  assert.equal(r.json.output_ids.length, 8);
+  const refused = await postJSON(servers.replay.origin, '/generate',
+    { text: 'hi', return_logprob: true, logprob_start_len: 0, sampling_params: { max_new_tokens: 2 } });
+  assert.equal(refused.status, 400);
+  assert.match(refused.text, /not available with --enable-decoder-swa-bounded-replay/);
+  // A short prompt (within one window) runs every layer: the plain server's tokens.
+  const body = { text: 'The quick brown fox', sampling_params: { max_new_tokens: 8, temperature: 0, ignore_eos: true } };
+  const a = await postJSON(servers.replay.origin, '/generate', body);
+  const b = await postJSON(servers.plain.origin, '/generate', body);
+  assert.deepEqual(a.json.output_ids, b.json.output_ids);
 });
