@@ -95,6 +95,19 @@ DSV4_AVX2 inline void decode16_avx2(const Linear& w, int64_t row, int64_t i, __m
   }
 }
 
+}  // namespace
+
+DSV4_AVX2 void decode_row_avx2(const Linear& w, int64_t row, float* out) {
+  for (int64_t i = 0; i < w.cols; i += 16) {
+    __m256 lo, hi;
+    decode16_avx2(w, row, i, lo, hi);
+    _mm256_storeu_ps(out + i, lo);
+    _mm256_storeu_ps(out + i + 8, hi);
+  }
+}
+
+namespace {
+
 // The few-token AVX2 kernels. BF16 and F32 rows ask for their bytes 1 KB
 // ahead, one cache line at a time (past a row's end: the next row of the
 // stream, which the same thread takes next); FP8 and FP4 rows, bound by

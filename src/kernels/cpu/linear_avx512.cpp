@@ -106,6 +106,10 @@ DSV4_AVX512 inline __m512 decode16_avx512(const Linear& w, int64_t row, int64_t 
 
 }  // namespace
 
+DSV4_AVX512 void decode_row_avx512(const Linear& w, int64_t row, float* out) {
+  for (int64_t i = 0; i < w.cols; i += 16) _mm512_storeu_ps(out + i, decode16_avx512(w, row, i));
+}
+
 DSV4_AVX512 double dot_avx512(const Linear& w, int64_t row, const float* x) {
   double sum = 0.0;
   for (int64_t c0 = 0; c0 < w.cols; c0 += kChunk) {

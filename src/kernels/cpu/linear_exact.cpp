@@ -35,7 +35,12 @@ void linear_forward_exact(KernelIsa isa, const Linear& w, const float* x, int64_
     std::vector<float> weights(static_cast<size_t>(cols));
 #pragma omp for schedule(dynamic, 8)
     for (int64_t o = 0; o < out; ++o) {
-      for (int64_t i = 0; i < cols; i += 16) decode16_storage(w, row_begin + o, i, weights.data() + i);
+      switch (isa) {
+        case KernelIsa::Avx512: decode_row_avx512(w, row_begin + o, weights.data()); break;
+        case KernelIsa::Avx2: decode_row_avx2(w, row_begin + o, weights.data()); break;
+        default:
+          for (int64_t i = 0; i < cols; i += 16) decode16_storage(w, row_begin + o, i, weights.data() + i);
+      }
       for (int64_t t = 0; t < n; ++t)
         y[t * y_stride + o] = float(dot_exact(weights.data(), xd.data() + t * cols, cols, isa));
     }

@@ -170,6 +170,11 @@ DSV4_TARGET_AVX2 void dot_tokens_avx2(const Linear& w, int64_t row, const float*
 void packed_gemm_outer_avx2(const Linear& w, int64_t row_begin, int64_t out, const float* xp, int64_t n, float* y,
                             int64_t y_stride, int threads);
 
+// Storage positions [0, cols) of a row, scale applied (the exact numerics'
+// decoding; the scalar one is decode16_storage). Same values on every path.
+DSV4_TARGET_AVX2 void decode_row_avx2(const Linear& w, int64_t row, float* out);
+DSV4_TARGET_AVX512 void decode_row_avx512(const Linear& w, int64_t row, float* out);
+
 // linear_avx512.cpp
 DSV4_TARGET_AVX512 double dot_avx512(const Linear& w, int64_t row, const float* x);
 // The register path: rows [o0, o1) of rows [row_begin, ...) against n <=
