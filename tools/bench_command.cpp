@@ -261,9 +261,9 @@ int run_bench(const BenchArgs& a) {
   // slice: scale the per-layer costs, keep the measured rates.
   if (const auto flash = flash_schedule_cost(c, cost, a.prompt)) {
     std::printf(
-        "extrapolated to the 43-layer V4-Flash schedule with these layer shapes (%.2f GB of weights read per decoded "
+        "extrapolated to the %s schedule with these layer shapes (%.2f GB of weights read per decoded "
         "token):\n",
-        double(flash->decode_bytes) / 1e9);
+        flash->name.c_str(), double(flash->decode_bytes) / 1e9);
     if (decode_bytes_rate > 0) {
       const double rate = decode_bytes_rate / double(flash->decode_bytes);
       // A slice's bytes are mostly its BF16 head, the full model's mostly
@@ -302,7 +302,8 @@ int run_bench(const BenchArgs& a) {
       csv << "prefill_43_layers_estimate,1," << a.prompt << ",," << rate << ",,," << bandwidth / 1e9 << ","
           << prefill_flops_rate / 1e9 << "," << peak.flops / 1e9 << "\n";
   } else {
-    std::printf("(no extrapolation to V4-Flash: the model lacks a ratio-4 or a ratio-128 layer)\n");
+    std::printf(c.v41 ? "(no extrapolation to V4.1-Flash: the model lacks a ratio-2 or a ratio-1 KV source)\n"
+                      : "(no extrapolation to V4-Flash: the model lacks a ratio-4 or a ratio-128 layer)\n");
   }
   if (!a.speculative.empty()) {
     SpeculativeBenchArgs spec;

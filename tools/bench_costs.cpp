@@ -94,7 +94,71 @@ double decode_step_floor_seconds(const ModelConfig& c, const Model::TokenCost& c
 // + [4] (window, window, then CSA and HCA alternating, then CSA), built from
 // this model's CSA and HCA layers (a window-only layer is an HCA layer
 // without its compressor).
+namespace {
+
+// A layer without its compressor / indexer weights (and its Engram), as a
+// layer of the same shapes that reuses another's rows, or a window-only one.
+Model::LayerCost without_compressor(Model::LayerCost l) {
+  l.weight_bytes -= l.compressor_bytes + l.engram_bytes;
+  l.linear_macs -= l.compressor_macs;
+  l.compressor_bytes = l.compressor_macs = l.engram_bytes = 0;
+  for (size_t f = 0; f < l.dense_weights.size(); ++f) l.dense_weights[f] -= l.compressor_weights[f];
+  l.compressor_weights = {};
+  return l;
+}
+
+// The released V4.1-Flash: [0,0] + [2]*18 + [1]*20; KV sources 2, 8, 14,
+// 20; re-indexing layers 24, 28, 32, 36 (counted as the ratio-1 source: a
+// few MB of compressor weights too many); Engram before layers 1 and 14.
+std::optional<FlashCost> v41_schedule_cost(const ModelConfig& c, const Model::TokenCost& cost, int64_t prompt) {
+  const Model::LayerCost *source2 = nullptr, *source1 = nullptr;
+  int64_t engram_bytes = 0;
+  for (size_t i = 0; i < cost.layers.size(); ++i) {
+    const Model::LayerCost& l = cost.layers[i];
+    const bool source = l.layout.kind == LayerKind::Grouped && l.layout.kv_group == int64_t(i);
+    if (source && l.layout.ratio == 2 && !source2) source2 = &l;
+    if (source && l.layout.ratio == 1 && !source1) source1 = &l;
+    engram_bytes = std::max(engram_bytes, l.engram_bytes);
+  }
+  if (!source2 || !source1) return std::nullopt;
+  auto with_engram = [&](Model::LayerCost l) {
+    l.weight_bytes += engram_bytes;
+    l.engram_bytes = engram_bytes;
+    return l;
+  };
+  auto stripped = [](const Model::LayerCost* l, const LayerLayout& layout) {
+    Model::LayerCost out = without_compressor(*l);
+    out.layout = layout;
+    return out;
+  };
+  Model::LayerCost window = stripped(source2, LayerLayout{}), consumer2 = stripped(source2, source2->layout),
+                   consumer1 = stripped(source1, source1->layout);
+  Model::LayerCost src2 = *source2, src1 = *source1;
+  src2.weight_bytes -= src2.engram_bytes;
+  src1.weight_bytes -= src1.engram_bytes;
+  src2.engram_bytes = src1.engram_bytes = 0;
+  Model::TokenCost full = cost;
+  full.layers.clear();
+  for (int64_t l = 0; l < 40; ++l) {
+    Model::LayerCost layer = l < 2                                    ? window
+                             : l < 20                                 ? ((l - 2) % 6 == 0 ? src2 : consumer2)
+                             : (l == 20 || (l >= 24 && l % 4 == 0)) ? src1
+                                                                    : consumer1;
+    full.layers.push_back(l == 1 || l == 14 ? with_engram(layer) : layer);
+  }
+  FlashCost out;
+  out.name = "40-layer V4.1-Flash";
+  out.decode_bytes = full.head_bytes + full.other_bytes;
+  for (const Model::LayerCost& l : full.layers) out.decode_bytes += l.weight_bytes;
+  out.prefill_macs = prefill_macs(c, full, prompt);
+  out.cost = full;
+  return out;
+}
+
+}  // namespace
+
 std::optional<FlashCost> flash_schedule_cost(const ModelConfig& c, const Model::TokenCost& cost, int64_t prompt) {
+  if (c.v41) return v41_schedule_cost(c, cost, prompt);
   const Model::LayerCost* by_kind[2] = {nullptr, nullptr};  // CSA, HCA
   for (const Model::LayerCost& l : cost.layers) {
     if (l.layout.kind == LayerKind::CompressedIndexed && !by_kind[0]) by_kind[0] = &l;
@@ -113,6 +177,7 @@ std::optional<FlashCost> flash_schedule_cost(const ModelConfig& c, const Model::
   for (int i = 0; i < 20; ++i) flash.layers.insert(flash.layers.end(), {*by_kind[0], *by_kind[1]});
   flash.layers.push_back(*by_kind[0]);
   FlashCost out;
+  out.name = "43-layer V4-Flash";
   out.decode_bytes = flash.head_bytes + flash.other_bytes;
   for (const Model::LayerCost& l : flash.layers) out.decode_bytes += l.weight_bytes;
   out.prefill_macs = prefill_macs(c, flash, prompt);

@@ -5,6 +5,7 @@
 #include <array>
 #include <cstdint>
 #include <optional>
+#include <string>
 
 #include "model/model.h"
 
@@ -26,9 +27,13 @@ double mtp_step_bytes(const ModelConfig& c, const Model::TokenCost& cost, int64_
 double dspark_step_bytes(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch, int64_t block);
 
 struct FlashCost {
+  std::string name;  // "43-layer V4-Flash" or "40-layer V4.1-Flash"
   int64_t decode_bytes = 0, prefill_macs = 0;
-  Model::TokenCost cost;  // per layer, in the V4-Flash schedule
+  Model::TokenCost cost;  // per layer, in the full schedule
 };
+// The released model's schedule built from a slice's layer shapes: V4-Flash
+// from a CSA and an HCA layer, V4.1-Flash from a ratio-2 and a ratio-1 KV
+// source. None when the slice lacks one of them.
 std::optional<FlashCost> flash_schedule_cost(const ModelConfig& c, const Model::TokenCost& cost, int64_t prompt);
 
 }  // namespace dsv4::tools

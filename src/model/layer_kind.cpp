@@ -27,6 +27,7 @@ LayerLayout layer_layout(const ModelConfig& config, int64_t layer) {
       if (l <= layer) layout.kv_group = l;
     for (int64_t l : config.index_source_layer_ids)
       if (l <= layer) layout.index_group = l;
+    layout.index_source = layout.index_group == layer;
     layout.candidate_source = layer == config.candidate_source_layer_id;
     layout.uses_candidates = layout.index_group == layer && config.candidate_source_layer_id >= 0 &&
                              config.candidate_source_layer_id < layer;

@@ -31,6 +31,7 @@ struct LayerLayout {
   // layer reads (itself when it is the KV source), and the layer whose
   // selection it attends (itself when it is an index source).
   int64_t kv_group = -1, index_group = -1;
+  bool index_source = false;      // index_group is this layer (it scores the keys itself)
   bool candidate_source = false;  // its block scores restrict later index sources
   bool uses_candidates = false;   // an index source after the candidate source
 

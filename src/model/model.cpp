@@ -441,6 +441,16 @@ Model::TokenCost Model::token_cost() const {
       for (const Linear* w :
            {&a.indexer.wq_b, &a.indexer.weights_proj, &a.indexer.compressor.wkv, &a.indexer.compressor.wgate})
         add_dense(*w, l.compressor_bytes, l.compressor_macs, l.compressor_weights);
+    // V4.1: a KV source's index-key projection; an Engram layer's projection
+    // of its 24 looked-up rows (the rows themselves: a few KB a token).
+    if (a.has_compressor && !a.indexer.wk.empty())
+      add_dense(a.indexer.wk, l.compressor_bytes, l.compressor_macs, l.compressor_weights);
+    if (b.engram) {
+      const int64_t before = l.weight_bytes;
+      add_dense(b.engram->wkv, l.weight_bytes, l.linear_macs, l.dense_weights);
+      l.weight_bytes += b.engram->wkv.cols + b.engram->wkv.cols / 32;
+      l.engram_bytes = l.weight_bytes - before;
+    }
     const MoeWeights& m = b.moe;
     for (const Linear* w : {&m.gate, &m.shared.w1, &m.shared.w2, &m.shared.w3})
       add_dense(*w, l.weight_bytes, l.linear_macs, l.dense_weights);
@@ -491,10 +501,9 @@ int64_t Model::attention_macs(const ModelConfig& c, const LayerLayout& layout, i
   const int64_t window_rows = std::min(position + 1, c.window);
   int64_t compressed = layout.visible_rows(position);
   int64_t macs = 0;
-  if (layout.has_indexer()) {
+  if (layout.has_indexer() || layout.index_source)
     macs += c.index_n_heads * c.index_head_dim * compressed;  // indexer scores
-    compressed = std::min(compressed, c.index_topk);
-  }
+  if (layout.has_indexer() || layout.kind == LayerKind::Grouped) compressed = std::min(compressed, c.index_topk);
   // q.k and p.v over head_dim for every head.
   macs += 2 * c.n_heads * c.head_dim * (window_rows + compressed);
   return macs;

@@ -171,6 +171,7 @@ class Model {
     // a decode step decodes once whatever its batch), and the part of them
     // that belongs to the compressors and the indexer.
     std::array<int64_t, 4> dense_weights{}, compressor_weights{};
+    int64_t engram_bytes = 0;  // V4.1 Engram layers: the projection of the looked-up rows (in weight_bytes)
   };
   struct TokenCost {
     int64_t head_bytes = 0, head_macs = 0;  // LM head and HC head
