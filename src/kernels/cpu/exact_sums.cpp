@@ -80,7 +80,52 @@ double dot(const float* a, const B* b, int64_t n, KernelIsa isa) {
   return fold8(lanes);
 }
 
+// Four tokens at a time: the lanes of each as lanes_avx512 / lanes_avx2 fill
+// them (element i into lane i mod 8, increasing i).
+DSV4_TARGET_AVX512 void four_tokens_avx512(const float* a, const double* b, int64_t n, double* out) {
+  __m512d acc[4] = {_mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd(), _mm512_setzero_pd()};
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m512d w = _mm512_cvtps_pd(_mm256_loadu_ps(a + i));
+    for (int k = 0; k < 4; ++k) acc[k] = _mm512_fmadd_pd(w, _mm512_loadu_pd(b + k * n + i), acc[k]);
+  }
+  for (int k = 0; k < 4; ++k) {
+    double lanes[8];
+    _mm512_storeu_pd(lanes, acc[k]);
+    out[k] = fold8(lanes);
+  }
+}
+
+DSV4_TARGET_AVX2 void four_tokens_avx2(const float* a, const double* b, int64_t n, double* out) {
+  __m256d lo[4], hi[4];
+  for (int k = 0; k < 4; ++k) lo[k] = hi[k] = _mm256_setzero_pd();
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256d wl = _mm256_cvtps_pd(_mm_loadu_ps(a + i)), wh = _mm256_cvtps_pd(_mm_loadu_ps(a + i + 4));
+    for (int k = 0; k < 4; ++k) {
+      lo[k] = _mm256_fmadd_pd(wl, _mm256_loadu_pd(b + k * n + i), lo[k]);
+      hi[k] = _mm256_fmadd_pd(wh, _mm256_loadu_pd(b + k * n + i + 4), hi[k]);
+    }
+  }
+  for (int k = 0; k < 4; ++k) {
+    double lanes[8];
+    _mm256_storeu_pd(lanes, lo[k]);
+    _mm256_storeu_pd(lanes + 4, hi[k]);
+    out[k] = fold8(lanes);
+  }
+}
+
 }  // namespace
+
+void dot_exact_tokens(const float* a, const double* b, int64_t n, int64_t tokens, double* out, KernelIsa isa) {
+  int64_t t = 0;
+  if (n % 8 == 0 && isa != KernelIsa::Scalar)
+    for (; t + 4 <= tokens; t += 4) {
+      if (isa == KernelIsa::Avx512)
+        four_tokens_avx512(a, b + t * n, n, out + t);
+      else
+        four_tokens_avx2(a, b + t * n, n, out + t);
+    }
+  for (; t < tokens; ++t) out[t] = dot(a, b + t * n, n, isa);
+}
 
 double dot_exact(const float* a, const float* b, int64_t n, KernelIsa isa) { return dot(a, b, n, isa); }
 double dot_exact(const float* a, const double* b, int64_t n, KernelIsa isa) { return dot(a, b, n, isa); }

@@ -16,5 +16,8 @@ double dot_exact(const float* a, const float* b, int64_t n, KernelIsa isa);
 // b already in double (a linear's input, converted once per token).
 double dot_exact(const float* a, const double* b, int64_t n, KernelIsa isa);
 inline double sum_of_squares_exact(const float* x, int64_t n, KernelIsa isa) { return dot_exact(x, x, n, isa); }
+// out[t] = dot_exact(a, b + t * n, n) for t < tokens, with the bits of one
+// call each; four tokens share each load of `a` (n a multiple of 16).
+void dot_exact_tokens(const float* a, const double* b, int64_t n, int64_t tokens, double* out, KernelIsa isa);
 
 }  // namespace dsv4

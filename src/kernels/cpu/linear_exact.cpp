@@ -33,6 +33,7 @@ void linear_forward_exact(KernelIsa isa, const Linear& w, const float* x, int64_
 #pragma omp parallel num_threads(threads_for(out* cols * std::max<int64_t>(n, 1) * 4))
   {
     std::vector<float> weights(static_cast<size_t>(cols));
+    std::vector<double> sums(static_cast<size_t>(n));
 #pragma omp for schedule(dynamic, 8)
     for (int64_t o = 0; o < out; ++o) {
       switch (isa) {
@@ -41,8 +42,8 @@ void linear_forward_exact(KernelIsa isa, const Linear& w, const float* x, int64_
         default:
           for (int64_t i = 0; i < cols; i += 16) decode16_storage(w, row_begin + o, i, weights.data() + i);
       }
-      for (int64_t t = 0; t < n; ++t)
-        y[t * y_stride + o] = float(dot_exact(weights.data(), xd.data() + t * cols, cols, isa));
+      dot_exact_tokens(weights.data(), xd.data(), cols, n, sums.data(), isa);
+      for (int64_t t = 0; t < n; ++t) y[t * y_stride + o] = float(sums[size_t(t)]);
     }
   }
 }
