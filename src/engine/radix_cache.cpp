@@ -577,7 +577,9 @@ HiCacheMetrics RadixCache::metrics() const {
     }
     for (auto& c : n->checkpoints) {
       ++m.checkpoints;
-      if (c->part.in_memory()) m.checkpoint_bytes += c->part.bytes;
+      if (c->part.in_memory()) m.checkpoint_bytes += c->part.bytes, m.row_tokens += c->part.tokens;
+      if (c->part.copy[1]) m.device_tokens += c->part.tokens;
+      if (c->part.copy[2]) m.host_tokens += c->part.tokens;
     }
   }
   if (storage_) m.storage = storage_->metrics();

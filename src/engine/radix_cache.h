@@ -55,7 +55,7 @@ struct HiCacheOptions {
 
 struct HiCacheMetrics {
   int64_t device_bytes = 0, device_capacity = 0, host_bytes = 0, host_capacity = 0;
-  int64_t device_tokens = 0, host_tokens = 0;  // tokens whose rows are resident
+  int64_t device_tokens = 0, host_tokens = 0;  // tokens of the pages and checkpoint tails resident
   int64_t nodes = 0, checkpoints = 0;
   int64_t lookups = 0, hits = 0;  // lookups that resumed from a checkpoint
   int64_t hit_device = 0, hit_host = 0, hit_storage = 0;            // hits by the lowest tier used
@@ -63,7 +63,7 @@ struct HiCacheMetrics {
   int64_t evicted_device_tokens = 0, evicted_host_tokens = 0;       // tokens of rows leaving L1 / L2
   int64_t evictions_device = 0, evictions_host = 0;                 // parts leaving L1 / L2
   int64_t backup_tokens = 0, load_back_tokens = 0;                  // L1 -> L2, L2 -> L1
-  int64_t checkpoint_bytes = 0, row_bytes = 0, row_tokens = 0;      // in the tree, any memory tier
+  int64_t checkpoint_bytes = 0, row_bytes = 0, row_tokens = 0;      // in memory (row_tokens: pages + tails)
   int64_t bad_parts = 0;  // parts that failed to rebuild a state (dropped)
   StorageMetrics storage;
   bool storage_configured = false;
