@@ -68,6 +68,24 @@ TEST(EngineScheduler, TokenBudgetStopsAdmissionWithoutLettingLaterRequestsPass) 
   EXPECT_TRUE(a.admitted.empty());
 }
 
+TEST(EngineScheduler, RequestsWaitingForAStoragePrefetchAreSkippedNotBlocking) {
+  std::vector<WaitingSummary> w = {{10, false, false}, {10, false, true}, {10, false, true}};
+  const Admission a = schedule_admission(w, 0, 0, budgets(8, 0, 64));
+  EXPECT_EQ(a.admitted, (std::vector<size_t>{1, 2}));
+  EXPECT_TRUE(a.dropped.empty());
+}
+
+TEST(EngineScheduler, PrefillChunksEndAtThePrefixCacheCheckpoints) {
+  RunningSummary r = prefilling(100, 1000);
+  r.checkpoint_at = 128;
+  StepPlan plan = schedule_batch({r}, budgets(8, 0, 64));
+  ASSERT_EQ(plan.items.size(), 1u);
+  EXPECT_EQ(plan.items[0].n, 28);  // ends at 128, not at 164
+  r.checkpoint_at = 200;           // beyond this chunk: no cut
+  plan = schedule_batch({r}, budgets(8, 0, 64));
+  EXPECT_EQ(plan.items[0].n, 64);
+}
+
 TEST(EngineScheduler, AnIdleEngineAdmitsARequestLargerThanTheTokenBudget) {
   Admission a = schedule_admission(queue({1000, 10}), 0, 0, budgets(8, 500, 64));
   EXPECT_EQ(a.admitted, (Idx{0}));

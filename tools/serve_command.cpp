@@ -20,6 +20,7 @@
 #include "core/threads.h"
 #include "engine/engine.h"
 #include "kernels/cpu/linear.h"
+#include "model/fingerprint.h"
 #include "model/synthetic.h"
 #include "server/server.h"
 #include "text/chat_encoder.h"
@@ -54,6 +55,9 @@ struct ServeArgs {
   int64_t responses_store_size = 1024, responses_store_mb = 256;
   HttpLimits http;
   double hicache_size_gb = 0, hicache_ratio = 0;
+  std::string hicache_write_policy = "write_through", hicache_prefetch_policy = "best_effort";
+  std::string hicache_storage_dir, hicache_extra_config, hicache_io_backend, hicache_mem_layout;
+  int64_t page_size = 256, hicache_checkpoint_interval = 2048;
   uint64_t random_seed = 0;
   int threads = 0;
   double prefix_cache_gb = 1.0;
@@ -179,8 +183,21 @@ void print_startup_summary(const Model& model, const Engine& engine, const Serve
   }
   const EngineOptions& eo = engine.options();
   const std::string budget = eo.max_total_tokens > 0 ? std::to_string(eo.max_total_tokens) + " tokens" : "unlimited";
-  std::fprintf(stderr, "memory: prefix cache %s, running-request token budget (max_total_tokens) %s\n",
-               eo.prefix_cache_bytes > 0 ? gib(eo.prefix_cache_bytes).c_str() : "off", budget.c_str());
+  std::fprintf(stderr, "memory: running-request token budget (max_total_tokens) %s\n", budget.c_str());
+  const HiCacheOptions& h = eo.hicache;
+  if (eo.prefix_cache_bytes <= 0) {
+    std::fprintf(stderr, "prefix cache: off (--disable-radix-cache or --prefix-cache-gb 0)\n");
+  } else {
+    std::string tiers = "L1 " + gib(eo.prefix_cache_bytes);
+    if (h.host_bytes > 0) tiers += ", L2 (host) " + gib(h.host_bytes) + ", " + a.hicache_write_policy;
+    const HiCacheMetrics m = engine.metrics().hicache;
+    if (m.storage_configured)
+      tiers += ", L3 file " + h.storage_dir + (m.storage.enabled ? " (" + std::to_string(m.storage.records) +
+                                                                      " records, prefetch " + a.hicache_prefetch_policy + ")"
+                                                                : " (off: see the warning above)");
+    std::fprintf(stderr, "prefix cache: radix pages of %lld tokens, checkpoints every %lld prompt tokens; %s\n",
+                 (long long)h.page_tokens, (long long)h.checkpoint_interval, tiers.c_str());
+  }
   const std::string chunk = eo.chunked_prefill_size > 0 ? std::to_string(eo.chunked_prefill_size) + " tokens" : "off";
   std::fprintf(stderr, "limits: context %lld tokens, %lld running requests, %lld queued, chunked prefill %s per step\n",
                (long long)engine.context_length(), (long long)eo.max_running_requests,
@@ -288,9 +305,69 @@ void print_speculative_summary(const Model& model, const SpeculativeOptions& o) 
                  o.simulate_accept_len, o.simulate_accept_len);
 }
 
+// SGLang's HiCache flags resolved (docs/hicache.md): L1 is --prefix-cache-gb,
+// L2 --hicache-size GB or --hicache-ratio times L1, L3 the file backend.
+HiCacheOptions hicache_options(const ServeArgs& a, const std::string& model_dir, int64_t device_bytes) {
+  HiCacheOptions h;
+  h.page_tokens = a.page_size;
+  h.checkpoint_interval = a.hicache_checkpoint_interval;
+  if (h.page_tokens <= 0) throw Error("--page-size must be positive");
+  if (h.checkpoint_interval % h.page_tokens)
+    throw Error("--hicache-checkpoint-interval must be a multiple of --page-size (" + std::to_string(h.page_tokens) +
+                ")");
+  h.write_policy = parse_write_policy(a.hicache_write_policy);
+  h.prefetch_policy = parse_prefetch_policy(a.hicache_prefetch_policy);
+  h.warn = [](const std::string& line) { std::fprintf(stderr, "warning: %s\n", line.c_str()); };
+  if (!a.hicache_extra_config.empty()) {
+    nlohmann::json extra;
+    try {
+      extra = nlohmann::json::parse(a.hicache_extra_config);
+    } catch (const std::exception& e) {
+      throw Error(std::string("--hicache-storage-backend-extra-config: not JSON: ") + e.what());
+    }
+    if (!extra.is_object()) throw Error("--hicache-storage-backend-extra-config must be a JSON object");
+    for (auto& [key, value] : extra.items()) {
+      if (!value.is_number()) {
+        std::fprintf(stderr, "note: --hicache-storage-backend-extra-config: %s has no effect here\n", key.c_str());
+        continue;
+      }
+      if (key == "prefetch_threshold")
+        h.prefetch_threshold = value.get<int64_t>();
+      else if (key == "prefetch_timeout_base")
+        h.prefetch_timeout_base = value.get<double>();
+      else if (key == "prefetch_timeout_per_ki_token")
+        h.prefetch_timeout_per_ki_token = value.get<double>();
+      else
+        std::fprintf(stderr, "note: --hicache-storage-backend-extra-config: %s has no effect here\n", key.c_str());
+    }
+  }
+  if (!a.hierarchical_cache || device_bytes <= 0) {
+    if (!a.hicache_storage_backend.empty())
+      throw Error("--hicache-storage-backend needs --enable-hierarchical-cache (and the radix cache on)");
+    return h;
+  }
+  if (a.hicache_size_gb > 0) {
+    h.host_bytes = int64_t(a.hicache_size_gb * double(int64_t(1) << 30));
+  } else {
+    const double ratio = a.hicache_ratio > 0 ? a.hicache_ratio : 2.0;  // SGLang's default
+    if (ratio <= 1.0) throw Error("--hicache-ratio must be greater than 1 (the host tier is larger than L1)");
+    h.host_bytes = int64_t(ratio * double(device_bytes));
+  }
+  if (a.hicache_storage_backend.empty()) return h;
+  if (a.hicache_storage_backend != "file")
+    throw Error("--hicache-storage-backend " + a.hicache_storage_backend +
+                ": only the file backend is supported (mooncake, hf3fs, nixl, aibrix and dynamic need their "
+                "services)");
+  h.storage_dir = a.hicache_storage_dir;
+  if (h.storage_dir.empty()) {
+    const char* env = std::getenv("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR");
+    h.storage_dir = env && *env ? env : "/tmp/hicache";
+  }
+  h.model_identity = model_fingerprint(model_dir);
+  return h;
+}
+
 int run_serve(ServeArgs& a) {
-  if (!a.hicache_storage_backend.empty())
-    throw Error("--hicache-storage-backend is not supported yet: the prefix cache has a host-RAM tier only");
   if (a.schedule_policy != "fcfs")
     throw Error("--schedule-policy " + a.schedule_policy + " is not supported (fcfs only)");
   set_compute_threads(a.threads);
@@ -329,9 +406,8 @@ int run_serve(ServeArgs& a) {
     eo.chunked_prefill_size = a.max_prefill_tokens;
   eo.context_length = a.context_length;
   eo.max_total_tokens = a.max_total_tokens;
-  double cache_gb = a.prefix_cache_gb;
-  if (a.hicache_size_gb > 0) cache_gb = a.hicache_size_gb;
-  eo.prefix_cache_bytes = a.disable_radix_cache ? 0 : int64_t(cache_gb * double(int64_t(1) << 30));
+  eo.prefix_cache_bytes = a.disable_radix_cache ? 0 : int64_t(a.prefix_cache_gb * double(int64_t(1) << 30));
+  eo.hicache = hicache_options(a, model_dir, eo.prefix_cache_bytes);
   eo.pin_threads = true;
   eo.speculative = speculative_options(a, *model);
   eo.bounded_replay = a.bounded_replay;
@@ -461,12 +537,37 @@ void register_serve_command(CLI::App& app, int& exit_code) {
                 "full prefill, no prompt logprobs (docs/v41.md)");
   cmd->add_flag("--no-mmap", a->no_mmap,
                 "Copy the weights into huge-page memory instead of mapping the files (llama.cpp's --no-mmap)");
+  // The prefix cache (docs/hicache.md).
+  cmd->add_option("--prefix-cache-gb", a->prefix_cache_gb,
+                  "The prefix cache's L1 tier in GB (the engine's working memory; default 1; 0: no cache)");
   cmd->add_flag("--enable-hierarchical-cache", a->hierarchical_cache,
-                "Accepted: the prefix cache already lives in host RAM (size with --hicache-size)");
-  cmd->add_option("--hicache-size", a->hicache_size_gb, "Host-RAM prefix cache size in GB");
-  cmd->add_option("--hicache-ratio", a->hicache_ratio, "Accepted for compatibility (no device tier here)");
-  cmd->add_option("--prefix-cache-gb", a->prefix_cache_gb, "Prefix cache size in GB (default 1)");
-  cmd->add_option("--hicache-storage-backend", a->hicache_storage_backend, "Not supported yet (refused)");
+                "HiCache: a host-memory tier (L2) under L1, and the storage tier with --hicache-storage-backend");
+  cmd->add_option("--hicache-ratio", a->hicache_ratio, "L2 size as a multiple of L1 (> 1; default 2)");
+  cmd->add_option("--hicache-size", a->hicache_size_gb, "L2 size in GB (overrides --hicache-ratio)");
+  cmd->add_option("--hicache-write-policy", a->hicache_write_policy,
+                  "write_through (copy down at insert) | write_through_selective (at a part's second hit) | "
+                  "write_back (when evicted from the tier above)")
+      ->check(CLI::IsMember({"write_through", "write_through_selective", "write_back"}));
+  cmd->add_option("--hicache-storage-backend", a->hicache_storage_backend,
+                  "file: the L3 tier, files in --hicache-storage-dir (or $SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR, "
+                  "or /tmp/hicache) reused after a restart");
+  cmd->add_option("--hicache-storage-dir", a->hicache_storage_dir,
+                  "Directory of the file backend (overrides $SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR)");
+  cmd->add_option("--hicache-storage-prefetch-policy", a->hicache_prefetch_policy,
+                  "best_effort (a request never waits for L3) | wait_complete (waits for its prefix to be read) | "
+                  "timeout (waits up to prefetch_timeout_base + prefetch_timeout_per_ki_token per 1024 tokens)")
+      ->check(CLI::IsMember({"best_effort", "wait_complete", "timeout"}));
+  cmd->add_option("--hicache-storage-backend-extra-config", a->hicache_extra_config,
+                  "JSON: prefetch_threshold (tokens, 256), prefetch_timeout_base (s, 1), "
+                  "prefetch_timeout_per_ki_token (s, 0.25)");
+  cmd->add_option("--hicache-io-backend", a->hicache_io_backend, "Accepted: no effect here (see the startup note)");
+  cmd->add_option("--hicache-mem-layout", a->hicache_mem_layout, "Accepted: no effect here (see the startup note)");
+  cmd->add_option("--page-size", a->page_size, "Tokens per radix-cache page (default 256)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--hicache-checkpoint-interval", a->hicache_checkpoint_interval,
+                  "Checkpoints inside prompts every this many tokens, a multiple of --page-size (default 2048; 0: "
+                  "only where prompts and requests end)")
+      ->check(CLI::NonNegativeNumber);
   // Speculative decoding (docs/speculative.md).
   cmd->add_option("--speculative-algorithm", a->speculative_algorithm,
                   "EAGLE (the checkpoint's MTP head; NEXTN/MTP are aliases) or NGRAM (prompt lookup); DSPARK is "
@@ -536,13 +637,9 @@ void register_serve_command(CLI::App& app, int& exit_code) {
                            "--moe-runner-backend",
                            "--attention-backend",
                            "--kv-cache-dtype",
-                           "--page-size",
                            "--swa-full-tokens-ratio",
                            "--moe-a2a-backend",
                            "--deepep-mode",
-                           "--hicache-write-policy",
-                           "--hicache-io-backend",
-                           "--hicache-mem-layout",
                            "--disaggregation-transfer-backend",
                            "--speculative-ngram-branch-length",
                            "--speculative-ngram-capacity",
@@ -564,8 +661,16 @@ void register_serve_command(CLI::App& app, int& exit_code) {
   cmd->callback([a, gpu_flags, ignored_values, &exit_code, cmd] {
     for (auto& f : *gpu_flags)
       std::fprintf(stderr, "warning: %s has no effect on the dsv4.cpp CPU backend\n", f.c_str());
-    if (a->hierarchical_cache)
-      std::fprintf(stderr, "note: --enable-hierarchical-cache: the prefix cache is kept in host RAM\n");
+    if (!a->hicache_io_backend.empty())
+      std::fprintf(stderr,
+                   "note: --hicache-io-backend %s has no effect: L1 and L2 are both host memory on the CPU backend, "
+                   "copied with memcpy\n",
+                   a->hicache_io_backend.c_str());
+    if (!a->hicache_mem_layout.empty())
+      std::fprintf(stderr,
+                   "note: --hicache-mem-layout %s has no effect: a radix page is stored as one object holding every "
+                   "layer's rows (page-first), in every tier\n",
+                   a->hicache_mem_layout.c_str());
     a->argv.clear();
     for (auto* o : cmd->get_options())
       if (o->count() > 0) a->argv.push_back(o->get_name(false, true) + "=" + o->as<std::string>());

@@ -13,11 +13,19 @@
 
 namespace dsv4 {
 
+namespace {
+HiCacheOptions cache_options(const EngineOptions& o) {
+  HiCacheOptions h = o.hicache;
+  h.device_bytes = o.prefix_cache_bytes;
+  return h;
+}
+}  // namespace
+
 Engine::Engine(std::shared_ptr<const Model> model, EngineOptions options)
     : model_(std::move(model)),
       options_(options),
       executor_(*model_),
-      cache_(options.prefix_cache_bytes),
+      cache_(model_, cache_options(options), !options.bounded_replay),
       gate_(options.speculative.auto_bypass) {
   const int64_t model_max = model_->config().max_position_embeddings;
   if (options_.context_length <= 0 || options_.context_length > model_max) options_.context_length = model_max;
@@ -36,6 +44,9 @@ Engine::~Engine() {
   }
   cv_.notify_all();
   thread_.join();
+  // Storage jobs (prefetches) wake the engine's thread when done: none may
+  // run once it is gone.
+  cache_.drain_storage();
 }
 
 std::shared_ptr<RequestHandle> Engine::submit(const std::string& id, std::vector<int32_t> prompt,
@@ -75,6 +86,8 @@ std::vector<std::shared_ptr<RequestHandle>> Engine::submit_all(std::vector<Submi
       if (it != live_.end() && !it->second.expired()) throw DuplicateIdError(h->id());
     }
     for (size_t i = 0; i < sequences.size(); ++i) {
+      // The prefix cache reads what storage holds of the prompt meanwhile.
+      sequences[i]->prefetch = cache_.prefetch(sequences[i]->prompt, [this] { cv_.notify_all(); });
       live_[handles[i]->id()] = handles[i];
       waiting_.push_back(std::move(sequences[i]));
       ++totals_.requests_total;
@@ -108,19 +121,8 @@ int64_t Engine::abort_all() {
 }
 
 bool Engine::flush_cache() {
-  // A request whose last token was just delivered may still await retirement
-  // by the engine thread: give it a moment before calling the engine busy.
-  for (int attempt = 0; attempt < 200; ++attempt) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (running_count_ == 0 && waiting_.empty()) {
-        cache_.clear();
-        return true;
-      }
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return false;
+  cache_.flush();
+  return true;
 }
 
 EngineMetrics Engine::metrics() const {
@@ -129,8 +131,9 @@ EngineMetrics Engine::metrics() const {
   m.running = running_count_;
   m.queued = int64_t(waiting_.size());
   m.used_tokens = used_tokens_;
-  m.prefix_cache_entries = cache_.entries();
-  m.prefix_cache_bytes = cache_.bytes();
+  m.hicache = cache_.metrics();
+  m.prefix_cache_entries = m.hicache.checkpoints;
+  m.prefix_cache_bytes = m.hicache.device_bytes + m.hicache.host_bytes;
   double now = now_seconds(), window = 5.0;
   int64_t tokens = 0;
   for (auto& [t, n] : recent_tokens_)
@@ -159,7 +162,9 @@ void Engine::loop() {
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      cv_.wait(lock, [&] { return stop_ || !waiting_.empty() || !running.empty(); });
+      // Requests waiting for a storage prefetch are woken by it; the period
+      // bounds a missed wake-up and serves the timeout policy's deadlines.
+      while (!stop_ && running.empty() && !admissible_locked()) cv_.wait_for(lock, std::chrono::milliseconds(20));
       if (stop_) break;
       admit(running);
     }
@@ -193,7 +198,9 @@ void Engine::loop() {
 void Engine::admit(std::vector<std::unique_ptr<Sequence>>& running) {
   std::vector<WaitingSummary> waiting;
   waiting.reserve(waiting_.size());
-  for (auto& w : waiting_) waiting.push_back({w->reserved_tokens, w->handle->cancelled()});
+  const double now = now_seconds();
+  for (auto& w : waiting_)
+    waiting.push_back({w->reserved_tokens, w->handle->cancelled(), cache_.ready(w->prefetch.get(), now)});
   const Admission a = schedule_admission(waiting, int64_t(running.size()), used_tokens_, budgets_);
   for (size_t i : a.dropped) {
     Sequence& s = *waiting_[i];
@@ -208,20 +215,30 @@ void Engine::admit(std::vector<std::unique_ptr<Sequence>>& running) {
   running_count_ = int64_t(running.size());
 }
 
-// A newly admitted sequence starts from the longest cached prefix of its
+// Under mutex_: a waiting request can be admitted or dropped now.
+bool Engine::admissible_locked() const {
+  const double now = now_seconds();
+  for (auto& w : waiting_)
+    if (w->handle->cancelled() || cache_.ready(w->prefetch.get(), now)) return true;
+  return false;
+}
+
+// A newly admitted sequence starts from the deepest cached checkpoint in its
 // prompt, or from an empty state.
 void Engine::start(Sequence& s) {
-  PrefixCache::Hit hit;
+  CacheHit hit;
   if (cache_.start(s.prompt, &hit)) {
     s.state = std::move(hit.state);
     s.fed = hit.matched;
     s.cached_logits = std::move(hit.last_logits);
+    s.cache_lease = std::move(hit.lease);
     s.handle->cached_tokens_ = hit.matched;
     std::lock_guard<std::mutex> lock(mutex_);
     totals_.cached_tokens_total += hit.matched;
   } else {
     s.state = model_->new_state();
   }
+  s.prefetch.reset();  // what it read is locked by the lease now, or not needed
   s.phase = Phase::Prefilling;
 }
 
@@ -236,6 +253,8 @@ void Engine::step(std::vector<std::unique_ptr<Sequence>>& running) {
   int64_t decoding = 0;
   for (auto& s : running) {
     summaries.push_back(s->summary());
+    if (s->phase == Phase::Prefilling)
+      summaries.back().checkpoint_at = cache_.next_checkpoint(s->fed, int64_t(s->prompt.size()));
     decoding += summaries.back().phase == Phase::Decoding && !summaries.back().cancelled;
   }
   // Drafts first: the scheduler widens a decoding item by its drafts.
@@ -313,6 +332,7 @@ void Engine::step(std::vector<std::unique_ptr<Sequence>>& running) {
       continue;
     }
     s.fed += item.n;
+    if (item.prefill) cache_.on_prefilled(s.prompt, s.fed, s.state);
     const ModelConfig& c = model_->config();
     if (keep_hc_rows) {
       const int64_t width = c.hc_mult * c.dim, rows = int64_t(hc[i].size()) / width;
@@ -377,7 +397,7 @@ SampledToken Engine::draw(const Sequence& s, const float* logits) const {
 // Appends a sampled token, offers the state to the cache policy and pushes the
 // token's event (which also ends the request when it is the last).
 void Engine::emit(Sequence& s, const float* logits, const SampledToken& t) {
-  cache_.on_sampled(s.prompt, s.output, s.fed, s.state, logits, model_->config().vocab_size);
+  cache_.on_sampled(s.prompt, s.output, s.fed, s.state, logits);
   s.output.push_back(t.token);
   s.penalties.add(t.token);
   if (s.constraint) s.constraint->accept(t.token);  // stop tokens end the sequence; a refusal changes nothing
@@ -405,6 +425,7 @@ void Engine::emit(Sequence& s, const float* logits, const SampledToken& t) {
     cache_.on_finished(s.prompt, s.output, s.fed, s.state);
     s.phase = Phase::Finished;
     s.state = SequenceState();  // its memory goes back now rather than at retirement
+    s.cache_lease.reset();
   }
 }
 

@@ -34,7 +34,8 @@ struct EngineOptions {
   int64_t chunked_prefill_size = 2048;            // prefill tokens per step (all requests)
   int64_t context_length = 0;                     // 0 = model maximum
   int64_t max_total_tokens = 0;                   // admission budget over running requests; 0 = unlimited
-  int64_t prefix_cache_bytes = int64_t(1) << 30;  // 0 disables the prefix cache
+  int64_t prefix_cache_bytes = int64_t(1) << 30;  // the prefix cache's L1 (device) tier; 0 disables the cache
+  HiCacheOptions hicache;                         // its other tiers and policies (device_bytes: the line above)
   bool pin_threads = false;                       // pin the model thread's OpenMP team (pin_compute_threads)
   SpeculativeOptions speculative;                 // none by default (docs/speculative.md)
   // V4.1 bounded replay (--enable-decoder-swa-bounded-replay): prompt chunks
@@ -50,7 +51,8 @@ struct EngineMetrics {
   int64_t running = 0, queued = 0, used_tokens = 0;
   int64_t prompt_tokens_total = 0, generation_tokens_total = 0, cached_tokens_total = 0;
   int64_t requests_total = 0, aborted_total = 0;
-  int64_t prefix_cache_entries = 0, prefix_cache_bytes = 0;
+  int64_t prefix_cache_entries = 0, prefix_cache_bytes = 0;  // checkpoints; bytes in L1 + L2
+  HiCacheMetrics hicache;
   double gen_throughput = 0;  // tokens/s over the last few seconds
   // Where the scheduler thread's time goes, seconds since start: whole steps
   // (admission, cache starts and retirement included), the model's forward
@@ -106,8 +108,11 @@ class Engine {
   std::vector<std::shared_ptr<RequestHandle>> submit_all(std::vector<Submission> requests);
   bool abort(const std::string& id);
   int64_t abort_all();
-  // Drops the prefix cache; refused (false) while requests run or wait.
+  // Empties every tier of the prefix cache. Running requests finish
+  // correctly (they hold what they use); true.
   bool flush_cache();
+  // Waits for the prefix cache's queued storage writes (tests, benchmarks).
+  void drain_cache_storage() { cache_.drain_storage(); }
   EngineMetrics metrics() const;
   const Model& model() const { return *model_; }
   const EngineOptions& options() const { return options_; }
@@ -120,6 +125,7 @@ class Engine {
   struct Sequence;
   void loop();
   void admit(std::vector<std::unique_ptr<Sequence>>& running);
+  bool admissible_locked() const;
   void start(Sequence& s);
   void step(std::vector<std::unique_ptr<Sequence>>& running);
   // Speculative decoding (engine_speculative.cpp): drafts for the decoding

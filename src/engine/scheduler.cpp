@@ -29,7 +29,7 @@ Admission schedule_admission(const std::vector<WaitingSummary>& waiting, int64_t
     }
     // Strict FCFS: once a request does not fit, no later one may pass it
     // (a small request slipping past a large one forever would starve it).
-    if (full) continue;
+    if (full || !w.ready) continue;
     const int64_t now_running = running + int64_t(a.admitted.size());
     if (now_running >= budgets.max_running_requests) {
       full = true;
@@ -71,6 +71,9 @@ StepPlan schedule_batch(const std::vector<RunningSummary>& running, const Schedu
       if (todo > 1) {
         take = std::min(todo, prefill_budget);
         if (take <= 0) continue;
+        // A chunk ends where the prefix cache takes a checkpoint (the
+        // forward pass is chunk-invariant: same bits, one more chunk).
+        if (s.checkpoint_at > s.fed && s.checkpoint_at < s.fed + take) take = s.checkpoint_at - s.fed;
         prefill_budget -= take;
       }
       plan.items.push_back({i, s.fed, take, true, take == todo ? LogitRows::Last : LogitRows::None});

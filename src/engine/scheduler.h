@@ -39,6 +39,10 @@ struct SchedulerBudgets {
 struct WaitingSummary {
   int64_t reserved_tokens = 0;  // prompt + max_new_tokens
   bool cancelled = false;
+  // False while the prefix cache still reads its prompt's prefix from
+  // storage under a waiting prefetch policy: skipped (later requests may
+  // start before it), as SGLang's admission skips such a request.
+  bool ready = true;
 };
 
 struct Admission {
@@ -60,6 +64,9 @@ struct RunningSummary {
   int64_t draft_tokens = 0;    // proposed tokens after `known` to verify in the same pass
   bool cached_logits = false;  // the logits after the last known token are at hand
   bool cancelled = false;
+  // A prompt position where the prefix cache takes a checkpoint (a prefill
+  // chunk ends there); -1: none.
+  int64_t checkpoint_at = -1;
 };
 
 // Which logits rows an item needs: none (a prefill chunk that does not end

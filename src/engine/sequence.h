@@ -20,6 +20,8 @@ struct Engine::Sequence {
   PenaltyState penalties;
   std::vector<int32_t> stop_ids;     // stop_token_ids plus EOS unless ignore_eos
   std::vector<float> cached_logits;  // after the prompt, from a full prefix-cache hit
+  std::shared_ptr<void> cache_lease;  // the cached parts it started from, locked while it runs
+  std::shared_ptr<PrefetchTicket> prefetch;  // its prompt's read from storage, until it starts
   int64_t reserved_tokens = 0;
   // Constrained decoding state (null: unconstrained); only the thread that
   // draws this sequence's token touches it. Such a sequence does not draft

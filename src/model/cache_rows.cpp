@@ -103,6 +103,33 @@ void KvRows::set_bytes(const std::vector<uint8_t>& bytes, int64_t rows) {
   for (int64_t r = 0; r < rows; ++r) restore_row_bytes(r, bytes.data() + r * row_bytes());
 }
 
+void KvRows::copy_rows(int64_t r0, int64_t r1, uint8_t* out) const {
+  for (int64_t r = r0; r < r1; ++r) copy_row_bytes(r, out + (r - r0) * row_bytes());
+}
+
+void KvRows::append_rows(const uint8_t* in, int64_t n) {
+  const int64_t first = rows_;
+  resize(rows_ + n);
+  for (int64_t r = 0; r < n; ++r) restore_row_bytes(first + r, in + r * row_bytes());
+}
+
+// FP4 rows (both kinds): a row is its nibbles, then its scales.
+static void copy_fp4_rows(const std::vector<uint8_t>& nibbles, const std::vector<uint8_t>& scales, int64_t half,
+                          int64_t blocks, int64_t r0, int64_t r1, uint8_t* out) {
+  for (int64_t r = r0; r < r1; ++r, out += half + blocks) {
+    std::memcpy(out, nibbles.data() + r * half, size_t(half));
+    std::memcpy(out + half, scales.data() + r * blocks, size_t(blocks));
+  }
+}
+
+static void restore_fp4_rows(std::vector<uint8_t>& nibbles, std::vector<uint8_t>& scales, int64_t half,
+                             int64_t blocks, int64_t first, int64_t n, const uint8_t* in) {
+  for (int64_t r = first; r < first + n; ++r, in += half + blocks) {
+    std::memcpy(nibbles.data() + r * half, in, size_t(half));
+    std::memcpy(scales.data() + r * blocks, in + half, size_t(blocks));
+  }
+}
+
 Fp4Rows::Fp4Rows(int64_t width, int64_t block) : width_(width), block_(block), blocks_((width + block - 1) / block) {
   if (width % 2) throw Error("FP4 rows need an even width");
 }
@@ -149,6 +176,16 @@ void Fp4Rows::set_bytes(const std::vector<uint8_t>& bytes, int64_t rows) {
   std::copy(bytes.begin() + int64_t(nibbles_.size()), bytes.end(), scales_.begin());
 }
 
+void Fp4Rows::copy_rows(int64_t r0, int64_t r1, uint8_t* out) const {
+  copy_fp4_rows(nibbles_, scales_, width_ / 2, blocks_, r0, r1, out);
+}
+
+void Fp4Rows::append_rows(const uint8_t* in, int64_t n) {
+  const int64_t first = rows_;
+  resize(rows_ + n);
+  restore_fp4_rows(nibbles_, scales_, width_ / 2, blocks_, first, n, in);
+}
+
 Fp4ScaledRows::Fp4ScaledRows(int64_t width, int64_t block)
     : width_(width), block_(block), blocks_((width + block - 1) / block) {
   if (width % 2) throw Error("FP4 rows need an even width");
@@ -187,6 +224,16 @@ void Fp4ScaledRows::set_bytes(const std::vector<uint8_t>& bytes, int64_t rows) {
   resize(rows);
   std::copy(bytes.begin(), bytes.begin() + int64_t(nibbles_.size()), nibbles_.begin());
   std::copy(bytes.begin() + int64_t(nibbles_.size()), bytes.end(), scales_.begin());
+}
+
+void Fp4ScaledRows::copy_rows(int64_t r0, int64_t r1, uint8_t* out) const {
+  copy_fp4_rows(nibbles_, scales_, width_ / 2, blocks_, r0, r1, out);
+}
+
+void Fp4ScaledRows::append_rows(const uint8_t* in, int64_t n) {
+  const int64_t first = rows_;
+  resize(rows_ + n);
+  restore_fp4_rows(nibbles_, scales_, width_ / 2, blocks_, first, n, in);
 }
 
 }  // namespace dsv4

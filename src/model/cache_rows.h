@@ -42,6 +42,10 @@ class KvRows {
   // All rows' storage, for snapshots.
   std::vector<uint8_t> bytes() const;
   void set_bytes(const std::vector<uint8_t>& bytes, int64_t rows);
+  // Rows [r0, r1) one after another (row_bytes() each), and the reverse:
+  // `n` such rows appended. The prefix cache stores rows in these ranges.
+  void copy_rows(int64_t r0, int64_t r1, uint8_t* out) const;
+  void append_rows(const uint8_t* in, int64_t n);
 
  private:
   int64_t width_ = 0, nope_ = 0, block_ = 64, blocks_ = 0, rows_ = 0;
@@ -61,6 +65,9 @@ class Fp4Rows {
   int64_t memory_bytes() const { return rows_ * (width_ / 2 + blocks_); }
   std::vector<uint8_t> bytes() const;
   void set_bytes(const std::vector<uint8_t>& bytes, int64_t rows);
+  int64_t row_bytes() const { return width_ / 2 + blocks_; }
+  void copy_rows(int64_t r0, int64_t r1, uint8_t* out) const;  // as KvRows::copy_rows
+  void append_rows(const uint8_t* in, int64_t n);
 
  private:
   int64_t width_ = 0, block_ = 32, blocks_ = 0, rows_ = 0;
@@ -80,6 +87,9 @@ class Fp4ScaledRows {
   int64_t memory_bytes() const { return rows_ * (width_ / 2 + blocks_); }
   std::vector<uint8_t> bytes() const;
   void set_bytes(const std::vector<uint8_t>& bytes, int64_t rows);
+  int64_t row_bytes() const { return width_ / 2 + blocks_; }
+  void copy_rows(int64_t r0, int64_t r1, uint8_t* out) const;  // as KvRows::copy_rows
+  void append_rows(const uint8_t* in, int64_t n);
 
  private:
   int64_t width_ = 0, block_ = 16, blocks_ = 0, rows_ = 0;

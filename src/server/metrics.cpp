@@ -43,6 +43,72 @@ void ServerMetrics::observe_request(const RequestTimes& t, int64_t completion_to
   }
 }
 
+// The prefix cache's tiers (docs/hicache.md): SGLang's HiCache names where
+// it has one, dsv4: names for what it does not expose.
+static void render_hicache(std::ostringstream& o, const HiCacheMetrics& h, const std::string& labels) {
+  auto metric = [&](const char* type, const char* name, double value, const char* help, const std::string& extra = "") {
+    o << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
+    o << name << "{" << labels << extra << "} " << value << "\n";
+  };
+  metric("counter", "sglang:evicted_tokens_total", double(h.evicted_device_tokens),
+         "Tokens of cached rows evicted from the device tier (L1).");
+  metric("counter", "sglang:load_back_tokens_total", double(h.load_back_tokens),
+         "Tokens of cached rows loaded back from the host tier (L2) to L1.");
+  metric("counter", "sglang:hicache_backup_tokens_total", double(h.backup_tokens),
+         "Tokens of cached rows copied from L1 to the host tier (L2).");
+  metric("gauge", "sglang:hicache_host_used_tokens", double(h.host_tokens), "Tokens whose rows are in the host tier.");
+  // Capacity in tokens at the bytes per token the cache holds now (rows and checkpoints).
+  const double per_token =
+      h.row_tokens > 0 ? double(h.row_bytes + h.checkpoint_bytes) / double(h.row_tokens) : 0.0;
+  metric("gauge", "sglang:hicache_host_total_tokens", per_token > 0 ? double(h.host_capacity) / per_token : 0.0,
+         "Host-tier capacity in tokens, at the current bytes per cached token.");
+  const std::string storage = ",storage_backend=\"file\"";
+  if (h.storage_configured) {
+    metric("counter", "sglang:prefetched_tokens_total", double(h.storage.prefetched_tokens),
+           "Prompt tokens read from the storage tier (L3).", storage);
+    metric("counter", "sglang:backuped_tokens_total", double(h.storage.backuped_tokens),
+           "Tokens whose rows were written to the storage tier (L3).", storage);
+  }
+  for (const char* tier : {"device", "host"}) {
+    const bool dev = tier[0] == 'd';
+    o << (dev ? "# HELP dsv4:hicache_bytes Bytes held per tier.\n# TYPE dsv4:hicache_bytes gauge\n" : "");
+    o << "dsv4:hicache_bytes{" << labels << ",tier=\"" << tier << "\"} " << (dev ? h.device_bytes : h.host_bytes)
+      << "\n";
+  }
+  for (const char* tier : {"device", "host"}) {
+    const bool dev = tier[0] == 'd';
+    o << (dev ? "# HELP dsv4:hicache_capacity_bytes Budget per tier.\n# TYPE dsv4:hicache_capacity_bytes gauge\n"
+              : "");
+    o << "dsv4:hicache_capacity_bytes{" << labels << ",tier=\"" << tier << "\"} "
+      << (dev ? h.device_capacity : h.host_capacity) << "\n";
+  }
+  o << "# HELP dsv4:hicache_hits_total Lookups that resumed from the cache, by the lowest tier they used.\n"
+    << "# TYPE dsv4:hicache_hits_total counter\n";
+  o << "dsv4:hicache_hits_total{" << labels << ",tier=\"device\"} " << h.hit_device << "\n";
+  o << "dsv4:hicache_hits_total{" << labels << ",tier=\"host\"} " << h.hit_host << "\n";
+  o << "dsv4:hicache_hits_total{" << labels << ",tier=\"storage\"} " << h.hit_storage << "\n";
+  metric("counter", "dsv4:hicache_lookups_total", double(h.lookups), "Prefix-cache lookups.");
+  o << "# HELP dsv4:hicache_evictions_total Parts (pages, checkpoints) leaving a tier.\n"
+    << "# TYPE dsv4:hicache_evictions_total counter\n";
+  o << "dsv4:hicache_evictions_total{" << labels << ",tier=\"device\"} " << h.evictions_device << "\n";
+  o << "dsv4:hicache_evictions_total{" << labels << ",tier=\"host\"} " << h.evictions_host << "\n";
+  metric("gauge", "dsv4:hicache_nodes", double(h.nodes), "Radix pages in the tree.");
+  metric("gauge", "dsv4:hicache_checkpoints", double(h.checkpoints), "Checkpoints in the tree.");
+  metric("gauge", "dsv4:hicache_bytes_per_token", per_token,
+         "Cached state bytes (rows + checkpoints) per token of cached rows.");
+  if (!h.storage_configured) return;
+  metric("gauge", "dsv4:hicache_storage_enabled", h.storage.enabled ? 1 : 0,
+         "1 while the storage tier works (a write failure turns it off).");
+  metric("gauge", "dsv4:hicache_storage_records", double(h.storage.records), "Record files in the directory.");
+  metric("counter", "dsv4:hicache_storage_read_bytes_total", double(h.storage.read_bytes), "Bytes read from L3.");
+  metric("counter", "dsv4:hicache_storage_write_bytes_total", double(h.storage.write_bytes), "Bytes written to L3.");
+  metric("counter", "dsv4:hicache_storage_reads_total", double(h.storage.reads), "Records read from L3.");
+  metric("counter", "dsv4:hicache_storage_writes_total", double(h.storage.writes), "Records written to L3.");
+  metric("counter", "dsv4:hicache_storage_corrupt_records_total", double(h.storage.corrupt),
+         "L3 records that failed a check (torn, truncated, foreign, bit-flipped): deleted, never used.");
+  metric("counter", "dsv4:hicache_storage_errors_total", double(h.storage.errors), "L3 I/O errors.");
+}
+
 std::string ServerMetrics::render(const EngineMetrics& m, const std::string& model_name) const {
   std::ostringstream o;
   const std::string labels = "model_name=\"" + model_name + "\"";
@@ -52,9 +118,13 @@ std::string ServerMetrics::render(const EngineMetrics& m, const std::string& mod
   };
   metric("counter", "sglang:prompt_tokens_total", double(m.prompt_tokens_total), "Prefilled prompt tokens.");
   metric("counter", "sglang:generation_tokens_total", double(m.generation_tokens_total), "Generated tokens.");
-  o << "# HELP sglang:cached_tokens_total Prompt tokens served from the prefix cache.\n"
+  // SGLang's split by the tier the tokens came from.
+  const HiCacheMetrics& h = m.hicache;
+  o << "# HELP sglang:cached_tokens_total Prompt tokens served from the prefix cache, by tier.\n"
     << "# TYPE sglang:cached_tokens_total counter\n"
-    << "sglang:cached_tokens_total{" << labels << ",cache_source=\"host\"} " << m.cached_tokens_total << "\n";
+    << "sglang:cached_tokens_total{" << labels << ",cache_source=\"device\"} " << h.cached_device << "\n"
+    << "sglang:cached_tokens_total{" << labels << ",cache_source=\"host\"} " << h.cached_host << "\n"
+    << "sglang:cached_tokens_total{" << labels << ",cache_source=\"storage_file\"} " << h.cached_storage << "\n";
   metric("counter", "sglang:num_requests_total", double(m.requests_total), "Requests received.");
   metric("counter", "sglang:num_aborted_requests_total", double(m.aborted_total), "Requests aborted.");
   metric("gauge", "sglang:num_running_reqs", double(m.running), "Requests being processed.");
@@ -93,7 +163,8 @@ std::string ServerMetrics::render(const EngineMetrics& m, const std::string& mod
   double total_prompt = double(m.prompt_tokens_total + m.cached_tokens_total);
   metric("gauge", "sglang:cache_hit_rate", total_prompt > 0 ? double(m.cached_tokens_total) / total_prompt : 0.0,
          "Fraction of prompt tokens served from the prefix cache.");
-  metric("gauge", "sglang:prefix_cache_bytes", double(m.prefix_cache_bytes), "Host memory held by the prefix cache.");
+  metric("gauge", "sglang:prefix_cache_bytes", double(m.prefix_cache_bytes), "Memory held by the prefix cache (L1 + L2).");
+  render_hicache(o, h, labels);
   std::lock_guard<std::mutex> lock(mutex_);
   o << ttft_.render("sglang:time_to_first_token_seconds", labels);
   o << e2e_.render("sglang:e2e_request_latency_seconds", labels);

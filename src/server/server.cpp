@@ -174,13 +174,11 @@ void Server::Impl::setup_routes() {
   get("/get_server_info", server_info);
   get("/server_info", server_info);
   Handler flush = ([this](auto&, HttpResponse& r) {
-    if (engine->flush_cache()) {
-      malloc_trim(0);  // hand the freed prefix-cache memory back to the OS now, not at the next idle step
-      r.set_content("Cache flushed.\n", "text/plain");
-    } else {
-      r.status = 400;
-      r.set_content("Cache not flushed: requests are running or waiting.\n", "text/plain");
-    }
+    // Every tier, storage included; running requests keep what they started
+    // from until they end (docs/hicache.md).
+    engine->flush_cache();
+    malloc_trim(0);  // hand the freed prefix-cache memory back to the OS now, not at the next idle step
+    r.set_content("Cache flushed.\n", "text/plain");
   });
   get("/flush_cache", flush);
   post("/flush_cache", [flush](const std::string&, HttpResponse& r) { flush(HttpRequest(), r); });
