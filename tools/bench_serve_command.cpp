@@ -31,6 +31,8 @@
 #include <vector>
 
 #include "commands.h"
+#include "bench_serve_multiturn.h"
+#include "bench_serve_util.h"
 #include "svg_plot.h"
 
 namespace dsv4::tools {
@@ -176,27 +178,11 @@ Outcome send_one(const BenchServeArgs& a, const Target& t, const Prompt& p, Cloc
   o.start = std::chrono::duration<double>(st - bench_start).count();
   auto since = [&](Clock::time_point tp) { return std::chrono::duration<double>(tp - st).count(); };
 
-  httplib::Client cli(t.scheme_host_port);
-  cli.set_connection_timeout(10, 0);
-  cli.set_read_timeout(time_t(a.timeout_s), 0);
-  cli.set_write_timeout(60, 0);
-  httplib::Request req;
-  req.method = "POST";
-  req.path = t.backend == "generate" ? "/generate" : "/v1/completions";
-  req.body = request_body(a, t, p);
-  req.set_header("Content-Type", "application/json");
-  req.set_header("Accept", "text/event-stream");
-
-  std::string buffer, raw_error;
+  std::string raw_error;
   bool done = false, failed = false;
   int64_t tokens = 0;
   Clock::time_point last{};
   std::string finish;
-  int status = 0;
-  req.response_handler = [&](const httplib::Response& r) {
-    status = r.status;
-    return true;
-  };
   auto on_tokens = [&](int64_t now_tokens) {
     if (now_tokens <= tokens) return;
     const auto now = Clock::now();
@@ -245,43 +231,23 @@ Outcome send_one(const BenchServeArgs& a, const Target& t, const Prompt& p, Cloc
       }
     }
   };
-  req.content_receiver = [&](const char* data, size_t len, uint64_t, uint64_t) {
-    if (status != 200) {
-      raw_error.append(data, len);
-      return true;
-    }
-    buffer.append(data, len);
-    size_t pos;
-    while ((pos = buffer.find("\n\n")) != std::string::npos) {
-      std::string block = buffer.substr(0, pos);
-      buffer.erase(0, pos + 2);
-      std::istringstream lines(block);
-      std::string line;
-      while (std::getline(lines, line)) {
-        if (!line.empty() && line.back() == '\r') line.pop_back();
-        if (line.rfind("data:", 0) != 0) continue;  // comments (keep-alive), other fields
-        std::string d = line.substr(5);
-        if (!d.empty() && d[0] == ' ') d.erase(0, 1);
-        handle_event(d);
-      }
-    }
-    return !failed;
-  };
-
-  httplib::Response res;
-  httplib::Error err = httplib::Error::Success;
-  const bool sent = cli.send(req, res, err);
+  const bench::SseOutcome r =
+      bench::post_sse(t.scheme_host_port, t.backend == "generate" ? "/generate" : "/v1/completions",
+                      request_body(a, t, p), a.timeout_s, [&](const std::string& d) {
+                        handle_event(d);
+                        return !failed;
+                      });
   o.latency = since(Clock::now());
-  if (status == 0) status = res.status;
-  if (!sent && !failed) {
-    o.error = "HTTP request failed: " + httplib::to_string(err);
+  const int status = r.status;
+  if (!r.sent && !failed) {
+    o.error = "HTTP request failed: " + httplib::to_string(r.error);
     return o;
   }
   if (status != 200) {
-    json j = json::parse(raw_error.empty() ? res.body : raw_error, nullptr, false);
+    json j = json::parse(r.error_body, nullptr, false);
     o.error = "HTTP " + std::to_string(status) + ": " +
               (!j.is_discarded() && j.contains("error") && j["error"].is_object() ? j["error"].value("message", "")
-                                                                                  : raw_error.substr(0, 200));
+                                                                                  : r.error_body.substr(0, 200));
     return o;
   }
   if (failed) {
@@ -293,7 +259,7 @@ Outcome send_one(const BenchServeArgs& a, const Target& t, const Prompt& p, Cloc
     return o;
   }
   if (a.disable_stream) {  // whole JSON body (no per-token timing: TTFT = latency)
-    json j = json::parse(res.body, nullptr, false);
+    json j = json::parse(r.body, nullptr, false);
     if (j.is_discarded()) {
       o.error = "unparsable response";
       return o;
@@ -316,47 +282,13 @@ Outcome send_one(const BenchServeArgs& a, const Target& t, const Prompt& p, Cloc
   return o;
 }
 
-// ---- statistics ----
-
-double percentile(std::vector<double> v, double q) {  // numpy's linear interpolation
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const double pos = q / 100.0 * double(v.size() - 1);
-  const size_t lo = size_t(std::floor(pos)), hi = std::min(v.size() - 1, lo + 1);
-  return v[lo] + (v[hi] - v[lo]) * (pos - double(lo));
-}
-double mean(const std::vector<double>& v) {
-  return v.empty() ? 0 : std::accumulate(v.begin(), v.end(), 0.0) / double(v.size());
-}
-double stdev(const std::vector<double>& v) {
-  if (v.size() < 2) return 0;
-  const double m = mean(v);
-  double s = 0;
-  for (double x : v) s += (x - m) * (x - m);
-  return std::sqrt(s / double(v.size()));
-}
-
 // ---- SVG ----
 
-std::string fmt(double v, int prec = 1) {
-  char b[64];
-  std::snprintf(b, sizeof b, "%.*f", prec, v);
-  return b;
-}
-
-// A "nice" axis maximum and tick step.
-std::pair<double, double> nice_axis(double max) {
-  if (!(max > 0)) max = 1;
-  const double raw = max / 5;
-  const double mag = std::pow(10, std::floor(std::log10(raw)));
-  double step = mag;
-  for (double m : {1.0, 2.0, 2.5, 5.0, 10.0})
-    if (m * mag >= raw) {
-      step = m * mag;
-      break;
-    }
-  return {std::ceil(max / step) * step, step};
-}
+using bench::fmt;
+using bench::mean;
+using bench::nice_axis;
+using bench::percentile;
+using bench::stdev;
 
 struct Panel {
   double x, y, w, h;
@@ -478,33 +410,15 @@ struct SpecCounters {
   double verifies = 0, drafted = 0, accepted = 0;
 };
 SpecCounters scrape_spec_counters(const std::string& scheme_host_port) {
-  SpecCounters out;
-  httplib::Client cli(scheme_host_port);
-  cli.set_connection_timeout(5, 0);
-  auto r = cli.Get("/metrics");
-  if (!r || r->status != 200) return out;
-  std::istringstream lines(r->body);
-  for (std::string line; std::getline(lines, line);) {
-    auto value = [&](const char* name, double& into) {
-      if (line.rfind(name, 0) == 0 && line.size() > std::strlen(name) && line[std::strlen(name)] == '{')
-        into = std::strtod(line.c_str() + line.rfind(' ') + 1, nullptr);
-    };
-    value("dsv4:spec_verify_total", out.verifies);
-    value("dsv4:spec_draft_tokens_total", out.drafted);
-    value("dsv4:spec_accepted_tokens_total", out.accepted);
-  }
-  return out;
+  const auto m = bench::scrape_metrics(scheme_host_port);
+  return {bench::metric_sum(m, "dsv4:spec_verify_total"), bench::metric_sum(m, "dsv4:spec_draft_tokens_total"),
+          bench::metric_sum(m, "dsv4:spec_accepted_tokens_total")};
 }
 
 int run_bench_serve(const BenchServeArgs& a) {
   Target t;
   t.backend = a.backend;
-  t.scheme_host_port = a.base_url.empty() ? "http://" + a.host + ":" + std::to_string(a.port) : a.base_url;
-  while (!t.scheme_host_port.empty() && t.scheme_host_port.back() == '/') t.scheme_host_port.pop_back();
-  if (t.scheme_host_port.rfind("http://", 0) != 0)
-    throw std::runtime_error("--base-url must start with http:// (got '" + t.scheme_host_port + "')");
-  if (t.scheme_host_port.find('/', 7) != std::string::npos)
-    throw std::runtime_error("--base-url is the server root, without a path (got '" + t.scheme_host_port + "')");
+  t.scheme_host_port = bench::server_root(a.base_url, a.host, a.port);
   double rate = std::numeric_limits<double>::infinity();
   if (a.request_rate != "inf") {
     try {
@@ -733,6 +647,7 @@ int run_bench_serve(const BenchServeArgs& a) {
 
 void register_bench_serve_command(CLI::App& app, int& exit_code) {
   auto a = std::make_shared<BenchServeArgs>();
+  auto mt = std::make_shared<MultiTurnArgs>();
   CLI::App* cmd = app.add_subcommand("bench-serve",
                                      "Online serving benchmark against a running server (like sglang.bench_serving)");
   cmd->add_option("--host", a->host, "Server host");
@@ -764,12 +679,24 @@ void register_bench_serve_command(CLI::App& app, int& exit_code) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--random-token-lo", a->token_id_lo, "Smallest token id of random prompts");
   cmd->add_option("--random-token-hi", a->token_id_hi, "Token ids of random prompts are below this");
-  cmd->add_option("--output-csv", a->output_csv, "Per-request CSV");
-  cmd->add_option("--output-svg", a->output_svg, "SVG plot: requests over time, TTFT and ITL distributions");
+  cmd->add_option("--output-csv", a->output_csv, "Per-request CSV (--multi-turn: per turn)");
+  cmd->add_option("--output-svg", a->output_svg,
+                  "SVG plot: requests over time, TTFT and ITL distributions (--multi-turn: TTFT and cache coverage per "
+                  "turn)");
   cmd->add_option("--output-file,--output-json", a->output_json, "Append the summary as one JSON line");
   cmd->add_option("--timeout", a->timeout_s, "Per-request read timeout in seconds")->check(CLI::PositiveNumber);
-  cmd->callback([a, &exit_code] {
+  add_multiturn_options(cmd, *mt);
+  cmd->callback([a, mt, &exit_code] {
     try {
+      if (mt->enabled) {
+        MultiTurnArgs m = *mt;
+        m.root = bench::server_root(a->base_url, a->host, a->port);
+        m.model = a->model, m.request_rate = a->request_rate, m.seed = a->seed, m.temperature = a->temperature;
+        m.timeout_s = a->timeout_s, m.ignore_eos = !a->disable_ignore_eos, m.warmup_requests = a->warmup_requests;
+        m.output_csv = a->output_csv, m.output_svg = a->output_svg, m.output_json = a->output_json;
+        exit_code = run_multiturn(m);
+        return;
+      }
       exit_code = run_bench_serve(*a);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "dsv4 bench-serve: error: %s\n", e.what());
