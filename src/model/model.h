@@ -154,7 +154,7 @@ class Model {
   // Bytes of weights one decode step reads for a single token: everything but
   // the embedding table (one row) and the unselected routed experts.
   int64_t decode_weight_bytes_per_token() const;
-  // Touches every page of the checkpoint (see MappedFile::prefault).
+  // Touches every page of the mapped weights the forward pass reads.
   void prefault_weights() const;
 
   // What one token costs in weight bytes read and matrix-product

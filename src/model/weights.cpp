@@ -80,6 +80,7 @@ class Binder {
       expect_shape(w, {rows, cols});
       if (s) throw Error("tensor " + s->name + " is a scale for an unquantized " + dtype_name(w.dtype) + " weight");
       lin.format = w.dtype == DType::BF16 ? WeightFormat::BF16 : WeightFormat::F32;
+      keep(w);
       return lin;
     }
     if (w.dtype == DType::F8_E4M3) {
@@ -98,6 +99,8 @@ class Binder {
         lin.format = WeightFormat::FP8_BLOCK128;
         lin.scale = s->data;
         lin.scale_cols = (cols + 127) / 128;
+        keep(w);
+        keep(*s);
       } else {
         expand_to_bf16(lin, w, *s, block);
       }
@@ -115,6 +118,8 @@ class Binder {
       lin.format = WeightFormat::FP4_BLOCK32;
       lin.scale = s->data;
       lin.scale_cols = cols / 32;
+      keep(w);
+      keep(*s);
       lin.quantize_input = quantize_input;
       lin.input_block = config_.activation_block;
       check_scales(*s);
@@ -148,6 +153,8 @@ class Binder {
     out_.converted.push_back(std::move(buffer));
   }
 
+  void keep(const TensorInfo& t) { out_.mapped_ranges.push_back({t.data, t.nbytes}); }
+
   void check_scales(const TensorInfo& s) {
     for (int64_t i = 0; i < s.nbytes; ++i)
       if (s.data[i] == 255) throw Error("tensor " + s.name + " holds a NaN ue8m0 scale (0xFF)");
@@ -162,6 +169,7 @@ class Binder {
     hc.fn.rows = mix;
     hc.fn.cols = config_.hc_mult * config_.dim;
     hc.fn.data = fn.data;
+    keep(fn);
     hc.base = vec(prefix + "_base", mix);
     hc.scale = vec(prefix + "_scale", n_scale);
     return hc;
@@ -323,6 +331,8 @@ class Binder {
     expect_shape(scale, {rows, dim / 32});
     check_scales(scale);
     e.table = {table.data, scale.data, rows, dim};
+    keep(table);
+    keep(scale);
     e.wkv = linear(p + ".wkv", (c.hc_mult + 1) * c.dim, columns * dim, Storage::Quantized);
     const std::vector<float> q = to_floats(shaped(p + ".q_weight", {c.hc_mult, c.dim}));
     const std::vector<float> k = to_floats(shaped(p + ".k_weight", {c.hc_mult, c.dim}));

@@ -115,6 +115,9 @@ struct ModelWeights {
   // exactly); the Linears above point into them.
   std::vector<std::unique_ptr<uint16_t[]>> converted;
   int64_t converted_bytes = 0;
+  // The mapped bytes the forward pass reads (tensors used in place; those
+  // copied or converted at load are not), for prefaulting only those.
+  std::vector<std::pair<const uint8_t*, int64_t>> mapped_ranges;
   // Vision-tower tensors of a V4.1 checkpoint, left unbound (text only).
   int64_t skipped_vision_tensors = 0, skipped_vision_bytes = 0;
 };
