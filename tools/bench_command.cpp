@@ -45,6 +45,7 @@ struct BenchArgs {
   std::vector<double> accept_lens = {2, 3, 4};
   bool no_mmap = false;
   std::string numerics = "auto";  // auto (the model's default), exact or fast
+  bool bounded_replay = false;    // V4.1: also time a prefill with bounded replay
 };
 
 }  // namespace
@@ -166,6 +167,28 @@ int run_bench(const BenchArgs& a) {
     });
     const double flops = 2.0 * double(prefill_macs(c, cost, a.prompt));
     prefill_flops_rate = flops / dt;
+    if (a.bounded_replay) {
+      // The same prompt with V4.1's bounded replay: the late layers on the
+      // last window only (what --enable-decoder-swa-bounded-replay does).
+      if (model->replay_layer() < 0) throw Error("--bounded-replay needs a V4.1 model (a ratio-1 KV source)");
+      const double replay_dt = best_of_runs("prefill (bounded replay)", [&] {
+        SequenceState s = model->new_state();
+        const double t0 = now_seconds();
+        for (int64_t b = 0; b < a.prompt; b += a.chunk) {
+          const int64_t n = std::min<int64_t>(a.chunk, a.prompt - b);
+          BatchItem item{&s, tokens.data() + b, n, b + n == a.prompt ? logits.data() : nullptr};
+          item.last_logits_only = true;
+          item.replay_from = a.prompt - c.window;
+          model->forward_batch({item});
+        }
+        return now_seconds() - t0;
+      });
+      std::printf("prefill  %6lld tokens with bounded replay (layers %lld+ on the last %lld): %8.3f s  %10.2f "
+                  "tokens/s = %.2fx the full prefill\n",
+                  (long long)a.prompt, (long long)model->replay_layer(), (long long)c.window, replay_dt,
+                  double(a.prompt) / replay_dt, dt / replay_dt);
+      if (csv) csv << "prefill_bounded_replay,1," << a.prompt << "," << replay_dt << "," << a.prompt / replay_dt << ",,,,,\n";
+    }
     measure_limits(" (again)");
     std::printf(
         "limits used: %.2f GB/s, peak GEMM %.1f GFLOP/s, fp32 FMA ceiling %.1f GFLOP/s (best of the two "
@@ -363,6 +386,8 @@ void register_bench_command(CLI::App& app, int& exit_code) {
       ->check(CLI::PositiveNumber);
   cmd->add_option("--csv", a->csv, "Also write the results as CSV");
   cmd->add_flag("--no-mmap", a->no_mmap, "Copy the weights into huge-page memory instead of mapping the files");
+  cmd->add_flag("--bounded-replay", a->bounded_replay,
+                "V4.1: also time the prompt with bounded replay (--enable-decoder-swa-bounded-replay)");
   cmd->add_option("--numerics", a->numerics,
                   "auto (the model's: exact for V4.1), exact (double sums) or fast (fp32 lanes)")
       ->check(CLI::IsMember({"auto", "exact", "fast"}));

@@ -15,6 +15,7 @@
 
 #include "commands.h"
 #include "engram_setup.h"
+#include "kernels/backend.h"
 #include "core/error.h"
 #include "core/machine.h"
 #include "core/threads.h"
@@ -48,6 +49,7 @@ struct ServeArgs {
   std::string reasoning_parser, tool_call_parser, log_level = "info", schedule_policy = "fcfs";
   bool deterministic = false, disable_radix_cache = false, hierarchical_cache = false, no_mmap = false;
   bool enable_cache_report = false, clamp_max_tokens = false, bounded_replay = false;
+  std::string numerics = "auto";
   int64_t grammar_max_string_chars = 0;
   bool allow_special_tokens_in_content = false;
   std::vector<std::string> allowed_origins;
@@ -164,7 +166,10 @@ void print_startup_summary(const Model& model, const Engine& engine, const Serve
   if (model.backend().exact())
     std::fprintf(stderr,
                  "numerics: exact (products exact, sums in double: the V4.1 reference's roundings are reproduced; "
-                 "slower than the fp32-lane kernels)\n");
+                 "slower than the fp32-lane kernels; --numerics fast trades that for speed)\n");
+  else if (c.v41)
+    std::fprintf(stderr, "numerics: fast (fp32 lanes, --numerics fast): logits may differ from the V4.1 reference "
+                         "where it rounds a value near a midpoint\n");
   if (c.v41) {
     std::string roles = "kv sources";
     for (int64_t l : c.kv_source_layer_ids) roles += " " + std::to_string(l);
@@ -384,6 +389,7 @@ int run_serve(ServeArgs& a) {
   load_options.progress = load_progress;
   load_options.no_mmap = a.no_mmap;
   load_options.engram_token_map = engram_token_map_for(model_dir, a.tokenizer_path);
+  if (a.numerics != "auto") load_options.backend = a.numerics == "exact" ? &exact_backend() : &default_backend();
   auto model = std::shared_ptr<Model>(Model::load(model_dir, load_options));
   std::string tok_path = a.tokenizer_path.empty() ? (fs::path(model_dir) / "tokenizer.json").string()
                                                   : (fs::is_directory(a.tokenizer_path)
@@ -531,6 +537,11 @@ void register_serve_command(CLI::App& app, int& exit_code) {
       ->check(CLI::Range(int64_t(1), int64_t(1) << 30));
   cmd->add_option("--schedule-policy", a->schedule_policy, "fcfs");
   cmd->add_flag("--disable-radix-cache", a->disable_radix_cache, "Disable prefix reuse");
+  cmd->add_option("--numerics", a->numerics,
+                  "auto (exact for DeepSeek-V4.1, whose reference roundings need it; fast otherwise), exact (sums in "
+                  "double: slower) or fast (fp32 lanes: V4.1 may then round a value near a midpoint the other way "
+                  "than the reference, docs/v41.md)")
+      ->check(CLI::IsMember({"auto", "exact", "fast"}));
   cmd->add_flag("--enable-decoder-swa-bounded-replay", a->bounded_replay,
                 "DeepSeek-V4.1: prefill runs the late layers (from the ratio-1 KV source on) on each prompt's last "
                 "128 tokens only, sharing that source's compressed rows: faster prefill, logits not identical to a "

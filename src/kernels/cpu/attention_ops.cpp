@@ -2,6 +2,8 @@
 // lightning indexer's scoring and top-k, and the compressor's gated pooling.
 // Work is split over (row, block of heads) or rows only; each output element
 // has one fixed order of operations, so the split never changes a bit.
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -14,6 +16,30 @@
 namespace dsv4::cpu {
 
 namespace {
+
+// acc[i] += w * key[i] in double, a product and a sum rounded each (no
+// fusion), element by element: every path gives the scalar loop's bits.
+DSV4_TARGET_AVX512 void add_weighted_key_avx512(double* acc, double w, const float* key, int64_t n) {
+  const __m512d wv = _mm512_set1_pd(w);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm512_storeu_pd(acc + i, _mm512_add_pd(_mm512_loadu_pd(acc + i),
+                                            _mm512_mul_pd(wv, _mm512_cvtps_pd(_mm256_loadu_ps(key + i)))));
+  for (; i < n; ++i) acc[i] += w * double(key[i]);
+}
+DSV4_TARGET_AVX2 void add_weighted_key_avx2(double* acc, double w, const float* key, int64_t n) {
+  const __m256d wv = _mm256_set1_pd(w);
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4)
+    _mm256_storeu_pd(acc + i, _mm256_add_pd(_mm256_loadu_pd(acc + i),
+                                            _mm256_mul_pd(wv, _mm256_cvtps_pd(_mm_loadu_ps(key + i)))));
+  for (; i < n; ++i) acc[i] += w * double(key[i]);
+}
+void add_weighted_key(KernelIsa isa, double* acc, double w, const float* key, int64_t n) {
+  if (isa == KernelIsa::Avx512) return add_weighted_key_avx512(acc, w, key, n);
+  if (isa == KernelIsa::Avx2) return add_weighted_key_avx2(acc, w, key, n);
+  for (int64_t i = 0; i < n; ++i) acc[i] += w * double(key[i]);
+}
 
 // The exact numerics' attention of one row and head: scores as exact dots,
 // the softmax and the weighted sum of the keys in double, one rounding per
@@ -31,8 +57,7 @@ void sink_attention_exact(KernelIsa isa, const SinkAttention& a, int64_t t, int6
   }
   double denominator = std::exp(double(a.sink[h]) - top);
   for (double& w : weight) denominator += (w = std::exp(w - top));
-  for (int64_t j = 0; j < n_keys; ++j)
-    for (int64_t i = 0; i < hd; ++i) acc[size_t(i)] += weight[size_t(j)] * double(keys[j][i]);
+  for (int64_t j = 0; j < n_keys; ++j) add_weighted_key(isa, acc.data(), weight[size_t(j)], keys[j], hd);
   float* out = a.out + (t * a.heads + h) * hd;
   for (int64_t i = 0; i < hd; ++i) out[i] = float(acc[size_t(i)] / denominator);
 }
