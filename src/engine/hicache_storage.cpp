@@ -28,7 +28,7 @@ struct Header {
 };
 
 void put(uint8_t*& p, const void* v, size_t n) {
-  std::memcpy(p, v, n);
+  if (n > 0) std::memcpy(p, v, n);  // (an empty vector's data() may be null)
   p += n;
 }
 void put_hash(uint8_t*& p, const Hash128& h) {
@@ -36,7 +36,7 @@ void put_hash(uint8_t*& p, const Hash128& h) {
   put(p, &h.hi, 8);
 }
 void get(const uint8_t*& p, void* v, size_t n) {
-  std::memcpy(v, p, n);
+  if (n > 0) std::memcpy(v, p, n);
   p += n;
 }
 Hash128 get_hash(const uint8_t*& p) {
@@ -186,8 +186,9 @@ void HiCacheStorage::write(RecordKind kind, const Hash128& key, const Hash128& p
     h.body_sum = body_checksum(tokens.data(), int64_t(tokens.size()), payload->data(), payload->size());
     Bytes file(kHeaderBytes + tokens.size() * 4 + payload->size());
     encode_header(h, file.data());
-    std::memcpy(file.data() + kHeaderBytes, tokens.data(), tokens.size() * 4);
-    std::memcpy(file.data() + kHeaderBytes + tokens.size() * 4, payload->data(), payload->size());
+    if (!tokens.empty()) std::memcpy(file.data() + kHeaderBytes, tokens.data(), tokens.size() * 4);
+    if (!payload->empty())
+      std::memcpy(file.data() + kHeaderBytes + tokens.size() * 4, payload->data(), payload->size());
     write_now(name, generation, file, kind == RecordKind::Page ? int64_t(tokens.size()) : 0);
   };
   {

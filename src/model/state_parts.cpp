@@ -17,6 +17,7 @@ struct Out {
   std::vector<uint8_t> bytes;
   void u64(uint64_t v) { raw(&v, 8); }
   void raw(const void* p, size_t n) {
+    if (n == 0) return;  // (an empty vector's data() may be null)
     const uint8_t* b = static_cast<const uint8_t*>(p);
     bytes.insert(bytes.end(), b, b + n);
   }
@@ -93,7 +94,8 @@ void put_floats(Out& o, const std::vector<float>& v, size_t n) {
 void get_floats(In& in, std::vector<float>& v, float fill) {
   const uint64_t n = in.u64();
   if (n > v.size()) throw Error("prefix-cache tail does not match the model's compressor layout");
-  std::memcpy(v.data(), in.take(n * sizeof(float)), n * sizeof(float));
+  const uint8_t* src = in.take(n * sizeof(float));
+  if (n > 0) std::memcpy(v.data(), src, n * sizeof(float));  // (an empty vector's data() may be null)
   std::fill(v.begin() + int64_t(n), v.end(), fill);
 }
 
