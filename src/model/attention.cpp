@@ -113,8 +113,7 @@ void attention_output(const KernelBackend& kb, const ModelConfig& c, const Atten
 void attention_forward(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w, const RopeTable& rope,
                        const LayerLayout& layout, const std::vector<Segment>& segments, const float* x, int64_t n_rows,
                        float* out) {
-  const int64_t H = c.n_heads, hd = c.head_dim;
-  const int64_t win = c.window, n = n_rows;
+  const int64_t n = n_rows;
   const RowMap rows(segments, n);
   const std::vector<int64_t>& position = rows.position;
 
@@ -131,10 +130,19 @@ void attention_forward(const KernelBackend& kb, const ModelConfig& c, const Atte
       compressor_push(kb, c, w.compressor, rope, false, *s.state, proj, s.row0, s.start, s.n);
   }
 
+  attend_rows(kb, c, w, rope, layout, segments, rows, layout.has_indexer() ? &selected : nullptr,
+              [](const Segment& s, int64_t i, float* dst) { s.state->compressed.decode(i, dst); }, q.data(),
+              kv.data(), out);
+}
+
+void attend_rows(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w, const RopeTable& rope,
+                 const LayerLayout& layout, const std::vector<Segment>& segments, const RowMap& rows,
+                 const std::vector<std::vector<int32_t>>* selected, const DecodeCompressedRow& decode_row,
+                 const float* q, const float* kv, float* out) {
+  const int64_t H = c.n_heads, hd = c.head_dim, win = c.window, n = int64_t(rows.position.size());
   // The cached keys the rows see, decoded once per sequence: window rows
-  // before the chunk, and the compressed rows (all visible ones for HCA,
-  // those some row selected for CSA). row_of maps a compressed row id to
-  // its decoded copy.
+  // before the chunk, and the compressed rows (all visible ones, or those
+  // some row selected). row_of maps a compressed row id to its decoded copy.
   struct Decoded {
     std::vector<float> window, rows;
     std::vector<int64_t> row_of;
@@ -147,19 +155,16 @@ void attention_forward(const KernelBackend& kb, const ModelConfig& c, const Atte
     d.window.resize(size_t((s.start - first) * hd));
     for (int64_t p = first; p < s.start; ++p) s.state->window.decode(p % win, d.window.data() + (p - first) * hd);
     const int64_t count = layout.visible_rows(s.start + s.n - 1);
-    d.row_of.assign(size_t(count), -1);
-    if (layout.has_indexer()) {
+    d.row_of.assign(size_t(count), selected ? -1 : 0);
+    if (selected)
       for (int64_t t = s.row0; t < s.row0 + s.n; ++t)
-        for (int32_t i : selected[size_t(t)]) d.row_of[size_t(i)] = 0;
-    } else {
-      std::fill(d.row_of.begin(), d.row_of.end(), 0);
-    }
+        for (int32_t i : (*selected)[size_t(t)]) d.row_of[size_t(i)] = 0;
     int64_t used = 0;
     for (int64_t& slot : d.row_of)
       if (slot == 0) slot = used++;
     d.rows.resize(size_t(used * hd));
     for (int64_t i = 0; i < count; ++i)
-      if (d.row_of[size_t(i)] >= 0) s.state->compressed.decode(i, d.rows.data() + d.row_of[size_t(i)] * hd);
+      if (d.row_of[size_t(i)] >= 0) decode_row(s, i, d.rows.data() + d.row_of[size_t(i)] * hd);
   }
 
   // Keys of every row, in a fixed order (compressed rows by id, then window
@@ -169,31 +174,29 @@ void attention_forward(const KernelBackend& kb, const ModelConfig& c, const Atte
   std::vector<int64_t> key_begin(static_cast<size_t>(n + 1));
   for (int64_t t = 0; t < n; ++t) {
     key_begin[size_t(t)] = int64_t(keys.size());
-    const int64_t pos = position[size_t(t)];
+    const int64_t pos = rows.position[size_t(t)];
     const Segment& seg = *rows.owner[size_t(t)];
     const Decoded& d = cache[size_t(&seg - segments.data())];
     auto compressed_row = [&](int64_t i) { return d.rows.data() + d.row_of[size_t(i)] * hd; };
-    if (layout.has_indexer()) {
-      for (int32_t i : selected[size_t(t)]) keys.push_back(compressed_row(i));
+    if (selected) {
+      for (int32_t i : (*selected)[size_t(t)]) keys.push_back(compressed_row(i));
     } else {
       for (int64_t i = 0; i < layout.visible_rows(pos); ++i) keys.push_back(compressed_row(i));
     }
     const int64_t window_first = std::max<int64_t>(0, seg.start - win + 1);
     for (int64_t p = std::max<int64_t>(0, pos - win + 1); p <= pos; ++p)
-      keys.push_back(p >= seg.start ? kv.data() + (seg.row0 + p - seg.start) * hd
-                                    : d.window.data() + (p - window_first) * hd);
+      keys.push_back(p >= seg.start ? kv + (seg.row0 + p - seg.start) * hd : d.window.data() + (p - window_first) * hd);
   }
   key_begin[size_t(n)] = int64_t(keys.size());
   Buffer o = kb.buffer(n * H * hd);
-  kb.sink_attention(
-      {q.data(), n, H, hd, keys.data(), key_begin.data(), w.sink.data(), 1.0f / std::sqrt(float(hd)), o.data()});
+  kb.sink_attention({q, n, H, hd, keys.data(), key_begin.data(), w.sink.data(), 1.0f / std::sqrt(float(hd)), o.data()});
   // The ring keeps the last `win` window rows of each sequence. Every row
   // goes through it in order (not only a chunk's last `win`), so that a
   // rollback into the chunk finds the ring a shorter run would have left.
   for (const Segment& s : segments)
-    for (int64_t t = 0; t < s.n; ++t) s.state->write_window(s.start + t, kv.data() + (s.row0 + t) * hd);
+    for (int64_t t = 0; t < s.n; ++t) s.state->write_window(s.start + t, kv + (s.row0 + t) * hd);
 
-  attention_output(kb, c, w, rope, position.data(), o.data(), n, out);
+  attention_output(kb, c, w, rope, rows.position.data(), o.data(), n, out);
 }
 
 }  // namespace dsv4

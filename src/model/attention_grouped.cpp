@@ -118,62 +118,21 @@ void select_rows(const KernelBackend& kb, const ModelConfig& c, const AttentionW
 void attention_grouped(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w, const RopeTable& rope,
                        const LayerLayout& layout, int64_t layer, const std::vector<Segment>& segments,
                        GroupedShared& shared, const float* x, int64_t n_rows, float* out) {
-  const int64_t H = c.n_heads, hd = c.head_dim, win = c.window, n = n_rows;
+  const int64_t n = n_rows;
   const RowMap rows(segments, n);
   AttentionQueries queries = attention_queries(kb, c, w, rope, rows.position.data(), x, n, false);
   Buffer kv = attention_kv_rows(kb, c, w, rope, rows.position.data(), x, n);
   // The source writes its rows (and keys) before anyone selects or reads.
   if (layout.kv_group == layer) compress_rows(kb, c, w, rope, layout, segments, x, n);
   if (layout.index_group == layer) select_rows(kb, c, w, rope, layout, segments, rows, shared, x, queries.qr.data(), n);
-  const std::vector<std::vector<int32_t>>& selected = shared.selected;
-
-  // Per sequence: the window rows before the chunk and the selected
-  // compressed rows of the source, decoded once.
-  struct Decoded {
-    std::vector<float> window, rows;
-    std::vector<int64_t> row_of;
-  };
-  std::vector<Decoded> cache(segments.size());
-  for (size_t k = 0; k < segments.size(); ++k) {
-    const Segment& s = segments[k];
-    Decoded& d = cache[k];
-    const int64_t first = std::max<int64_t>(0, s.start - win + 1);
-    d.window.resize(size_t((s.start - first) * hd));
-    for (int64_t p = first; p < s.start; ++p) s.state->window.decode(p % win, d.window.data() + (p - first) * hd);
-    const Fp4ScaledRows& source = s.sequence->layers[size_t(layout.kv_group)].compressed_fp4;
-    d.row_of.assign(size_t(layout.visible_rows(s.start + s.n - 1)), -1);
-    for (int64_t t = s.row0; t < s.row0 + s.n; ++t)
-      for (int32_t i : selected[size_t(t)]) d.row_of[size_t(i)] = 0;
-    int64_t used = 0;
-    for (int64_t& slot : d.row_of)
-      if (slot == 0) slot = used++;
-    d.rows.resize(size_t(used * hd));
-    for (int64_t i = 0; i < int64_t(d.row_of.size()); ++i)
-      if (d.row_of[size_t(i)] >= 0) source.decode(i, d.rows.data() + d.row_of[size_t(i)] * hd);
-  }
-
-  // Keys of every row in a fixed order: selected rows by id, then the
-  // window by position (independent of chunking and batching).
-  std::vector<const float*> keys;
-  std::vector<int64_t> key_begin(static_cast<size_t>(n + 1));
-  for (int64_t t = 0; t < n; ++t) {
-    key_begin[size_t(t)] = int64_t(keys.size());
-    const int64_t pos = rows.position[size_t(t)];
-    const Segment& seg = *rows.owner[size_t(t)];
-    const Decoded& d = cache[size_t(&seg - segments.data())];
-    for (int32_t i : selected[size_t(t)]) keys.push_back(d.rows.data() + d.row_of[size_t(i)] * hd);
-    const int64_t window_first = std::max<int64_t>(0, seg.start - win + 1);
-    for (int64_t p = std::max<int64_t>(0, pos - win + 1); p <= pos; ++p)
-      keys.push_back(p >= seg.start ? kv.data() + (seg.row0 + p - seg.start) * hd
-                                    : d.window.data() + (p - window_first) * hd);
-  }
-  key_begin[size_t(n)] = int64_t(keys.size());
-  Buffer o = kb.buffer(n * H * hd);
-  kb.sink_attention({queries.q.data(), n, H, hd, keys.data(), key_begin.data(), w.sink.data(),
-                     1.0f / std::sqrt(float(hd)), o.data()});
-  for (const Segment& s : segments)
-    for (int64_t t = 0; t < s.n; ++t) s.state->write_window(s.start + t, kv.data() + (s.row0 + t) * hd);
-  attention_output(kb, c, w, rope, rows.position.data(), o.data(), n, out);
+  // Every layer of the group attends the latest selection over its KV
+  // source's rows.
+  attend_rows(
+      kb, c, w, rope, layout, segments, rows, &shared.selected,
+      [&](const Segment& s, int64_t i, float* dst) {
+        s.sequence->layers[size_t(layout.kv_group)].compressed_fp4.decode(i, dst);
+      },
+      queries.q.data(), kv.data(), out);
 }
 
 void grouped_compress(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w, const RopeTable& rope,

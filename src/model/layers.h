@@ -4,6 +4,7 @@
 // more sequences (see Segment).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "io/config.h"
@@ -82,6 +83,18 @@ struct RowMap {
 };
 void attention_output(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w, const RopeTable& rope,
                       const int64_t* positions, float* o, int64_t n, float* out);
+
+// What every attention layer does once its keys are known: each row
+// attends its compressed rows (`selected[row]`, ascending ids; null: every
+// row it can see) and its window (the chunk's own `kv` rows, earlier ones
+// from the ring), in that fixed order; the window rows of the chunk enter
+// the ring; the output projection writes `out`. `decode_row(segment, id,
+// dst)` decodes compressed row `id` of a segment's sequence.
+using DecodeCompressedRow = std::function<void(const Segment&, int64_t, float*)>;
+void attend_rows(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w, const RopeTable& rope,
+                 const LayerLayout& layout, const std::vector<Segment>& segments, const RowMap& rows,
+                 const std::vector<std::vector<int32_t>>* selected, const DecodeCompressedRow& decode_row,
+                 const float* q, const float* kv, float* out);
 
 // Attention over a batch of rows from one or more sequences.
 void attention_forward(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w, const RopeTable& rope,

@@ -102,19 +102,6 @@ void sink_attention(KernelIsa isa, const SinkAttention& a, bool exact) {
 
 namespace {
 
-// Indices of the k largest of n scores (ties: lower index), ascending.
-template <typename T>
-std::vector<int32_t> top_k_of(const T* scores, int64_t n, int64_t k) {
-  std::vector<int32_t> idx(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) idx[size_t(i)] = int32_t(i);
-  k = std::min(k, n);
-  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
-                    [&](int32_t a, int32_t b) { return scores[a] > scores[b] || (scores[a] == scores[b] && a < b); });
-  idx.resize(size_t(k));
-  std::sort(idx.begin(), idx.end());
-  return idx;
-}
-
 // Level one of V4.1's two-level top-k over one query's scores: block maxima,
 // the newest block pinned, the best `keep` blocks (ties: lower block).
 template <typename T>
@@ -127,7 +114,7 @@ std::vector<uint8_t> candidate_mask(const std::vector<T>& scores, int64_t keep, 
   for (int64_t i = 0; i < visible; ++i)
     block_max[size_t(i / block_size)] = std::max(block_max[size_t(i / block_size)], scores[size_t(i)]);
   block_max[size_t(blocks - 1)] = INFINITY;
-  for (int32_t b : top_k_of(block_max.data(), blocks, keep))
+  for (int32_t b : top_k_indices(block_max.data(), blocks, keep))
     for (int64_t i = b * block_size; i < std::min(visible, (b + 1) * block_size); ++i) mask[size_t(i)] = 1;
   return mask;
 }
@@ -169,11 +156,11 @@ void select_row(KernelIsa isa, const IndexerSelect& p, int64_t r, bool exact) {
     std::vector<T> kept;
     for (int64_t i = 0; i < visible; ++i)
       if (p.allowed[r][i]) ids.push_back(int32_t(i)), kept.push_back(scores[size_t(i)]);
-    std::vector<int32_t> picked = top_k_of(kept.data(), int64_t(kept.size()), p.top_k);
+    std::vector<int32_t> picked = top_k_indices(kept.data(), int64_t(kept.size()), p.top_k);
     for (int32_t& i : picked) i = ids[size_t(i)];
     (*p.selected)[size_t(r)] = std::move(picked);
   } else {
-    (*p.selected)[size_t(r)] = top_k_of(scores.data(), visible, p.top_k);
+    (*p.selected)[size_t(r)] = top_k_indices(scores.data(), visible, p.top_k);
   }
 }
 

@@ -206,17 +206,6 @@ void hadamard_transform(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] *= scale;
 }
 
-std::vector<int32_t> top_k_indices(const float* scores, int64_t n, int64_t k) {
-  std::vector<int32_t> idx(static_cast<size_t>(n));
-  std::iota(idx.begin(), idx.end(), 0);
-  k = std::min(k, n);
-  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
-                    [&](int32_t a, int32_t b) { return scores[a] > scores[b] || (scores[a] == scores[b] && a < b); });
-  idx.resize(size_t(k));
-  std::sort(idx.begin(), idx.end());
-  return idx;
-}
-
 namespace cpu {
 
 void rms_norm_exact(float* x, const float* w, int64_t n, float eps, KernelIsa isa) {

@@ -2,8 +2,10 @@
 // All of them work on one token's vector with a fixed reduction order, and
 // every KernelIsa gives the same bits (the default is the process's path).
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <numeric>
 #include <vector>
 
 #include "kernels/cpu/isa.h"
@@ -36,7 +38,17 @@ inline float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x));
 void hadamard_transform(float* x, int64_t n);
 
 // Indices of the k largest scores (ties: lower index first), returned sorted
-// ascending by index.
-std::vector<int32_t> top_k_indices(const float* scores, int64_t n, int64_t k);
+// ascending by index (float scores, or the exact numerics' doubles).
+template <typename T>
+std::vector<int32_t> top_k_indices(const T* scores, int64_t n, int64_t k) {
+  std::vector<int32_t> idx(static_cast<size_t>(n));
+  std::iota(idx.begin(), idx.end(), 0);
+  k = std::min(k, n);
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
+                    [&](int32_t a, int32_t b) { return scores[a] > scores[b] || (scores[a] == scores[b] && a < b); });
+  idx.resize(size_t(k));
+  std::sort(idx.begin(), idx.end());
+  return idx;
+}
 
 }  // namespace dsv4
