@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 
 #include "core/error.h"
 #include "core/numeric.h"
@@ -130,17 +131,19 @@ static void restore_fp4_rows(std::vector<uint8_t>& nibbles, std::vector<uint8_t>
   }
 }
 
-Fp4Rows::Fp4Rows(int64_t width, int64_t block) : width_(width), block_(block), blocks_((width + block - 1) / block) {
+Fp4Rows::Fp4Rows(int64_t width, int64_t block, Fp4Scale scale)
+    : width_(width), block_(block), blocks_((width + block - 1) / block), scale_(scale) {
   if (width % 2) throw Error("FP4 rows need an even width");
 }
 
 void Fp4Rows::resize(int64_t rows) {
   rows_ = rows;
   nibbles_.resize(size_t(rows * width_ / 2), 0);
-  scales_.resize(size_t(rows * blocks_), 127);
+  scales_.resize(size_t(rows * blocks_), scale_ == Fp4Scale::Ue8m0 ? 127 : 0x38);  // 1.0
 }
 
 void Fp4Rows::append(const float* values) {
+  if (scale_ != Fp4Scale::Ue8m0) throw Error("FP4 rows with e4m3 scales are appended by append_rounding");
   resize(rows_ + 1);
   uint8_t* nibbles = nibbles_.data() + (rows_ - 1) * (width_ / 2);
   uint8_t* scales = scales_.data() + (rows_ - 1) * blocks_;
@@ -155,11 +158,21 @@ void Fp4Rows::append(const float* values) {
   }
 }
 
+void Fp4Rows::append_rounding(float* values) {
+  if (scale_ != Fp4Scale::E4m3) throw Error("append_rounding stores e4m3-scaled FP4 rows");
+  std::vector<uint8_t> codes(static_cast<size_t>(width_));
+  resize(rows_ + 1);
+  fp4_e4m3_round_trip(values, width_, block_, codes.data(), scales_.data() + (rows_ - 1) * blocks_);
+  uint8_t* nibbles = nibbles_.data() + (rows_ - 1) * (width_ / 2);
+  for (int64_t i = 0; i < width_; i += 2) nibbles[i / 2] = uint8_t(codes[size_t(i)] | codes[size_t(i + 1)] << 4);
+}
+
 void Fp4Rows::decode(int64_t row, float* out) const {
   const uint8_t* nibbles = nibbles_.data() + row * (width_ / 2);
   const uint8_t* scales = scales_.data() + row * blocks_;
+  const float* scale_values = scale_ == Fp4Scale::Ue8m0 ? kNumericTables.e8m0 : kNumericTables.e4m3;
   for (int64_t i = 0; i < width_; ++i)
-    out[i] = e2m1_to_float(i % 2 ? nibbles[i / 2] >> 4 : nibbles[i / 2] & 15) * e8m0_to_float(scales[i / block_]);
+    out[i] = e2m1_to_float(i % 2 ? nibbles[i / 2] >> 4 : nibbles[i / 2] & 15) * scale_values[scales[i / block_]];
 }
 
 std::vector<uint8_t> Fp4Rows::bytes() const {
@@ -170,7 +183,8 @@ std::vector<uint8_t> Fp4Rows::bytes() const {
 
 void Fp4Rows::set_bytes(const std::vector<uint8_t>& bytes, int64_t rows) {
   if (int64_t(bytes.size()) != rows * (width_ / 2 + blocks_))
-    throw Error("decode-state snapshot: index keys of the wrong size");
+    throw Error(std::string("decode-state snapshot: ") +
+                (scale_ == Fp4Scale::Ue8m0 ? "index keys" : "compressed rows") + " of the wrong size");
   resize(rows);
   std::copy(bytes.begin(), bytes.begin() + int64_t(nibbles_.size()), nibbles_.begin());
   std::copy(bytes.begin() + int64_t(nibbles_.size()), bytes.end(), scales_.begin());
@@ -181,56 +195,6 @@ void Fp4Rows::copy_rows(int64_t r0, int64_t r1, uint8_t* out) const {
 }
 
 void Fp4Rows::append_rows(const uint8_t* in, int64_t n) {
-  const int64_t first = rows_;
-  resize(rows_ + n);
-  restore_fp4_rows(nibbles_, scales_, width_ / 2, blocks_, first, n, in);
-}
-
-Fp4ScaledRows::Fp4ScaledRows(int64_t width, int64_t block)
-    : width_(width), block_(block), blocks_((width + block - 1) / block) {
-  if (width % 2) throw Error("FP4 rows need an even width");
-}
-
-void Fp4ScaledRows::resize(int64_t rows) {
-  rows_ = rows;
-  nibbles_.resize(size_t(rows * width_ / 2), 0);
-  scales_.resize(size_t(rows * blocks_), 0x38);  // e4m3 1.0
-}
-
-void Fp4ScaledRows::append_rounding(float* values) {
-  std::vector<uint8_t> codes(static_cast<size_t>(width_));
-  resize(rows_ + 1);
-  fp4_e4m3_round_trip(values, width_, block_, codes.data(), scales_.data() + (rows_ - 1) * blocks_);
-  uint8_t* nibbles = nibbles_.data() + (rows_ - 1) * (width_ / 2);
-  for (int64_t i = 0; i < width_; i += 2) nibbles[i / 2] = uint8_t(codes[size_t(i)] | codes[size_t(i + 1)] << 4);
-}
-
-void Fp4ScaledRows::decode(int64_t row, float* out) const {
-  const uint8_t* nibbles = nibbles_.data() + row * (width_ / 2);
-  const uint8_t* scales = scales_.data() + row * blocks_;
-  for (int64_t i = 0; i < width_; ++i)
-    out[i] = e2m1_to_float(i % 2 ? nibbles[i / 2] >> 4 : nibbles[i / 2] & 15) * e4m3_to_float(scales[i / block_]);
-}
-
-std::vector<uint8_t> Fp4ScaledRows::bytes() const {
-  std::vector<uint8_t> out(nibbles_);
-  out.insert(out.end(), scales_.begin(), scales_.end());
-  return out;
-}
-
-void Fp4ScaledRows::set_bytes(const std::vector<uint8_t>& bytes, int64_t rows) {
-  if (int64_t(bytes.size()) != rows * (width_ / 2 + blocks_))
-    throw Error("decode-state snapshot: compressed rows of the wrong size");
-  resize(rows);
-  std::copy(bytes.begin(), bytes.begin() + int64_t(nibbles_.size()), nibbles_.begin());
-  std::copy(bytes.begin() + int64_t(nibbles_.size()), bytes.end(), scales_.begin());
-}
-
-void Fp4ScaledRows::copy_rows(int64_t r0, int64_t r1, uint8_t* out) const {
-  copy_fp4_rows(nibbles_, scales_, width_ / 2, blocks_, r0, r1, out);
-}
-
-void Fp4ScaledRows::append_rows(const uint8_t* in, int64_t n) {
   const int64_t first = rows_;
   resize(rows_ + n);
   restore_fp4_rows(nibbles_, scales_, width_ / 2, blocks_, first, n, in);

@@ -53,35 +53,22 @@ class KvRows {
   std::vector<float> rope_;              // [rows, width - nope]
 };
 
+// How an FP4 row's per-block scales are stored: ue8m0 (powers of two: the
+// indexer keys) or e4m3 (V4.1's compressed rows).
+enum class Fp4Scale { Ue8m0, E4m3 };
+
 class Fp4Rows {
  public:
   Fp4Rows() = default;
-  explicit Fp4Rows(int64_t width, int64_t block = 32);
+  explicit Fp4Rows(int64_t width, int64_t block = 32, Fp4Scale scale = Fp4Scale::Ue8m0);
   int64_t width() const { return width_; }
   int64_t rows() const { return rows_; }
   void resize(int64_t rows);
-  void append(const float* values);  // already rounded by the FP4 round trip
-  void decode(int64_t row, float* out) const;
-  int64_t memory_bytes() const { return rows_ * (width_ / 2 + blocks_); }
-  std::vector<uint8_t> bytes() const;
-  void set_bytes(const std::vector<uint8_t>& bytes, int64_t rows);
-  int64_t row_bytes() const { return width_ / 2 + blocks_; }
-  void copy_rows(int64_t r0, int64_t r1, uint8_t* out) const;  // as KvRows::copy_rows
-  void append_rows(const uint8_t* in, int64_t n);
-
- private:
-  int64_t width_ = 0, block_ = 32, blocks_ = 0, rows_ = 0;
-  std::vector<uint8_t> nibbles_, scales_;  // [rows, width / 2], [rows, blocks]
-};
-
-class Fp4ScaledRows {
- public:
-  Fp4ScaledRows() = default;
-  explicit Fp4ScaledRows(int64_t width, int64_t block = 16);
-  int64_t width() const { return width_; }
-  int64_t rows() const { return rows_; }
-  void resize(int64_t rows);
-  // Rounds `values` in place (fp4_e4m3_round_trip) and stores the result.
+  // Ue8m0: values already rounded by the FP4 round trip (the scales are
+  // found again from them).
+  void append(const float* values);
+  // E4m3: rounds `values` in place (fp4_e4m3_round_trip) and stores the
+  // codes that round trip hands over.
   void append_rounding(float* values);
   void decode(int64_t row, float* out) const;
   int64_t memory_bytes() const { return rows_ * (width_ / 2 + blocks_); }
@@ -92,8 +79,9 @@ class Fp4ScaledRows {
   void append_rows(const uint8_t* in, int64_t n);
 
  private:
-  int64_t width_ = 0, block_ = 16, blocks_ = 0, rows_ = 0;
-  std::vector<uint8_t> nibbles_, scales_;  // [rows, width / 2], [rows, blocks] (e4m3)
+  int64_t width_ = 0, block_ = 32, blocks_ = 0, rows_ = 0;
+  Fp4Scale scale_ = Fp4Scale::Ue8m0;
+  std::vector<uint8_t> nibbles_, scales_;  // [rows, width / 2], [rows, blocks]
 };
 
 }  // namespace dsv4

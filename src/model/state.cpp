@@ -75,7 +75,7 @@ static void reset_layer(LayerState& s, const ModelConfig& c, const LayerLayout& 
   s.window = window_rows(c);
   s.window.resize(c.window);
   s.compressed = KvRows(c.head_dim, c.nope_dim());
-  s.compressed_fp4 = Fp4ScaledRows(c.head_dim, 16);
+  s.compressed_fp4 = Fp4Rows(c.head_dim, 16, Fp4Scale::E4m3);
   s.index_keys = Fp4Rows(c.index_head_dim > 0 ? c.index_head_dim : 2);
   s.compressor = {};
   s.index_compressor = {};

@@ -43,7 +43,7 @@ struct LayerState {
   Fp4Rows index_keys;  // CSA layers (V4.1: KV sources): one row per compressed row
   // V4.1 KV sources: the group's compressed rows (FP4, E4M3 scales); the
   // other layers of the group read their source's.
-  Fp4ScaledRows compressed_fp4;
+  Fp4Rows compressed_fp4;
   CompressorState compressor, index_compressor;
 
   // Window row of `position` (already rounded), through the journal.
