@@ -107,6 +107,17 @@ Model::LayerCost without_compressor(Model::LayerCost l) {
   return l;
 }
 
+// A full schedule's totals.
+FlashCost schedule_cost(const char* name, const ModelConfig& c, const Model::TokenCost& full, int64_t prompt) {
+  FlashCost out;
+  out.name = name;
+  out.decode_bytes = full.head_bytes + full.other_bytes;
+  for (const Model::LayerCost& l : full.layers) out.decode_bytes += l.weight_bytes;
+  out.prefill_macs = prefill_macs(c, full, prompt);
+  out.cost = full;
+  return out;
+}
+
 // The released V4.1-Flash: [0,0] + [2]*18 + [1]*20; KV sources 2, 8, 14,
 // 20; re-indexing layers 24, 28, 32, 36 (counted as the ratio-1 source: a
 // few MB of compressor weights too many); Engram before layers 1 and 14.
@@ -146,13 +157,7 @@ std::optional<FlashCost> v41_schedule_cost(const ModelConfig& c, const Model::To
                                                                     : consumer1;
     full.layers.push_back(l == 1 || l == 14 ? with_engram(layer) : layer);
   }
-  FlashCost out;
-  out.name = "40-layer V4.1-Flash";
-  out.decode_bytes = full.head_bytes + full.other_bytes;
-  for (const Model::LayerCost& l : full.layers) out.decode_bytes += l.weight_bytes;
-  out.prefill_macs = prefill_macs(c, full, prompt);
-  out.cost = full;
-  return out;
+  return schedule_cost("40-layer V4.1-Flash", c, full, prompt);
 }
 
 }  // namespace
@@ -165,24 +170,13 @@ std::optional<FlashCost> flash_schedule_cost(const ModelConfig& c, const Model::
     if (l.layout.kind == LayerKind::Compressed && l.layout.ratio == 128 && !by_kind[1]) by_kind[1] = &l;
   }
   if (!by_kind[0] || !by_kind[1]) return std::nullopt;
-  Model::LayerCost window = *by_kind[1];
+  Model::LayerCost window = without_compressor(*by_kind[1]);
   window.layout = LayerLayout{};
-  window.weight_bytes -= window.compressor_bytes;
-  window.linear_macs -= window.compressor_macs;
-  window.compressor_bytes = window.compressor_macs = 0;
-  for (size_t f = 0; f < window.dense_weights.size(); ++f) window.dense_weights[f] -= window.compressor_weights[f];
-  window.compressor_weights = {};
   Model::TokenCost flash = cost;
   flash.layers = {window, window};
   for (int i = 0; i < 20; ++i) flash.layers.insert(flash.layers.end(), {*by_kind[0], *by_kind[1]});
   flash.layers.push_back(*by_kind[0]);
-  FlashCost out;
-  out.name = "43-layer V4-Flash";
-  out.decode_bytes = flash.head_bytes + flash.other_bytes;
-  for (const Model::LayerCost& l : flash.layers) out.decode_bytes += l.weight_bytes;
-  out.prefill_macs = prefill_macs(c, flash, prompt);
-  out.cost = flash;
-  return out;
+  return schedule_cost("43-layer V4-Flash", c, flash, prompt);
 }
 
 }  // namespace dsv4::tools

@@ -19,39 +19,39 @@ namespace dsv4 {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+json synthetic_text_fields() {
+  return {{"attention_bias", false},
+          {"hc_eps", 1e-6},
+          {"hc_mult", 4},
+          {"hc_sinkhorn_iters", 20},
+          {"hidden_act", "silu"},
+          {"max_position_embeddings", 1048576},
+          {"num_key_value_heads", 1},
+          {"n_shared_experts", 1},
+          {"norm_topk_prob", true},
+          {"qk_rope_head_dim", 64},
+          {"rope_theta", 10000},
+          {"compress_rope_theta", 160000},
+          {"rope_scaling", {{"beta_fast", 32}, {"beta_slow", 1}, {"factor", 16}, {"original_max_position_embeddings", 65536}}},
+          {"scoring_func", "sqrtsoftplus"},
+          {"sliding_window", 128},
+          {"swiglu_limit", 10.0},
+          {"tie_word_embeddings", false},
+          {"topk_method", "noaux_tc"},
+          {"vocab_size", 129280}};
+}
+
 json synthetic_config(const SyntheticSpec& s) {
   if (s.preset == "v41" || s.preset == "smoke-v41") return synthetic_config_v41(s);
-  json c = {{"architectures", {"DeepseekV4ForCausalLM"}},
+  json c = synthetic_text_fields();
+  c.update({{"architectures", {"DeepseekV4ForCausalLM"}},
             {"model_type", "deepseek_v4"},
-            {"attention_bias", false},
             {"bos_token_id", 0},
             {"eos_token_id", 1},
-            {"hc_eps", 1e-6},
-            {"hc_mult", 4},
-            {"hc_sinkhorn_iters", 20},
-            {"hidden_act", "silu"},
-            {"max_position_embeddings", 1048576},
-            {"num_key_value_heads", 1},
-            {"n_shared_experts", 1},
-            {"norm_topk_prob", true},
-            {"qk_rope_head_dim", 64},
             {"rms_norm_eps", 1e-6},
-            {"rope_theta", 10000},
-            {"compress_rope_theta", 160000},
-            {"rope_scaling",
-             {{"beta_fast", 32},
-              {"beta_slow", 1},
-              {"factor", 16},
-              {"original_max_position_embeddings", 65536},
-              {"type", "yarn"}}},
-            {"scoring_func", "sqrtsoftplus"},
-            {"sliding_window", 128},
-            {"swiglu_limit", 10.0},
-            {"tie_word_embeddings", false},
-            {"topk_method", "noaux_tc"},
             {"torch_dtype", "bfloat16"},
-            {"vocab_size", 129280},
-            {"num_nextn_predict_layers", 1}};
+            {"num_nextn_predict_layers", 1}});
+  c["rope_scaling"]["type"] = "yarn";
   // The refreshed checkpoints with a DSpark head: the base preset's shapes.
   std::string base = s.preset;
   // (smoke-0731: the smoke shapes with a DSpark head, for tests.)

@@ -17,6 +17,10 @@ struct SyntheticSpec {
   uint64_t seed = 1234;
 };
 
+// The text-model fields every preset shares (V4 and V4.1), without the
+// rope_scaling type key (V4 spells it "type", V4.1's text_config
+// "rope_type").
+nlohmann::json synthetic_text_fields();
 // The config.json of a preset (HF root-style keys, as the official files).
 nlohmann::json synthetic_config(const SyntheticSpec& spec);
 // V4.1 presets (model/synthetic_v41.cpp): v41 has the released V4.1-Flash

@@ -55,33 +55,11 @@ json synthetic_config_v41(const SyntheticSpec& spec) {
   const bool smoke = spec.preset == "smoke-v41";
   const int64_t layers = spec.layers > 0 ? spec.layers : (smoke ? 4 : 2);
   const Schedule s = schedule(layers);
-  json t = {{"model_type", "deepseek_v41_text"},
-            {"attention_bias", false},
-            {"hc_eps", 1e-6},
-            {"hc_mult", 4},
-            {"hc_sinkhorn_iters", 20},
-            {"hidden_act", "silu"},
-            {"max_position_embeddings", 1048576},
-            {"num_key_value_heads", 1},
-            {"n_shared_experts", 1},
-            {"norm_topk_prob", true},
-            {"qk_rope_head_dim", 64},
+  json t = synthetic_text_fields();
+  t["rope_scaling"]["rope_type"] = "yarn";
+  t.update({{"model_type", "deepseek_v41_text"},
             {"rms_norm_eps", 1e-20},
-            {"rope_theta", 10000},
-            {"compress_rope_theta", 160000},
-            {"rope_scaling",
-             {{"beta_fast", 32},
-              {"beta_slow", 1},
-              {"factor", 16},
-              {"original_max_position_embeddings", 65536},
-              {"rope_type", "yarn"}}},
-            {"scoring_func", "sqrtsoftplus"},
             {"routed_scaling_factor", 1.5},
-            {"sliding_window", 128},
-            {"swiglu_limit", 10.0},
-            {"tie_word_embeddings", false},
-            {"topk_method", "noaux_tc"},
-            {"vocab_size", 129280},
             {"num_hidden_layers", layers},
             {"num_nextn_predict_layers", 3},
             {"kv_source_layer_ids", s.kv_sources},
@@ -93,7 +71,7 @@ json synthetic_config_v41(const SyntheticSpec& spec) {
             {"dspark_block_size", 5},
             {"dspark_noise_token_id", 128799},
             {"dspark_target_layer_ids",
-             {std::max<int64_t>(0, layers - 3), std::max<int64_t>(0, layers - 2), layers - 1}}};
+             {std::max<int64_t>(0, layers - 3), std::max<int64_t>(0, layers - 2), layers - 1}}});
   if (s.candidate_source >= 0) t["candidate_source_layer_id"] = s.candidate_source;
   if (smoke) {
     t.update({{"hidden_size", 256},
