@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "editable_checkpoint.h"
 #include "golden_util.h"
 #include "io/config.h"
 
@@ -16,18 +17,6 @@ namespace dsv4::test {
 namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
-
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-void write_file(const fs::path& p, const std::string& data) {
-  std::ofstream out(p, std::ios::binary | std::ios::trunc);
-  out.write(data.data(), std::streamsize(data.size()));
-}
 
 // The same tiny-flash-fp8 weights loaded another way (sharded, copied) must
 // give the bits of the checkpoint as shipped.
@@ -41,51 +30,9 @@ void expect_same_bits_as_golden_checkpoint(const Model& model) {
 }
 
 // A scratch copy of tiny-flash-fp8 whose header or config can be edited.
-class BrokenCheckpoint : public ::testing::Test {
+class BrokenCheckpoint : public EditableCheckpoint {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("dsv4_loader_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
-    fs::path src = model_dir("tiny-flash-fp8");
-    fs::copy_file(src / "config.json", dir_ / "config.json", fs::copy_options::overwrite_existing);
-    std::string bytes = read_file(src / "model.safetensors");
-    uint64_t n;
-    std::memcpy(&n, bytes.data(), 8);
-    header_ = json::parse(bytes.substr(8, n));
-    data_ = bytes.substr(8 + n);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  void write_checkpoint() {
-    std::string h = header_.dump();
-    while (h.size() % 8) h.push_back(' ');
-    uint64_t n = h.size();
-    std::string out(reinterpret_cast<const char*>(&n), 8);
-    write_file(dir_ / "model.safetensors", out + h + data_);
-  }
-
-  void edit_config(const std::function<void(json&)>& edit) {
-    json c = json::parse(read_file(dir_ / "config.json"));
-    edit(c);
-    write_file(dir_ / "config.json", c.dump(2));
-  }
-
-  // Loads and returns the error message ("" if the load succeeded).
-  std::string load_error(bool no_mmap = false) {
-    try {
-      LoadOptions options;
-      options.no_mmap = no_mmap;
-      Model::load(dir_.string(), options);
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "";
-  }
-
-  fs::path dir_;
-  json header_;
-  std::string data_;
+  void SetUp() override { open_copy("tiny-flash-fp8"); }
 };
 
 TEST_F(BrokenCheckpoint, UnchangedCopyLoads) {

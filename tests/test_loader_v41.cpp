@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "editable_checkpoint.h"
 #include "golden_util.h"
 
 namespace dsv4::test {
@@ -18,59 +19,10 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-void write_file(const fs::path& p, const std::string& data) {
-  std::ofstream out(p, std::ios::binary | std::ios::trunc);
-  out.write(data.data(), std::streamsize(data.size()));
-}
-
 // A scratch copy of tiny-v41-flash whose header and config can be edited.
-class BrokenV41 : public ::testing::Test {
+class BrokenV41 : public EditableCheckpoint {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("dsv4_v41_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
-    const fs::path src = model_dir("tiny-v41-flash");
-    for (const char* f : {"config.json", "engram_tokenizer.json"})
-      fs::copy_file(src / f, dir_ / f, fs::copy_options::overwrite_existing);
-    const std::string bytes = read_file(src / "model.safetensors");
-    uint64_t n;
-    std::memcpy(&n, bytes.data(), 8);
-    header_ = json::parse(bytes.substr(8, n));
-    data_ = bytes.substr(8 + n);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  void write_checkpoint() {
-    std::string h = header_.dump();
-    while (h.size() % 8) h.push_back(' ');
-    const uint64_t n = h.size();
-    write_file(dir_ / "model.safetensors", std::string(reinterpret_cast<const char*>(&n), 8) + h + data_);
-  }
-  void edit_config(const std::function<void(json&)>& edit) {
-    json c = json::parse(read_file(dir_ / "config.json"));
-    edit(c);
-    write_file(dir_ / "config.json", c.dump(2));
-  }
-  std::string load_error() {
-    try {
-      Model::load(dir_.string());
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "";
-  }
-
-  fs::path dir_;
-  json header_;
-  std::string data_;
+  void SetUp() override { open_copy("tiny-v41-flash", {"config.json", "engram_tokenizer.json"}); }
 };
 
 TEST_F(BrokenV41, LoadsAsShipped) {
