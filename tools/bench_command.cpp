@@ -24,6 +24,8 @@
 #include "core/threads.h"
 #include "decode_rate.h"
 #include "gemm_peak.h"
+#include "kernels/cpu/isa.h"
+#include "kernels/timed_backend.h"
 #include "model/model.h"
 #include "svg_plot.h"
 
@@ -46,7 +48,39 @@ struct BenchArgs {
   bool no_mmap = false;
   std::string numerics = "auto";  // auto (the model's default), exact or fast
   bool bounded_replay = false;    // V4.1: also time a prefill with bounded replay
+  bool split = true;              // time one more prefill per operation (TimedBackend)
 };
+
+// One more prefill of the same tokens through a TimedBackend: where its time
+// goes, the weight products against everything else.
+void print_prefill_split(Model& model, const std::vector<int32_t>& tokens, int64_t chunk, std::ofstream& csv) {
+  const KernelBackend& inner = model.backend();
+  TimedBackend timed(inner);
+  model.set_backend(timed);
+  SequenceState s = model.new_state();
+  std::vector<float> logits(size_t(model.config().vocab_size));
+  const int64_t n = int64_t(tokens.size());
+  const double t0 = now_seconds();
+  for (int64_t b = 0; b < n - 1; b += chunk) model.forward(s, tokens.data() + b, std::min<int64_t>(chunk, n - 1 - b), nullptr);
+  model.forward(s, tokens.data() + n - 1, 1, logits.data());
+  const double total = now_seconds() - t0;
+  model.set_backend(inner);
+  std::printf("prefill split (one more %lld-token prefill, each backend operation timed; %.3f s):\n", (long long)n, total);
+  double products = 0;
+  for (int i = 0; i < kOpAccounts; ++i) {
+    const OpAccount op = OpAccount(i);
+    const TimedBackend::Account& acc = timed.account(op);
+    if (acc.calls == 0) continue;
+    if (op == OpAccount::Linear || op == OpAccount::Experts) products += acc.seconds;
+    std::printf("  %-42s %8.3f s  %5.1f%%  (%lld calls)\n", op_account_name(op), acc.seconds,
+                100 * acc.seconds / total, (long long)acc.calls);
+    if (csv) csv << "prefill_split_" << op_account_key(op) << ",1," << n << "," << acc.seconds << ",,,,,,\n";
+  }
+  const double outside = total - timed.total_seconds();
+  std::printf("  %-42s %8.3f s  %5.1f%%\n", "model code between operations", outside, 100 * outside / total);
+  std::printf("  not weight products: %.1f%% of the prefill (target: at most 15%% at 4096 tokens)\n",
+              100 * (total - products) / total);
+}
 
 }  // namespace
 
@@ -63,6 +97,7 @@ int run_bench(const BenchArgs& a) {
   std::shared_ptr<Model> model = Model::load(a.model, load_options);
   std::printf("numerics: %s (%s)\n", model->backend().exact() ? "exact (double sums)" : "fast (fp32 lanes)",
               model->backend().name().c_str());
+  std::printf("kernels: %s\n", kernel_isa_reason().c_str());
   {
     // Page faults belong to loading, not to the first timed steps.
     const double t0 = now_seconds();
@@ -167,6 +202,7 @@ int run_bench(const BenchArgs& a) {
     });
     const double flops = 2.0 * double(prefill_macs(c, cost, a.prompt));
     prefill_flops_rate = flops / dt;
+    if (a.split) print_prefill_split(*model, tokens, a.chunk, csv);
     if (a.bounded_replay) {
       // The same prompt with V4.1's bounded replay: the late layers on the
       // last window only (what --enable-decoder-swa-bounded-replay does).
@@ -386,6 +422,7 @@ void register_bench_command(CLI::App& app, int& exit_code) {
       ->check(CLI::PositiveNumber);
   cmd->add_option("--csv", a->csv, "Also write the results as CSV");
   cmd->add_flag("--no-mmap", a->no_mmap, "Copy the weights into huge-page memory instead of mapping the files");
+  cmd->add_flag("!--no-split", a->split, "Skip the extra prefill that times each operation (the prefill split)");
   cmd->add_flag("--bounded-replay", a->bounded_replay,
                 "V4.1: also time the prompt with bounded replay (--enable-decoder-swa-bounded-replay)");
   cmd->add_option("--numerics", a->numerics,
