@@ -91,7 +91,8 @@ BENCHMARK(BM_ExpertsDecode)->Args({40, 0})->Args({40, 1})->Unit(benchmark::kMill
 
 // state.range: 0 = format, 1 = isa, 2 = tokens, 3 = weight MiB (0: 2048 x
 // 4096, which stays in cache: the compute ceiling; 512: streamed from DRAM,
-// as in decode).
+// as in decode), 4 = AVX512-BF16 dot products where exact (1) or the fp32
+// kernels (0).
 void BM_Linear(benchmark::State& state) {
   const auto format = WeightFormat(state.range(0));
   const auto isa = KernelIsa(state.range(1));
@@ -110,6 +111,12 @@ void BM_Linear(benchmark::State& state) {
   std::normal_distribution<float> nd;
   for (auto& v : x) v = nd(rng);
   set_kernel_isa(isa);
+  const bool bf16 = state.range(4) != 0;
+  if (bf16 && !bf16_dot_supported()) {
+    state.SkipWithError("no AVX512-BF16 on this CPU");
+    return;
+  }
+  set_bf16_dot(bf16);
   // Correctness against the scalar reference (on the rounded input).
   linear_forward(w.linear, x.data(), n, y.data());
   std::vector<float> xr(x.begin(), x.begin() + cols);
@@ -134,27 +141,31 @@ void BM_Linear(benchmark::State& state) {
   state.SetBytesProcessed(int64_t(state.iterations()) * w.linear.weight_bytes());
   state.counters["MAC/s"] =
       benchmark::Counter(double(rows * cols * n) * double(state.iterations()), benchmark::Counter::kIsRate);
-  state.SetLabel(std::string(weight_format_name(format)) + " / " + kernel_isa_name(isa));
+  state.SetLabel(std::string(weight_format_name(format)) + " / " + kernel_isa_name(isa) + (bf16 ? " / bf16 dot" : ""));
+  set_bf16_dot(bf16_dot_supported());
 }
 
 void linear_args(benchmark::internal::Benchmark* b) {
   for (int f : {int(WeightFormat::BF16), int(WeightFormat::FP8_BLOCK128), int(WeightFormat::FP4_BLOCK32)})
     for (int isa : {int(KernelIsa::Scalar), int(KernelIsa::Avx2), int(KernelIsa::Avx512)})
-      for (int n : {1, 4, 16, 128}) b->Args({f, isa, n, 0});
+      for (int n : {1, 4, 16, 128}) b->Args({f, isa, n, 0, 0});
   for (int f : {int(WeightFormat::BF16), int(WeightFormat::FP8_BLOCK128), int(WeightFormat::FP4_BLOCK32)})
-    for (int isa : {int(KernelIsa::Avx2), int(KernelIsa::Avx512)}) b->Args({f, isa, 1, 512});
+    for (int isa : {int(KernelIsa::Avx2), int(KernelIsa::Avx512)}) b->Args({f, isa, 1, 512, 0});
   // Prefill-sized batches: the packed GEMM's throughput.
-  for (int f : {int(WeightFormat::FP8_BLOCK128), int(WeightFormat::FP4_BLOCK32)})
-    b->Args({f, int(KernelIsa::Avx512), 1024, 0});
-  // A routed expert in a prefill: ~100 tokens, FP4 weights from DRAM.
-  b->Args({int(WeightFormat::FP4_BLOCK32), int(KernelIsa::Avx512), 96, 256});
+  // With the fp32 kernels and with the bf16 dot products.
+  for (int bf16 : {0, 1}) {
+    for (int f : {int(WeightFormat::FP8_BLOCK128), int(WeightFormat::FP4_BLOCK32)})
+      b->Args({f, int(KernelIsa::Avx512), 1024, 0, bf16});
+    // A routed expert in a prefill: ~100 tokens, FP4 weights from DRAM.
+    b->Args({int(WeightFormat::FP4_BLOCK32), int(KernelIsa::Avx512), 96, 256, bf16});
+  }
   // A 16-sequence decode step: the head (BF16, 16 tokens), the attention
   // and shared-expert products (FP8, 16 tokens) and the routed experts,
   // which see 1-3 tokens each (FP4), all from DRAM. Against the 1-token
   // cases they show where batched decode stops being bound by the bytes.
-  b->Args({int(WeightFormat::BF16), int(KernelIsa::Avx512), 16, 512});
-  b->Args({int(WeightFormat::FP8_BLOCK128), int(KernelIsa::Avx512), 16, 256});
-  for (int n : {2, 3}) b->Args({int(WeightFormat::FP4_BLOCK32), int(KernelIsa::Avx512), n, 256});
+  b->Args({int(WeightFormat::BF16), int(KernelIsa::Avx512), 16, 512, 0});
+  b->Args({int(WeightFormat::FP8_BLOCK128), int(KernelIsa::Avx512), 16, 256, 0});
+  for (int n : {2, 3}) b->Args({int(WeightFormat::FP4_BLOCK32), int(KernelIsa::Avx512), n, 256, 0});
 }
 BENCHMARK(BM_Linear)->Apply(linear_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 

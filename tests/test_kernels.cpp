@@ -220,6 +220,14 @@ std::vector<float> expect_simd_gives_scalar_bits(size_t size, const std::functio
     std::vector<float> simd(size, -1.0f);
     product(simd.data());
     EXPECT_EQ(0, std::memcmp(simd.data(), scalar.data(), size * 4)) << kernel_isa_name(isa);
+    if (isa == KernelIsa::Avx512 && bf16_dot_supported()) {  // and with the other bf16 dot setting
+      const bool bf16 = bf16_dot_enabled();
+      set_bf16_dot(!bf16);
+      std::vector<float> other(size, -1.0f);
+      product(other.data());
+      set_bf16_dot(bf16);
+      EXPECT_EQ(0, std::memcmp(other.data(), scalar.data(), size * 4)) << "avx512, bf16 dot " << !bf16;
+    }
   }
   set_kernel_isa(saved);
   return scalar;

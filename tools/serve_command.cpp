@@ -134,7 +134,10 @@ std::string kernel_path_line() {
   else
     why = std::string("DSV4_KERNELS=") + env +
           " not applied (not scalar, avx2 or avx512, or beyond this CPU); the best this CPU supports";
-  return "kernels: " + active + " (" + why + "; CPU: " + cpu + ")";
+  std::string line = "kernels: " + active + " (" + why + "; CPU: " + cpu + ")";
+  if (active_kernel_isa() == KernelIsa::Avx512 && bf16_dot_supported())
+    line += bf16_dot_enabled() ? "; prefill products with AVX512-BF16 (same bits)" : "; AVX512-BF16 not used";
+  return line;
 }
 
 // What the engine decided, one topic a line, before the "serving" line:

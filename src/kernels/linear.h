@@ -26,9 +26,11 @@
 // float64 reference (section 5 of the notes that came with the golden data);
 // the golden tolerances leave room for that.
 //
-// Why not VDPBF16PS (AVX512-BF16): it could give these bits, but it was
-// measured at half the multiply-add rate of two fp32 FMAs, on the port the
-// decoding permutes need (docs/kernels.md).
+// VDPBF16PS (AVX512-BF16) gives these bits where every operand is exact in
+// bf16 (FP8-rounded inputs, FP8/FP4 weights) and no sum can be subnormal:
+// it adds two exact products per lane with a rounding after each, the odd
+// element first, so one instruction advances a lane's chain by two steps
+// (kernels/cpu/linear_bf16.cpp, docs/kernels.md).
 #pragma once
 #include <cstddef>
 #include <cstdint>

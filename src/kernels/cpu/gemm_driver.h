@@ -161,6 +161,52 @@ inline void pack_token_dot(const float* src, int64_t cols, int64_t n, int64_t t,
   for (int64_t i = 0; i < cols; i += 16, dst += group * 16) std::copy_n(src + i, 16, dst);
 }
 
+// The dot form's driver, shared by the fp32 and the bf16 dot-product kernels
+// (linear_avx512.cpp, linear_bf16.cpp): tasks of rows x tokens; for each
+// chunk [c0, c1) every row of the task is decoded once into its group of
+// kDotRows rows (decode_row(row, c0, c1, group_panel, row_in_group,
+// rows_in_group), group_panel = panel + first row of the group * kChunk),
+// then for each token group of kDotTokens and row group the register block
+// (micro(rows, tokens, group_panel, xg, steps, sums, sums_stride), xg =
+// the token group's packed inputs for the chunk) adds the folded chunk to
+// the double sums. Y[t][o] for rows [row_begin, row_begin + out).
+template <class DecodeRow, class Micro>
+void packed_gemm_dot(const Linear& w, int64_t row_begin, int64_t out, const float* xp, int64_t n, float* y,
+                     int64_t y_stride, int threads, const DecodeRow& decode_row, const Micro& micro) {
+  const int64_t cols = w.cols;
+  const PackedTasks tasks = packed_tasks(out, n, threads, kDotTokens, kDotRows);
+  const int64_t token_block = tasks.token_block;
+#pragma omp parallel num_threads(threads)
+  {
+    float* panel = thread_scratch_array<float>(ScratchSlot::GemmPanel, kRowBlock * kChunk);
+    double* sums = thread_scratch_array<double>(ScratchSlot::GemmSums, kRowBlock * token_block);
+#pragma omp for schedule(dynamic)
+    for (int64_t task = 0; task < tasks.count(); ++task) {
+      const int64_t t0 = tasks.first_token(task), r0 = tasks.first_row(task);
+      const int64_t nt = std::min(token_block, n - t0), nr = std::min(tasks.row_block, out - r0);
+      std::fill_n(sums, kRowBlock * token_block, 0.0);
+      for (int64_t c0 = 0; c0 < cols; c0 += kChunk) {
+        const int64_t c1 = std::min(cols, c0 + kChunk), steps = (c1 - c0) / 16;
+        const NextPanel next = next_panel(tasks, out, cols, task, c1, (nt + kDotTokens - 1) / kDotTokens);
+        for (int64_t r = 0; r < nr; ++r) {
+          const int64_t g = r / kDotRows * kDotRows;
+          decode_row(row_begin + r0 + r, c0, c1, panel + g * kChunk, int(r - g),
+                     int(std::min<int64_t>(kDotRows, nr - g)));
+        }
+        for (int64_t tg = t0; tg < t0 + nt; tg += kDotTokens) {
+          prefetch_next_panel_part(w, row_begin, next, (tg - t0) / kDotTokens);
+          const int group = int(std::min<int64_t>(kDotTokens, n - tg));
+          const float* xg = xp + tg * cols + (c0 / 16) * (group * 16);
+          for (int64_t g = 0; g < nr; g += kDotRows)
+            micro(int(std::min<int64_t>(kDotRows, nr - g)), group, panel + g * kChunk, xg, steps,
+                  sums + g * token_block + (tg - t0), token_block);
+        }
+      }
+      store_task_sums(sums, token_block, 1, nt, nr, y + t0 * y_stride + r0, y_stride);
+    }
+  }
+}
+
 // The outer form's driver, shared by the AVX-512 and AVX2 kernels: tasks of
 // rows x tokens, each chunk's rows decoded once into a panel
 // (decode_rows(row, count, c0, steps, rows_tmp, panel) for 16 rows), then

@@ -1,5 +1,10 @@
 #include "kernels/cpu/isa.h"
 
+#include <immintrin.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 
 #include "core/error.h"
@@ -82,6 +87,99 @@ void set_kernel_isa(KernelIsa isa) {
   choice() = {isa, std::string("set by the program (") + kernel_isa_name(isa) + ")"};
 }
 
-std::string kernel_isa_reason() { return choice().reason; }
+
+namespace {
+
+// Multiply-adds per second of 24 independent chains of `Instr` for about a
+// millisecond: what the core issues of it.
+template <class Instr>
+double chain_rate(const Instr& instr, int macs_per_instr) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t rounds = instr();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return double(rounds) * 24 * macs_per_instr / s;
+}
+
+constexpr int64_t kCalibrationRounds = 20000;
+
+DSV4_TARGET_AVX512 int64_t fma_chains() {
+  __m512 a[24];
+  for (auto& v : a) v = _mm512_setzero_ps();
+  __m512 w = _mm512_set1_ps(1e-3f), x = _mm512_set1_ps(1e-3f);
+  for (int64_t r = 0; r < kCalibrationRounds; ++r) {
+    for (auto& v : a) v = _mm512_fmadd_ps(w, x, v);
+    asm volatile("" : "+v"(w), "+v"(x));
+  }
+  float sink = 0;
+  for (auto& v : a) sink += _mm512_reduce_add_ps(v);
+  asm volatile("" ::"x"(sink));
+  return kCalibrationRounds;
+}
+
+DSV4_TARGET_AVX512_BF16 int64_t bf16_chains() {
+  __m512 a[24];
+  for (auto& v : a) v = _mm512_setzero_ps();
+  __m512i w = _mm512_set1_epi32(0x3a833a83), x = _mm512_set1_epi32(0x3a833a83);
+  for (int64_t r = 0; r < kCalibrationRounds; ++r) {
+    for (auto& v : a) v = _mm512_dpbf16_ps(v, (__m512bh)w, (__m512bh)x);
+    asm volatile("" : "+v"(w), "+v"(x));
+  }
+  float sink = 0;
+  for (auto& v : a) sink += _mm512_reduce_add_ps(v);
+  asm volatile("" ::"x"(sink));
+  return kCalibrationRounds;
+}
+
+struct Bf16Choice {
+  bool on = false;
+  std::string why;
+};
+
+// On where the CPU has AVX512-BF16 and VDPBF16PS does at least 1.3x the
+// multiply-adds of fp32 FMAs on this core (AMD Zen 4/5: about 2x; Sapphire
+// Rapids issues it once per two cycles: 1x), unless DSV4_BF16_DOT says
+// otherwise (0 / 1). The choice changes speed only, never bits.
+Bf16Choice initial_bf16_choice() {
+  if (!bf16_dot_supported()) return {false, ""};
+  const char* env = std::getenv("DSV4_BF16_DOT");
+  if (env && std::string(env) == "0") return {false, "AVX512-BF16 dot products off (DSV4_BF16_DOT=0)"};
+  if (env && std::string(env) == "1") return {true, "AVX512-BF16 dot products for FP8-rounded inputs (DSV4_BF16_DOT=1)"};
+  double fma = 0, bf16 = 0;
+  for (int i = 0; i < 3; ++i) {  // best of three: a descheduled moment only lowers one
+    fma = std::max(fma, chain_rate(fma_chains, 16));
+    bf16 = std::max(bf16, chain_rate(bf16_chains, 32));
+  }
+  char ratio[96];
+  std::snprintf(ratio, sizeof ratio, "VDPBF16PS measured at %.2fx the multiply-adds of fp32 FMAs", bf16 / fma);
+  if (bf16 >= 1.3 * fma) return {true, std::string("AVX512-BF16 dot products for FP8-rounded inputs (") + ratio + ")"};
+  return {false, std::string("AVX512-BF16 dot products off (") + ratio + ")"};
+}
+
+Bf16Choice& bf16_choice() {
+  static Bf16Choice c = initial_bf16_choice();
+  return c;
+}
+
+}  // namespace
+
+std::string kernel_isa_reason() {
+  std::string reason = choice().reason;
+  if (choice().isa == KernelIsa::Avx512 && !bf16_choice().why.empty()) reason += "; " + bf16_choice().why;
+  return reason;
+}
+
+bool bf16_dot_supported() {
+  static const bool supported = [] {
+    __builtin_cpu_init();
+    return best_kernel_isa() == KernelIsa::Avx512 && __builtin_cpu_supports("avx512bf16");
+  }();
+  return supported;
+}
+bool bf16_dot_enabled() { return bf16_choice().on; }
+void set_bf16_dot(bool on) {
+  Bf16Choice& c = bf16_choice();
+  c.on = on && bf16_dot_supported();
+  c.why = c.on ? "AVX512-BF16 dot products (set by the program)" : "AVX512-BF16 dot products off (set by the program)";
+}
 
 }  // namespace dsv4

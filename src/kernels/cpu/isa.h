@@ -12,6 +12,8 @@
 #define DSV4_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
 // Functions that use AVX-512 (F, BW, VL, DQ: the set the kernels check for).
 #define DSV4_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+// AVX-512 plus AVX512-BF16 (VDPBF16PS).
+#define DSV4_TARGET_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 
 namespace dsv4 {
 
@@ -31,5 +33,16 @@ void set_kernel_isa(KernelIsa isa);  // must be supported by the CPU
 // Why the active path was chosen, in words, for the startup log: the CPU's
 // best, or DSV4_KERNELS (and what happened to a request the CPU cannot run).
 std::string kernel_isa_reason();
+
+// Whether the AVX-512 packed GEMM may multiply with AVX512-BF16's
+// VDPBF16PS where that gives the canonical bits (FP8-rounded inputs times
+// FP8/FP4 weights, see kernels/linear.h): twice the multiply-adds per
+// instruction of fp32 FMAs. On where the CPU has it and a 1 ms measure at
+// first use finds it at least 1.3x the fp32 FMA rate (AMD Zen 4/5: ~2x;
+// Sapphire Rapids: ~1x); DSV4_BF16_DOT=0/1 decides instead. Tests switch it
+// to compare (same bits either way).
+bool bf16_dot_supported();
+bool bf16_dot_enabled();
+void set_bf16_dot(bool on);  // ignored (stays off) where unsupported
 
 }  // namespace dsv4

@@ -120,19 +120,47 @@ double linear_dot_reference(const Linear& w, int64_t row, const float* x) {
 
 namespace {
 
-// Inputs in storage order (rounded through FP8 if asked: the round trip
-// works on 128- or 32-column blocks, which the FP4 storage order only
-// permutes within), packed for the GEMM when `packed`. `row` is the thread's scratch row.
-void prepare_token(const Linear& w, const float* x, int64_t n, int64_t t, bool packed, bool outer, float* row,
-                   float* xs) {
+// How the prepared inputs are laid out: rows of the storage order (the
+// register path) or packed for a form of the packed GEMM, with fp32 or
+// bf16-pair (linear_bf16.cpp) kernels.
+enum class Packing { Rows, Dot, Outer, DotBf16, OuterBf16 };
+
+// Token t's inputs in storage order (rounded through FP8 if asked: the round
+// trip works on 128- or 32-column blocks, which the FP4 storage order only
+// permutes within), laid out as `packing` says. `row` is the thread's
+// scratch row. Returns false where a bf16 packing meets an input the bf16
+// kernels cannot take (bf16_dot_inputs_qualify).
+bool prepare_token(const Linear& w, const float* x, int64_t n, int64_t t, Packing packing, float* row, float* xs) {
   const int64_t cols = w.cols;
-  float* dst = packed ? row : xs + t * cols;
+  float* dst = packing == Packing::Rows ? xs + t * cols : row;
   to_storage_order(w, x + t * cols, dst);
   if (w.quantize_input) fp8_round_trip(dst, cols, w.input_block);
-  if (packed && outer)
-    pack_token_outer(dst, cols, n, t, xs);
-  else if (packed)
-    pack_token_dot(dst, cols, n, t, xs);
+  switch (packing) {
+    case Packing::Rows: break;
+    case Packing::Dot: pack_token_dot(dst, cols, n, t, xs); break;
+    case Packing::Outer: pack_token_outer(dst, cols, n, t, xs); break;
+    case Packing::DotBf16:
+    case Packing::OuterBf16:
+      if (!bf16_dot_inputs_qualify(dst, cols)) return false;
+      if (packing == Packing::DotBf16)
+        pack_token_dot_bf16(dst, cols, n, t, xs);
+      else
+        pack_token_outer_bf16(dst, cols, n, t, xs);
+      break;
+  }
+  return true;
+}
+
+// All n tokens, on as many threads as the work is worth; false as above.
+bool prepare_tokens(const Linear& w, const float* x, int64_t n, Packing packing, float* xs) {
+  int qualify = 1;
+#pragma omp parallel num_threads(threads_for(n* w.cols * 16)) reduction(& : qualify)
+  {
+    float* row = thread_scratch_array<float>(ScratchSlot::LinearRow, w.cols);
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < n; ++t) qualify &= int(prepare_token(w, x, n, t, packing, row, xs));
+  }
+  return qualify != 0;
 }
 
 // Piece `id` of `pieces` of rows [row_begin, row_begin + out): an equal
@@ -172,13 +200,18 @@ void linear_forward(KernelIsa isa, const Linear& w, const float* x, int64_t n, f
   const bool packed = n >= packed_min_tokens(w) && out >= kPackedMinRows &&
                       (isa == KernelIsa::Avx512 || (isa == KernelIsa::Avx2 && outer));
   float* xs = thread_scratch_array<float>(ScratchSlot::LinearInput, n * cols);
-#pragma omp parallel num_threads(threads_for(n* cols * 16))
-  {
-    float* row = thread_scratch_array<float>(ScratchSlot::LinearRow, cols);
-#pragma omp for schedule(static)
-    for (int64_t t = 0; t < n; ++t) prepare_token(w, x, n, t, packed, outer, row, xs);
-  }
   const int threads = threads_for(out * cols * std::max<int64_t>(n, 1));
+  // VDPBF16PS where it gives the canonical bits (linear_bf16.cpp); the rare
+  // product it cannot take goes to the fp32 kernels.
+  if (packed && isa == KernelIsa::Avx512 && bf16_dot_enabled() && bf16_dot_weights_qualify(w, row_begin, row_end) &&
+      prepare_tokens(w, x, n, outer ? Packing::OuterBf16 : Packing::DotBf16, xs)) {
+    if (outer)
+      packed_gemm_outer_bf16(w, row_begin, out, xs, n, y, y_stride, threads);
+    else
+      packed_gemm_dot_bf16(w, row_begin, out, xs, n, y, y_stride, threads);
+    return;
+  }
+  prepare_tokens(w, x, n, !packed ? Packing::Rows : outer ? Packing::Outer : Packing::Dot, xs);
   if (packed) {
     if (isa == KernelIsa::Avx2)
       packed_gemm_outer_avx2(w, row_begin, out, xs, n, y, y_stride, threads);
@@ -258,7 +291,7 @@ void linear_forward_many(KernelIsa isa, const LinearProduct* products, size_t co
       const LinearProduct& p = products[fused[k]];
       for (int64_t t = 0; t < p.n; ++t)
         if ((k + size_t(t)) % size_t(nt) == size_t(id))
-          prepare_token(*p.w, p.x, p.n, t, false, false, nullptr, xs + offset[k]);
+          prepare_token(*p.w, p.x, p.n, t, Packing::Rows, nullptr, xs + offset[k]);
     }
 #pragma omp single
     for (size_t k = 0; k < fused.size(); ++k) {

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "core/scratch.h"
+#include "kernels/cpu/avx512_common.h"
 #include "kernels/cpu/gemm_driver.h"
 #include "kernels/cpu/linear_internal.h"
 
@@ -17,16 +18,6 @@
 namespace dsv4::linear_detail {
 
 namespace {
-
-// fold16 of the 16 lanes of a register, in registers (the same additions).
-DSV4_AVX512 inline double fold16_avx512(__m512 lanes) {
-  const __m512d s8 =
-      _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(lanes)),
-                    _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(lanes), 1))));
-  const __m256d s4 = _mm256_add_pd(_mm512_castpd512_pd256(s8), _mm512_extractf64x4_pd(s8, 1));
-  const __m128d s2 = _mm_add_pd(_mm256_castpd256_pd128(s4), _mm256_extractf128_pd(s4, 1));
-  return _mm_cvtsd_f64(_mm_add_sd(s2, _mm_unpackhi_pd(s2, s2)));
-}
 
 // See e4m3_to_ps_avx2: rebiased exponent, subnormal codes as 1.m*2^-6 - 2^-6.
 DSV4_AVX512 inline __m512 e4m3_to_ps_avx512(__m128i bytes16, __m512 scale) {
@@ -382,6 +373,8 @@ DSV4_AVX512 void dot4_all_tokens_avx512(const Linear& w, RowGroup g, const float
   }
 }
 
+}  // namespace
+
 // Storage positions [c0, c1) of one row, decoded with the fast decoders into
 // dst, dst + step, dst + 2 * step, ... (16 floats each).
 DSV4_AVX512 void decode_chunk_avx512(const Linear& w, int64_t row, int64_t c0, int64_t c1, float* dst, int64_t step) {
@@ -422,33 +415,7 @@ DSV4_AVX512 void decode_chunk_avx512(const Linear& w, int64_t row, int64_t c0, i
   }
 }
 
-// r[i][j] -> r[j][i] for a 16 x 16 block of floats.
-DSV4_AVX512 inline void transpose16x16(__m512 r[16]) {
-  __m512 a[16], b[16];
-  for (int i = 0; i < 8; ++i) {
-    a[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    a[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  for (int i = 0; i < 4; ++i) {
-    const __m512d a0 = _mm512_castps_pd(a[4 * i]), a1 = _mm512_castps_pd(a[4 * i + 1]);
-    const __m512d a2 = _mm512_castps_pd(a[4 * i + 2]), a3 = _mm512_castps_pd(a[4 * i + 3]);
-    b[4 * i + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(a0, a2));
-    b[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a0, a2));
-    b[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(a1, a3));
-    b[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(a1, a3));
-  }
-  // b[4i + m], 128-bit lane L, holds rows 4i..4i+3 of column 4L + m.
-  for (int m = 0; m < 4; ++m) {
-    const __m512 e0 = _mm512_shuffle_f32x4(b[m], b[4 + m], _MM_SHUFFLE(1, 0, 1, 0));
-    const __m512 e1 = _mm512_shuffle_f32x4(b[m], b[4 + m], _MM_SHUFFLE(3, 2, 3, 2));
-    const __m512 e2 = _mm512_shuffle_f32x4(b[8 + m], b[12 + m], _MM_SHUFFLE(1, 0, 1, 0));
-    const __m512 e3 = _mm512_shuffle_f32x4(b[8 + m], b[12 + m], _MM_SHUFFLE(3, 2, 3, 2));
-    r[m] = _mm512_shuffle_f32x4(e0, e2, _MM_SHUFFLE(2, 0, 2, 0));
-    r[4 + m] = _mm512_shuffle_f32x4(e0, e2, _MM_SHUFFLE(3, 1, 3, 1));
-    r[8 + m] = _mm512_shuffle_f32x4(e1, e3, _MM_SHUFFLE(2, 0, 2, 0));
-    r[12 + m] = _mm512_shuffle_f32x4(e1, e3, _MM_SHUFFLE(3, 1, 3, 1));
-  }
-}
+namespace {
 
 // Rows [row, row + count) (count <= 16; the rest of the 16 are zeros),
 // storage positions [c0, c0 + 16 * steps), into a panel row group: for lane
@@ -491,10 +458,12 @@ DSV4_AVX512 void outer_lane_kernel(const float* w, const float* x, int64_t steps
   }
 }
 
+}  // namespace
+
 // The 16 lanes of a row group x T tokens (lane l's results at
 // lanes[(l * T + t) * 32 + row]), folded with fold16_avx512's tree, eight
 // rows at a time, and added to sums[t * sums_stride + row].
-DSV4_AVX512 void fold_lanes(const float* lanes, int tokens, double* sums, int64_t sums_stride) {
+DSV4_AVX512 void fold_lanes_avx512(const float* lanes, int tokens, double* sums, int64_t sums_stride) {
   for (int t = 0; t < tokens; ++t)
     for (int h = 0; h < kPanelRows; h += 8) {
       __m512d l[16];
@@ -506,6 +475,8 @@ DSV4_AVX512 void fold_lanes(const float* lanes, int tokens, double* sums, int64_
       _mm512_storeu_pd(s, _mm512_add_pd(_mm512_loadu_pd(s), _mm512_add_pd(l[0], l[1])));
     }
 }
+
+namespace {
 
 DSV4_AVX512 void outer_lane_kernel_any(int tokens, const float* w, const float* x, int64_t steps, float* out) {
   switch (tokens) {
@@ -638,38 +609,11 @@ DSV4_AVX512 void register_rows_avx512(const Linear& w, int64_t row_begin, int64_
 // on `threads` threads.
 DSV4_AVX512 void packed_gemm_dot_avx512(const Linear& w, int64_t row_begin, int64_t out, const float* xp, int64_t n,
                                         float* y, int64_t y_stride, int threads) {
-  const int64_t cols = w.cols;
-  const PackedTasks tasks = packed_tasks(out, n, threads, kDotTokens, kDotRows);
-  const int64_t token_block = tasks.token_block;
-#pragma omp parallel num_threads(threads)
-  {
-    float* panel = thread_scratch_array<float>(ScratchSlot::GemmPanel, kRowBlock * kChunk);
-    double* sums = thread_scratch_array<double>(ScratchSlot::GemmSums, kRowBlock * token_block);
-#pragma omp for schedule(dynamic)
-    for (int64_t task = 0; task < tasks.count(); ++task) {
-      const int64_t t0 = tasks.first_token(task), r0 = tasks.first_row(task);
-      const int64_t nt = std::min(token_block, n - t0), nr = std::min(tasks.row_block, out - r0);
-      std::fill_n(sums, kRowBlock * token_block, 0.0);
-      for (int64_t c0 = 0; c0 < cols; c0 += kChunk) {
-        const int64_t c1 = std::min(cols, c0 + kChunk), steps = (c1 - c0) / 16;
-        const NextPanel next = next_panel(tasks, out, cols, task, c1, (nt + kDotTokens - 1) / kDotTokens);
-        for (int64_t r = 0; r < nr; ++r) {
-          const int64_t g = r / kDotRows * kDotRows;
-          const int64_t rows_in_group = std::min<int64_t>(kDotRows, nr - g);
-          decode_chunk_avx512(w, row_begin + r0 + r, c0, c1, panel + g * kChunk + (r - g) * 16, rows_in_group * 16);
-        }
-        for (int64_t tg = t0; tg < t0 + nt; tg += kDotTokens) {
-          prefetch_next_panel_part(w, row_begin, next, (tg - t0) / kDotTokens);
-          const int group = int(std::min<int64_t>(kDotTokens, n - tg));
-          const float* xg = xp + tg * cols + (c0 / 16) * (group * 16);
-          for (int64_t g = 0; g < nr; g += kDotRows)
-            micro_kernel_any_avx512(int(std::min<int64_t>(kDotRows, nr - g)), group, panel + g * kChunk, xg, steps,
-                                    sums + g * token_block + (tg - t0), token_block);
-        }
-      }
-      store_task_sums(sums, token_block, 1, nt, nr, y + t0 * y_stride + r0, y_stride);
-    }
-  }
+  packed_gemm_dot(
+      w, row_begin, out, xp, n, y, y_stride, threads,
+      [&](int64_t row, int64_t c0, int64_t c1, float* group_panel, int row_in_group, int rows_in_group)
+          DSV4_AVX512 { decode_chunk_avx512(w, row, c0, c1, group_panel + row_in_group * 16, rows_in_group * 16); },
+      micro_kernel_any_avx512);
 }
 
 void packed_gemm_outer_avx512(const Linear& w, int64_t row_begin, int64_t out, const float* xp, int64_t n, float* y,
@@ -683,7 +627,7 @@ void packed_gemm_outer_avx512(const Linear& w, int64_t row_begin, int64_t out, c
           outer_lane_kernel_any(group, pg + l * steps * kPanelRows, xg + l * steps * group, steps,
                                 lanes + l * group * kPanelRows);
       },
-      fold_lanes);
+      fold_lanes_avx512);
 }
 
 }  // namespace dsv4::linear_detail

@@ -187,5 +187,27 @@ DSV4_TARGET_AVX512 void packed_gemm_dot_avx512(const Linear& w, int64_t row_begi
                                                int64_t n, float* y, int64_t y_stride, int threads);
 void packed_gemm_outer_avx512(const Linear& w, int64_t row_begin, int64_t out, const float* xp, int64_t n, float* y,
                               int64_t y_stride, int threads);
+// Storage positions [c0, c1) of one row, decoded with the scale applied,
+// to dst, dst + step, ... (16 floats each).
+DSV4_TARGET_AVX512 void decode_chunk_avx512(const Linear& w, int64_t row, int64_t c0, int64_t c1, float* dst,
+                                            int64_t step);
+// The outer form's fold: lanes[(l * tokens + t) * 32 + row] -> sums[t * stride + row] (+=).
+DSV4_TARGET_AVX512 void fold_lanes_avx512(const float* lanes, int tokens, double* sums, int64_t sums_stride);
+
+// linear_bf16.cpp: the packed GEMMs with AVX512-BF16's VDPBF16PS, for the
+// products where it gives the canonical bits (bf16_dot_exact). Inputs are
+// packed by pack_token_dot_bf16 / pack_token_outer_bf16.
+// Whether the weights of rows [row_begin, row_end) and the n prepared
+// inputs xs ([n][cols]) qualify: an FP8 or FP4 weight with FP8-rounded
+// inputs, and no nonzero weight or input below 2^-50 (so that no sum can be
+// subnormal, which VDPBF16PS flushes to zero; see docs/kernels.md).
+bool bf16_dot_weights_qualify(const Linear& w, int64_t row_begin, int64_t row_end);
+bool bf16_dot_inputs_qualify(const float* xs, int64_t count);
+void pack_token_dot_bf16(const float* src, int64_t cols, int64_t n, int64_t t, float* xp);
+void pack_token_outer_bf16(const float* src, int64_t cols, int64_t n, int64_t t, float* xp);
+void packed_gemm_dot_bf16(const Linear& w, int64_t row_begin, int64_t out, const float* xp, int64_t n, float* y,
+                          int64_t y_stride, int threads);
+void packed_gemm_outer_bf16(const Linear& w, int64_t row_begin, int64_t out, const float* xp, int64_t n, float* y,
+                            int64_t y_stride, int threads);
 
 }  // namespace dsv4::linear_detail
