@@ -543,3 +543,55 @@ TEST(Ops, RmsNormMatchesDefinition) {
 
 }  // namespace
 }  // namespace dsv4
+
+namespace dsv4 {
+namespace {
+
+// The indexer scores FP4 keys as the decode state stores them, decoding a
+// tile at a time (on every path, and split over threads for a lone query
+// row): the selection of every path equals the one computed from keys
+// decoded in full, with dot_fixed per (head, key) and the head sum in order.
+TEST(Ops, IndexerScoresStoredFp4KeysOnEveryPath) {
+  const int64_t heads = 8, dim = 128, keys = 1000, top_k = 37;
+  std::mt19937 rng(5);
+  std::vector<uint8_t> nibbles(size_t(keys * dim / 2)), scales(size_t(keys * dim / 32));
+  for (auto& b : nibbles) b = uint8_t(rng());
+  for (auto& s : scales) s = uint8_t(120 + rng() % 10);
+  const Fp4RowsView view{nibbles.data(), scales.data(), dim, 32};
+  for (int64_t rows : {1, 3}) {
+    SCOPED_TRACE("query rows " + std::to_string(rows));
+    std::vector<float> q = normal_floats(size_t(rows * heads * dim), 8), weights = normal_floats(size_t(rows * heads), 9);
+    for (int64_t i = 0; i < rows * heads; ++i) fp4_round_trip(q.data() + i * dim, dim, 32);
+    std::vector<Fp4RowsView> views(size_t(rows), view);
+    std::vector<int64_t> visible(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) visible[size_t(r)] = keys - 100 * r;
+    // The reference: keys decoded in full.
+    std::vector<float> decoded(size_t(keys * dim));
+    for (int64_t i = 0; i < keys * dim; ++i) {
+      const uint8_t byte = nibbles[size_t(i / 2)];
+      decoded[size_t(i)] = e2m1_to_float(uint8_t(i % 2 ? byte >> 4 : byte & 15)) * e8m0_to_float(scales[size_t(i / 32)]);
+    }
+    for (KernelIsa isa : {KernelIsa::Scalar, KernelIsa::Avx2, KernelIsa::Avx512}) {
+      if (!kernel_isa_supported(isa)) continue;
+      SCOPED_TRACE(kernel_isa_name(isa));
+      std::vector<std::vector<int32_t>> selected;
+      backend_by_name(kernel_isa_name(isa))
+          .indexer_select({q.data(), weights.data(), rows, heads, dim, views.data(), visible.data(), top_k, &selected});
+      for (int64_t r = 0; r < rows; ++r) {
+        std::vector<float> scores(size_t(visible[size_t(r)]));
+        for (int64_t i = 0; i < visible[size_t(r)]; ++i) {
+          float s = 0.0f;
+          for (int64_t h = 0; h < heads; ++h)
+            s += std::max(dot_fixed(q.data() + (r * heads + h) * dim, decoded.data() + i * dim, dim, KernelIsa::Scalar),
+                          0.0f) *
+                 weights[size_t(r * heads + h)];
+          scores[size_t(i)] = s;
+        }
+        EXPECT_EQ(selected[size_t(r)], top_k_indices(scores.data(), visible[size_t(r)], top_k)) << "row " << r;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dsv4

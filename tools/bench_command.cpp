@@ -15,6 +15,7 @@
 #include <random>
 #include <sstream>
 
+#include "bench_context.h"
 #include "bench_costs.h"
 #include "bench_speculative.h"
 #include "commands.h"
@@ -49,6 +50,8 @@ struct BenchArgs {
   std::string numerics = "auto";  // auto (the model's default), exact or fast
   bool bounded_replay = false;    // V4.1: also time a prefill with bounded replay
   bool split = true;              // time one more prefill per operation (TimedBackend)
+  std::vector<int64_t> contexts;  // decode from synthetic states of these many tokens
+  std::vector<int64_t> context_batches = {1, 4};
 };
 
 // One more prefill of the same tokens through a TimedBackend: where its time
@@ -316,6 +319,9 @@ int run_bench(const BenchArgs& a) {
     }
   }
 
+  if (!a.contexts.empty())
+    run_context_bench(*model, a.contexts, a.context_batches, a.decode, {bandwidth, fma_ceiling.flops}, csv);
+
   // The 43-layer V4-Flash model has the same layer kinds as a real-shaped
   // slice: scale the per-layer costs, keep the measured rates.
   if (const auto flash = flash_schedule_cost(c, cost, a.prompt)) {
@@ -431,11 +437,18 @@ void register_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--plot", a->plot, "Also write an SVG chart of the results against the rooflines");
   cmd->add_option("--speculative", a->speculative,
                   "Also compare plain and speculative decoding through the engine: EAGLE (the MTP head) or NGRAM");
+  auto contexts = std::make_shared<std::string>(), context_batches = std::make_shared<std::string>("1,4");
+  cmd->add_option("--context", *contexts,
+                  "Also decode from synthetic states of these many tokens of context (e.g. 4096,65536,262144,1048576; "
+                  "random cached rows, no prefill)");
+  cmd->add_option("--context-batch", *context_batches, "Batch sizes for --context (default 1,4)");
   auto accept = std::make_shared<std::string>("2,3,4");
   cmd->add_option("--accept-len", *accept, "Simulated accept lengths for --speculative (default 2,3,4)");
-  cmd->callback([a, batches, accept, &exit_code] {
+  cmd->callback([a, batches, accept, contexts, context_batches, &exit_code] {
     try {
       a->batches = parse_list(*batches);
+      if (!contexts->empty()) a->contexts = parse_list(*contexts);
+      a->context_batches = parse_list(*context_batches);
       a->accept_lens.clear();
       std::stringstream list(*accept);
       for (std::string item; std::getline(list, item, ',');) {

@@ -22,7 +22,18 @@
 
 namespace dsv4 {
 
-enum class ScratchSlot : int { LinearInput, LinearRow, ScaledInput, GemmPanel, GemmRows, GemmLanes, GemmSums, Count };
+enum class ScratchSlot : int {
+  LinearInput,
+  LinearRow,
+  ScaledInput,
+  GemmPanel,
+  GemmRows,
+  GemmLanes,
+  GemmSums,
+  IndexerKeys,
+  IndexerDots,
+  Count
+};
 
 // `bytes` of 64-byte aligned memory owned by the calling thread, valid until
 // the thread's next request for the same slot or release_thread_scratch().

@@ -61,6 +61,16 @@ struct SinkAttention {
   float* out = nullptr;  // [rows, heads, dim]
 };
 
+// Rows of FP4 e2m1 values, two to a byte (the even index in the low
+// nibble), with one ue8m0 scale byte per `block` values: the indexer keys as
+// a decode state stores them (model/cache_rows.h). The backend decodes
+// them as it scores, a tile at a time.
+struct Fp4RowsView {
+  const uint8_t* nibbles = nullptr;  // [rows, width / 2]
+  const uint8_t* scales = nullptr;   // [rows, width / block]
+  int64_t width = 0, block = 32;
+};
+
 // The lightning indexer's choice for each query row: score every compressed
 // row it can see, score_i = sum_h relu(q_h . k_i) * w_h (heads in order), and
 // keep the top_k (ties to the lower id), returned in ascending id order.
@@ -68,7 +78,7 @@ struct IndexerSelect {
   const float* q = nullptr;             // [rows, heads, dim]
   const float* head_weights = nullptr;  // [rows, heads]
   int64_t rows = 0, heads = 0, dim = 0;
-  const float* const* keys = nullptr;  // row r: its sequence's index keys, [visible[r], dim]
+  const Fp4RowsView* keys = nullptr;  // row r: its sequence's index keys (at least visible[r] rows of dim)
   const int64_t* visible = nullptr;    // [rows]
   int64_t top_k = 0;
   std::vector<std::vector<int32_t>>* selected = nullptr;  // [rows], filled

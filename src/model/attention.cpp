@@ -43,18 +43,11 @@ std::vector<std::vector<int32_t>> indexer_select(const KernelBackend& kb, const 
   for (const Segment& s : segments)
     compressor_push(kb, c, w.compressor, rope, true, *s.state, proj, s.row0, s.start, s.n);
 
-  // Each sequence's keys as floats, as many as its last row sees.
-  std::vector<std::vector<float>> decoded(segments.size());
-  for (size_t k = 0; k < segments.size(); ++k) {
-    const Segment& s = segments[k];
-    const int64_t count = layout.visible_rows(s.start + s.n - 1);
-    decoded[k].resize(size_t(count * hd));
-    for (int64_t i = 0; i < count; ++i) s.state->index_keys.decode(i, decoded[k].data() + i * hd);
-  }
-  std::vector<const float*> keys(static_cast<size_t>(n_rows));
+  // Each row reads its sequence's keys as stored (FP4); the backend decodes.
+  std::vector<Fp4RowsView> keys(static_cast<size_t>(n_rows));
   std::vector<int64_t> visible(static_cast<size_t>(n_rows));
   for (int64_t r = 0; r < n_rows; ++r) {
-    keys[size_t(r)] = decoded[size_t(rows.owner[size_t(r)] - segments.data())].data();
+    keys[size_t(r)] = rows.owner[size_t(r)]->state->index_keys.view();
     visible[size_t(r)] = layout.visible_rows(rows.position[size_t(r)]);
   }
   std::vector<std::vector<int32_t>> selected;

@@ -86,19 +86,12 @@ void select_rows(const KernelBackend& kb, const ModelConfig& c, const AttentionW
   kb.fp4_round(q.data(), n_rows * heads, hd, hd, 32);
   kb.scale(head_weights.data(), n_rows * heads, 1.0f / std::sqrt(float(hd)) * (1.0f / std::sqrt(float(heads))));
 
-  std::vector<std::vector<float>> decoded(segments.size());
-  for (size_t k = 0; k < segments.size(); ++k) {
-    const Segment& s = segments[k];
-    const Fp4Rows& source = s.sequence->layers[size_t(layout.kv_group)].index_keys;
-    const int64_t count = layout.visible_rows(s.start + s.n - 1);
-    decoded[k].resize(size_t(count * hd));
-    for (int64_t i = 0; i < count; ++i) source.decode(i, decoded[k].data() + i * hd);
-  }
-  std::vector<const float*> keys(static_cast<size_t>(n_rows));
+  // Each row reads its sequence's keys as stored (FP4); the backend decodes.
+  std::vector<Fp4RowsView> keys(static_cast<size_t>(n_rows));
   std::vector<int64_t> visible(static_cast<size_t>(n_rows));
   std::vector<const uint8_t*> allowed(static_cast<size_t>(n_rows), nullptr);
   for (int64_t r = 0; r < n_rows; ++r) {
-    keys[size_t(r)] = decoded[size_t(rows.owner[size_t(r)] - segments.data())].data();
+    keys[size_t(r)] = rows.owner[size_t(r)]->sequence->layers[size_t(layout.kv_group)].index_keys.view();
     visible[size_t(r)] = layout.visible_rows(rows.position[size_t(r)]);
     if (layout.uses_candidates) allowed[size_t(r)] = shared.candidates[size_t(r)].data();
   }

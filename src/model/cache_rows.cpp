@@ -175,6 +175,11 @@ void Fp4Rows::decode(int64_t row, float* out) const {
     out[i] = e2m1_to_float(i % 2 ? nibbles[i / 2] >> 4 : nibbles[i / 2] & 15) * scale_values[scales[i / block_]];
 }
 
+Fp4RowsView Fp4Rows::view() const {
+  if (scale_ != Fp4Scale::Ue8m0) throw Error("Fp4Rows::view: only rows with ue8m0 scales");
+  return {nibbles_.data(), scales_.data(), width_, block_};
+}
+
 std::vector<uint8_t> Fp4Rows::bytes() const {
   std::vector<uint8_t> out(nibbles_);
   out.insert(out.end(), scales_.begin(), scales_.end());

@@ -20,6 +20,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/backend.h"
+
 namespace dsv4 {
 
 class KvRows {
@@ -75,6 +77,8 @@ class Fp4Rows {
   std::vector<uint8_t> bytes() const;
   void set_bytes(const std::vector<uint8_t>& bytes, int64_t rows);
   int64_t row_bytes() const { return width_ / 2 + blocks_; }
+  // The rows as the backend reads them (ue8m0 scales only).
+  Fp4RowsView view() const;
   void copy_rows(int64_t r0, int64_t r1, uint8_t* out) const;  // as KvRows::copy_rows
   void append_rows(const uint8_t* in, int64_t n);
 

@@ -9,7 +9,10 @@
 #include <vector>
 
 #include "core/threads.h"
+#include "core/numeric.h"
+#include "core/scratch.h"
 #include "kernels/cpu/exact_sums.h"
+#include "kernels/cpu/linear_internal.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/vector_ops.h"
 
@@ -123,31 +126,85 @@ std::vector<uint8_t> candidate_mask(const std::vector<T>& scores, int64_t keep, 
 
 namespace {
 
-// One query row: scores of its visible rows (fast: the fp32 dot rows; exact:
-// dot_exact and the head sum in double), then the selection.
+// FP4 key rows are decoded a tile at a time (32 KB of floats, in L1/L2)
+// right before they are scored, instead of the whole sequence's keys into
+// memory every step (134 MB at 1M tokens of context).
+constexpr int64_t kKeyTile = 64;
+
+// Rows [first, first + count) of `keys` as floats (e2m1 code times the
+// block's scale, computed in float as the state's own decoder does).
+DSV4_TARGET_AVX512 void decode_fp4_rows_avx512(const Fp4RowsView& keys, int64_t first, int64_t count, float* out) {
+  const linear_detail::E2m1Tables& tables = linear_detail::e2m1_tables();
+  const int64_t blocks = keys.width / keys.block;
+  const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const __m512i hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+  for (int64_t r = first; r < first + count; ++r, out += keys.width) {
+    const uint8_t* nibbles = keys.nibbles + r * (keys.width / 2);
+    const uint8_t* scales = keys.scales + r * blocks;
+    for (int64_t i = 0; i < keys.width; i += 32) {
+      const __m512 table = _mm512_load_ps(tables.values[scales[i / keys.block]]);
+      const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(nibbles + i / 2)));
+      const __m512 even = _mm512_permutexvar_ps(b, table), odd = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), table);
+      _mm512_storeu_ps(out + i, _mm512_permutex2var_ps(even, lo, odd));
+      _mm512_storeu_ps(out + i + 16, _mm512_permutex2var_ps(even, hi, odd));
+    }
+  }
+}
+
+void decode_fp4_rows(KernelIsa isa, const Fp4RowsView& keys, int64_t first, int64_t count, float* out) {
+  if (isa == KernelIsa::Avx512 && keys.width % 32 == 0 && keys.block % 32 == 0)
+    return decode_fp4_rows_avx512(keys, first, count, out);
+  const int64_t blocks = keys.width / keys.block;
+  for (int64_t r = first; r < first + count; ++r, out += keys.width)
+    for (int64_t i = 0; i < keys.width; ++i) {
+      const uint8_t byte = keys.nibbles[r * (keys.width / 2) + i / 2];
+      out[i] = e2m1_to_float(uint8_t(i % 2 ? byte >> 4 : byte & 15)) * e8m0_to_float(keys.scales[r * blocks + i / keys.block]);
+    }
+}
+
+// Scores of rows [first, first + count) of query row r's keys (fast: the
+// fp32 dot rows, the head sum in fp32; exact: dot_exact and the head sum in
+// double). Each score depends only on its key, so tiles may run anywhere.
 template <typename T>
-void select_row(KernelIsa isa, const IndexerSelect& p, int64_t r, bool exact) {
-  const int64_t heads = p.heads, hd = p.dim, visible = p.visible[r];
-  const float* keys = p.keys[r];
+void score_tile(KernelIsa isa, const IndexerSelect& p, int64_t r, int64_t first, int64_t count, bool exact,
+                T* scores) {
+  const int64_t heads = p.heads, hd = p.dim;
   const float* weights = p.head_weights + r * heads;
-  std::vector<T> scores(static_cast<size_t>(visible));
+  float* keys = thread_scratch_array<float>(ScratchSlot::IndexerKeys, kKeyTile * hd);
+  decode_fp4_rows(isa, p.keys[r], first, count, keys);
   if (exact) {
-    for (int64_t i = 0; i < visible; ++i) {
+    for (int64_t i = 0; i < count; ++i) {
       double s = 0.0;
       for (int64_t h = 0; h < heads; ++h)
         s += std::max(dot_exact(p.q + (r * heads + h) * hd, keys + i * hd, hd, isa), 0.0) * double(weights[h]);
-      scores[size_t(i)] = T(s);
+      scores[i] = T(s);
     }
-  } else {
-    std::vector<const float*> rows_of_keys(static_cast<size_t>(visible));
-    for (int64_t i = 0; i < visible; ++i) rows_of_keys[size_t(i)] = keys + i * hd;
-    std::vector<float> dots(size_t(heads * visible));
-    dot_fixed_rows(p.q + r * heads * hd, heads, rows_of_keys.data(), visible, hd, dots.data(), isa);
-    for (int64_t i = 0; i < visible; ++i) {
-      float s = 0.0f;
-      for (int64_t h = 0; h < heads; ++h) s += std::max(dots[size_t(h * visible + i)], 0.0f) * weights[h];
-      scores[size_t(i)] = T(s);
-    }
+    return;
+  }
+  const float* rows_of_keys[kKeyTile];
+  for (int64_t i = 0; i < count; ++i) rows_of_keys[i] = keys + i * hd;
+  float dots[kKeyTile * 128];
+  float* d = heads * count <= kKeyTile * 128 ? dots : thread_scratch_array<float>(ScratchSlot::IndexerDots, heads * count);
+  dot_fixed_rows(p.q + r * heads * hd, heads, rows_of_keys, count, hd, d, isa);
+  for (int64_t i = 0; i < count; ++i) {
+    float s = 0.0f;
+    for (int64_t h = 0; h < heads; ++h) s += std::max(d[size_t(h * count + i)], 0.0f) * weights[h];
+    scores[i] = T(s);
+  }
+}
+
+// One query row: scores of its visible rows, tile by tile (on `threads`
+// threads where the row is alone: a decode step's one row per sequence),
+// then the selection.
+template <typename T>
+void select_row(KernelIsa isa, const IndexerSelect& p, int64_t r, bool exact, int threads) {
+  const int64_t visible = p.visible[r];
+  std::vector<T> scores(static_cast<size_t>(visible));
+  const int64_t tiles = (visible + kKeyTile - 1) / kKeyTile;
+#pragma omp parallel for schedule(dynamic, 4) num_threads(threads) if (threads > 1)
+  for (int64_t tile = 0; tile < tiles; ++tile) {
+    const int64_t first = tile * kKeyTile;
+    score_tile(isa, p, r, first, std::min(kKeyTile, visible - first), exact, scores.data() + first);
   }
   if (p.candidates) (*p.candidates)[size_t(r)] = candidate_mask(scores, p.candidate_blocks, p.candidate_block_size);
   if (p.allowed && p.allowed[r]) {
@@ -171,12 +228,16 @@ void indexer_select(KernelIsa isa, const IndexerSelect& p, bool exact) {
   for (int64_t r = 0; r < p.rows; ++r) work += p.visible[r] * p.heads * p.dim;
   p.selected->assign(size_t(p.rows), {});
   if (p.candidates) p.candidates->assign(size_t(p.rows), {});
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads_for(work))
+  // Rows in parallel when there are enough of them (prefill); otherwise
+  // each row's key tiles (decode). Either way each score has one order.
+  const int threads = threads_for(work);
+  const bool by_row = p.rows >= threads;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (by_row)
   for (int64_t r = 0; r < p.rows; ++r) {
     if (exact)
-      select_row<double>(isa, p, r, true);
+      select_row<double>(isa, p, r, true, by_row ? 1 : threads);
     else
-      select_row<float>(isa, p, r, false);
+      select_row<float>(isa, p, r, false, by_row ? 1 : threads);
   }
 }
 

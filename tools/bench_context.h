@@ -1,0 +1,31 @@
+// `dsv4 bench --context N,...`: decode speed with long contexts. Each
+// sequence starts from a synthetic decode state (model/synthetic_state.h:
+// the rows N tokens leave, random values in their storage formats, no
+// prefill), then decodes; printed beside what the step reads and computes
+// for attention and the indexer against the weights, and the roofline of
+// both.
+#pragma once
+#include <cstdint>
+#include <fstream>
+#include <vector>
+
+#include "model/model.h"
+
+namespace dsv4::tools {
+
+struct ContextBenchLimits {
+  double bandwidth = 0;  // bytes/s
+  double fma_flops = 0;  // the fp32 FMA ceiling (attention and indexer run in fp32 lanes)
+};
+
+// Bytes of cached rows and multiply-adds of attention and indexer that one
+// token at `position` reads and does in one layer.
+struct ContextCost {
+  double bytes = 0, macs = 0;
+};
+ContextCost context_cost(const ModelConfig& c, const LayerLayout& layout, int64_t position);
+
+void run_context_bench(Model& model, const std::vector<int64_t>& contexts, const std::vector<int64_t>& batches,
+                       int64_t steps, const ContextBenchLimits& limits, std::ofstream& csv);
+
+}  // namespace dsv4::tools
