@@ -14,8 +14,13 @@ head -1 "$WORK/b.csv" | grep -qx 'phase,batch,tokens,seconds,tokens_per_second,w
 for phase in 'prefill,1,40' 'decode,1,3' 'decode,2,6' 'decode_43_layers_estimate,1' 'prefill_43_layers_estimate,1,40'; do
   grep -q "^$phase," "$WORK/b.csv" || fail "no CSV row $phase"
 done
-# tokens_per_second (column 5) is positive on every row; the prefill row has FLOP/s and a peak.
-awk -F, 'NR > 1 && !($5 > 0) { exit 1 }' "$WORK/b.csv" || fail "non-positive tokens/s"
+# tokens_per_second (column 5) is positive on every row but the prefill split's (seconds per
+# operation); the prefill row has FLOP/s and a peak.
+awk -F, 'NR > 1 && $1 !~ /^prefill_split_/ && !($5 > 0) { exit 1 }' "$WORK/b.csv" || fail "non-positive tokens/s"
+# The prefill split: one row per timed operation, the weight products among them, seconds >= 0.
+grep -q "^prefill_split_linear,1,40," "$WORK/b.csv" || fail "no prefill split rows"
+awk -F, '$1 ~ /^prefill_split_/ && !($4 >= 0) { exit 1 }' "$WORK/b.csv" || fail "prefill split seconds"
+grep -q "^  not weight products: [0-9.]*% of the prefill" "$WORK/out.txt" || fail "no prefill split summary"
 awk -F, '$1 == "prefill" && !($9 > 0 && $10 > 0) { exit 1 }' "$WORK/b.csv" || fail "prefill FLOP/s or peak missing"
 grep -q "measured memory read bandwidth" "$WORK/out.txt" || fail "no bandwidth line"
 grep -q "of the peak GEMM" "$WORK/out.txt" || fail "no peak GEMM share"
@@ -38,4 +43,15 @@ if "$BIN" bench --model "$MODEL" --repeat 0 > "$WORK/err.txt" 2>&1; then fail "-
 grep -q "<svg" "$WORK/b.svg" && grep -q "batch 2" "$WORK/b.svg" || fail "SVG chart"
 if "$BIN" bench --model "$MODEL" --batch 1,x > "$WORK/err.txt" 2>&1; then fail "bad --batch accepted"; fi
 grep -q "invalid batch list" "$WORK/err.txt" || fail "bad --batch message: $(cat "$WORK/err.txt")"
+# Long contexts from synthetic states: a line per context and batch, and CSV rows.
+OMP_WAIT_POLICY=passive "$BIN" bench --model "$MODEL" --prompt 8 --decode 2 --no-split --context 256,512 \
+  --context-batch 1,2 --csv "$WORK/c.csv" > "$WORK/out.txt"
+grep -q "^long contexts: each sequence starts from a synthetic decode state" "$WORK/out.txt" || fail "no --context header"
+grep -q "^context     512: per token, attention + indexer read" "$WORK/out.txt" || fail "no --context cost line"
+grep -q "^  batch  2: .* tokens/s = .*% of the roofline" "$WORK/out.txt" || fail "no --context batch line"
+grep -q "^decode_context_512,2,4," "$WORK/c.csv" || fail "no --context CSV row"
+if grep -q "^prefill_split_" "$WORK/c.csv"; then fail "--no-split still split the prefill"; fi
+if "$BIN" bench --model "$MODEL" --prompt 8 --decode 1 --no-split --context 4 > "$WORK/err.txt" 2>&1; then
+  fail "a context shorter than the window accepted"
+fi
 echo "bench CLI ok"
