@@ -54,20 +54,26 @@ struct BenchArgs {
   std::vector<int64_t> context_batches = {1, 4};
 };
 
+// A prefill of `tokens` from a new state, in chunks of `chunk` (the same
+// bits as one call; SGLang's chunked prefill), with the last token's logits
+// alone; `progress`: shown on the terminal as it goes.
+void prefill(Model& model, const std::vector<int32_t>& tokens, int64_t chunk, float* logits, bool progress) {
+  SequenceState s = model.new_state();
+  const int64_t n = int64_t(tokens.size());
+  for (int64_t b = 0; b < n - 1; b += chunk) {
+    model.forward(s, tokens.data() + b, std::min<int64_t>(chunk, n - 1 - b), nullptr);
+    if (progress) prefill_progress(std::min<int64_t>(b + chunk, n - 1), n - 1);
+  }
+  model.forward(s, tokens.data() + n - 1, 1, logits);
+}
+
 // One more prefill of the same tokens through a TimedBackend: where its time
 // goes, the weight products against everything else.
 void print_prefill_split(Model& model, const std::vector<int32_t>& tokens, int64_t chunk, std::ofstream& csv) {
-  const KernelBackend& inner = model.backend();
-  TimedBackend timed(inner);
-  model.set_backend(timed);
-  SequenceState s = model.new_state();
+  TimedBackend timed(model.backend());
   std::vector<float> logits(size_t(model.config().vocab_size));
   const int64_t n = int64_t(tokens.size());
-  const double t0 = now_seconds();
-  for (int64_t b = 0; b < n - 1; b += chunk) model.forward(s, tokens.data() + b, std::min<int64_t>(chunk, n - 1 - b), nullptr);
-  model.forward(s, tokens.data() + n - 1, 1, logits.data());
-  const double total = now_seconds() - t0;
-  model.set_backend(inner);
+  const double total = run_with_timed_backend(model, timed, [&] { prefill(model, tokens, chunk, logits.data(), false); });
   std::printf("prefill split (one more %lld-token prefill, each backend operation timed; %.3f s):\n", (long long)n, total);
   double products = 0;
   for (int i = 0; i < kOpAccounts; ++i) {
@@ -191,16 +197,8 @@ int run_bench(const BenchArgs& a) {
     std::vector<int32_t> tokens = random_tokens(a.prompt);
     std::vector<float> logits(size_t(c.vocab_size));
     const double dt = best_of_runs("prefill", [&] {
-      SequenceState s = model->new_state();
       const double t0 = now_seconds();
-      // Only the last row's logits are needed after a prefill.
-      // In chunks (the same bits as one call; SGLang's default chunked
-      // prefill size) so that a long prefill shows progress.
-      for (int64_t b = 0; b < a.prompt - 1; b += a.chunk) {
-        model->forward(s, tokens.data() + b, std::min<int64_t>(a.chunk, a.prompt - 1 - b), nullptr);
-        prefill_progress(std::min<int64_t>(b + a.chunk, a.prompt - 1), a.prompt - 1);
-      }
-      model->forward(s, tokens.data() + a.prompt - 1, 1, logits.data());
+      prefill(*model, tokens, a.chunk, logits.data(), true);
       return now_seconds() - t0;
     });
     const double flops = 2.0 * double(prefill_macs(c, cost, a.prompt));

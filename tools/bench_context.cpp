@@ -32,6 +32,18 @@ ContextCost context_cost(const ModelConfig& c, const LayerLayout& layout, int64_
   return cost;
 }
 
+double run_with_timed_backend(Model& model, TimedBackend& timed, const std::function<void()>& work) {
+  struct Restore {
+    Model& model;
+    const KernelBackend& inner;
+    ~Restore() { model.set_backend(inner); }
+  } restore{model, model.backend()};
+  model.set_backend(timed);
+  const double t0 = now_seconds();
+  work();
+  return now_seconds() - t0;
+}
+
 void run_context_bench(Model& model, const std::vector<int64_t>& contexts, const std::vector<int64_t>& batches,
                        int64_t steps, const ContextBenchLimits& limits, std::ofstream& csv) {
   const ModelConfig& c = model.config();
@@ -72,13 +84,8 @@ void run_context_bench(Model& model, const std::vector<int64_t>& contexts, const
       for (int64_t s = 1; s <= steps; ++s) step(s);
       const double dt = (now_seconds() - t0) / double(steps);
       // One more step with every backend operation timed: where it goes.
-      const KernelBackend& inner = model.backend();
-      TimedBackend timed(inner);
-      model.set_backend(timed);
-      const double t1 = now_seconds();
-      step(steps);
-      const double timed_step = now_seconds() - t1;
-      model.set_backend(inner);
+      TimedBackend timed(model.backend());
+      const double timed_step = run_with_timed_backend(model, timed, [&] { step(steps); });
       const double weights = decode_step_bytes(c, cost, batch);
       const double bytes = weights + double(batch) * per_token.bytes;
       const double flops = 2.0 * decode_step_macs(c, cost, batch, context);

@@ -7,8 +7,10 @@
 #pragma once
 #include <cstdint>
 #include <fstream>
+#include <functional>
 #include <vector>
 
+#include "kernels/timed_backend.h"
 #include "model/model.h"
 
 namespace dsv4::tools {
@@ -24,6 +26,11 @@ struct ContextCost {
   double bytes = 0, macs = 0;
 };
 ContextCost context_cost(const ModelConfig& c, const LayerLayout& layout, int64_t position);
+
+// Runs `work` with the model's kernels wrapped in `timed` (whose inner
+// backend must be the model's), restoring them afterwards, also when `work`
+// throws; returns the wall time of `work`.
+double run_with_timed_backend(Model& model, TimedBackend& timed, const std::function<void()>& work);
 
 void run_context_bench(Model& model, const std::vector<int64_t>& contexts, const std::vector<int64_t>& batches,
                        int64_t steps, const ContextBenchLimits& limits, std::ofstream& csv);

@@ -310,14 +310,7 @@ DSV4_AVX2 void outer_lane_kernel_avx2(const float* w, const float* x, int group,
 
 DSV4_AVX2 void outer_lane_kernel_any_avx2(int tokens, const float* w, const float* x, int group, int64_t steps,
                                           float* out) {
-  switch (tokens) {
-    case 6: outer_lane_kernel_avx2<6>(w, x, group, steps, out); break;
-    case 5: outer_lane_kernel_avx2<5>(w, x, group, steps, out); break;
-    case 4: outer_lane_kernel_avx2<4>(w, x, group, steps, out); break;
-    case 3: outer_lane_kernel_avx2<3>(w, x, group, steps, out); break;
-    case 2: outer_lane_kernel_avx2<2>(w, x, group, steps, out); break;
-    default: outer_lane_kernel_avx2<1>(w, x, group, steps, out); break;
-  }
+  with_block_size<kOuterTokensAvx2>(tokens, [&](auto t) { outer_lane_kernel_avx2<t.value>(w, x, group, steps, out); });
 }
 
 // fold_lanes with four doubles per vector: the same additions.

@@ -415,13 +415,8 @@ DSV4_AVX512 void decode_chunk_avx512(const Linear& w, int64_t row, int64_t c0, i
   }
 }
 
-namespace {
-
-// Rows [row, row + count) (count <= 16; the rest of the 16 are zeros),
-// storage positions [c0, c0 + 16 * steps), into a panel row group: for lane
-// l and step k, the 16 rows land at panel[(l * steps + k) * kPanelRows].
-DSV4_AVX512 void decode_rows_to_panel(const Linear& w, int64_t row, int count, int64_t c0, int64_t steps,
-                                      float* rows_tmp, float* panel) {
+DSV4_AVX512 void decode_16_rows_avx512(const Linear& w, int64_t row, int count, int64_t c0, int64_t steps,
+                                       float* rows_tmp) {
   for (int r = 0; r < 16; ++r) {
     float* dst = rows_tmp + r * steps * 16;
     if (r < count)
@@ -429,6 +424,16 @@ DSV4_AVX512 void decode_rows_to_panel(const Linear& w, int64_t row, int count, i
     else
       std::fill_n(dst, steps * 16, 0.0f);
   }
+}
+
+namespace {
+
+// Rows [row, row + count) (count <= 16; the rest of the 16 are zeros),
+// storage positions [c0, c0 + 16 * steps), into a panel row group: for lane
+// l and step k, the 16 rows land at panel[(l * steps + k) * kPanelRows].
+DSV4_AVX512 void decode_rows_to_panel(const Linear& w, int64_t row, int count, int64_t c0, int64_t steps,
+                                      float* rows_tmp, float* panel) {
+  decode_16_rows_avx512(w, row, count, c0, steps, rows_tmp);
   for (int64_t k = 0; k < steps; ++k) {
     __m512 v[16];
     for (int r = 0; r < 16; ++r) v[r] = _mm512_loadu_ps(rows_tmp + r * steps * 16 + k * 16);
@@ -479,20 +484,7 @@ DSV4_AVX512 void fold_lanes_avx512(const float* lanes, int tokens, double* sums,
 namespace {
 
 DSV4_AVX512 void outer_lane_kernel_any(int tokens, const float* w, const float* x, int64_t steps, float* out) {
-  switch (tokens) {
-    case 12: outer_lane_kernel<12>(w, x, steps, out); break;
-    case 11: outer_lane_kernel<11>(w, x, steps, out); break;
-    case 10: outer_lane_kernel<10>(w, x, steps, out); break;
-    case 9: outer_lane_kernel<9>(w, x, steps, out); break;
-    case 8: outer_lane_kernel<8>(w, x, steps, out); break;
-    case 7: outer_lane_kernel<7>(w, x, steps, out); break;
-    case 6: outer_lane_kernel<6>(w, x, steps, out); break;
-    case 5: outer_lane_kernel<5>(w, x, steps, out); break;
-    case 4: outer_lane_kernel<4>(w, x, steps, out); break;
-    case 3: outer_lane_kernel<3>(w, x, steps, out); break;
-    case 2: outer_lane_kernel<2>(w, x, steps, out); break;
-    default: outer_lane_kernel<1>(w, x, steps, out); break;
-  }
+  with_block_size<kOuterTokens>(tokens, [&](auto t) { outer_lane_kernel<t.value>(w, x, steps, out); });
 }
 
 // R rows of a panel against T tokens of a packed group, `steps` x 16
@@ -514,27 +506,12 @@ DSV4_AVX512 void micro_kernel_avx512(const float* w, const float* x, int64_t ste
     for (int t = 0; t < T; ++t) sum[r * sum_stride + t] += fold16_avx512(a[r][t]);
 }
 
-template <int R>
-DSV4_AVX512 void micro_kernel_rows_avx512(int tokens, const float* w, const float* x, int64_t steps, double* sum,
-                                          int64_t sum_stride) {
-  switch (tokens) {
-    case 6: micro_kernel_avx512<R, 6>(w, x, steps, sum, sum_stride); break;
-    case 5: micro_kernel_avx512<R, 5>(w, x, steps, sum, sum_stride); break;
-    case 4: micro_kernel_avx512<R, 4>(w, x, steps, sum, sum_stride); break;
-    case 3: micro_kernel_avx512<R, 3>(w, x, steps, sum, sum_stride); break;
-    case 2: micro_kernel_avx512<R, 2>(w, x, steps, sum, sum_stride); break;
-    default: micro_kernel_avx512<R, 1>(w, x, steps, sum, sum_stride); break;
-  }
-}
-
 DSV4_AVX512 void micro_kernel_any_avx512(int rows, int tokens, const float* w, const float* x, int64_t steps,
                                          double* sum, int64_t sum_stride) {
-  switch (rows) {
-    case 4: micro_kernel_rows_avx512<4>(tokens, w, x, steps, sum, sum_stride); break;
-    case 3: micro_kernel_rows_avx512<3>(tokens, w, x, steps, sum, sum_stride); break;
-    case 2: micro_kernel_rows_avx512<2>(tokens, w, x, steps, sum, sum_stride); break;
-    default: micro_kernel_rows_avx512<1>(tokens, w, x, steps, sum, sum_stride); break;
-  }
+  with_block_size<kDotRows>(rows, [&](auto r) {
+    with_block_size<kDotTokens>(tokens,
+                                [&](auto t) { micro_kernel_avx512<r.value, t.value>(w, x, steps, sum, sum_stride); });
+  });
 }
 
 // Rows [lo, hi) of rows [row_begin, row_begin + out) against n register-path

@@ -94,30 +94,15 @@ DSV4_BF16 void micro_kernel_bf16(const uint32_t* w, const uint32_t* x, int64_t p
     for (int t = 0; t < T; ++t) sum[r * sum_stride + t] += fold16_avx512(a[r][t]);
 }
 
-template <int R>
-DSV4_BF16 void micro_kernel_rows_bf16(int tokens, const uint32_t* w, const uint32_t* x, int64_t pairs, double* sum,
-                                      int64_t sum_stride) {
-  switch (tokens) {
-    case 6: micro_kernel_bf16<R, 6>(w, x, pairs, sum, sum_stride); break;
-    case 5: micro_kernel_bf16<R, 5>(w, x, pairs, sum, sum_stride); break;
-    case 4: micro_kernel_bf16<R, 4>(w, x, pairs, sum, sum_stride); break;
-    case 3: micro_kernel_bf16<R, 3>(w, x, pairs, sum, sum_stride); break;
-    case 2: micro_kernel_bf16<R, 2>(w, x, pairs, sum, sum_stride); break;
-    default: micro_kernel_bf16<R, 1>(w, x, pairs, sum, sum_stride); break;
-  }
-}
-
 DSV4_BF16 void micro_kernel_any_bf16(int rows, int tokens, const float* w, const float* x, int64_t steps, double* sum,
                                      int64_t sum_stride) {
   const auto* wp = reinterpret_cast<const uint32_t*>(w);
   const auto* xp = reinterpret_cast<const uint32_t*>(x);
   const int64_t pairs = (steps + 1) / 2;
-  switch (rows) {
-    case 4: micro_kernel_rows_bf16<4>(tokens, wp, xp, pairs, sum, sum_stride); break;
-    case 3: micro_kernel_rows_bf16<3>(tokens, wp, xp, pairs, sum, sum_stride); break;
-    case 2: micro_kernel_rows_bf16<2>(tokens, wp, xp, pairs, sum, sum_stride); break;
-    default: micro_kernel_rows_bf16<1>(tokens, wp, xp, pairs, sum, sum_stride); break;
-  }
+  with_block_size<kDotRows>(rows, [&](auto r) {
+    with_block_size<kDotTokens>(tokens,
+                                [&](auto t) { micro_kernel_bf16<r.value, t.value>(wp, xp, pairs, sum, sum_stride); });
+  });
 }
 
 // -------------------------------------------------------------- outer form
@@ -128,13 +113,7 @@ DSV4_BF16 void micro_kernel_any_bf16(int rows, int tokens, const float* w, const
 // the offset the driver gave).
 DSV4_BF16 void decode_rows_outer_bf16(const Linear& w, int64_t row, int count, int64_t c0, int64_t steps,
                                       float* rows_tmp, float* panel) {
-  for (int r = 0; r < 16; ++r) {
-    float* dst = rows_tmp + r * steps * 16;
-    if (r < count)
-      decode_chunk_avx512(w, row + r, c0, c0 + steps * 16, dst, 16);
-    else
-      std::fill_n(dst, steps * 16, 0.0f);
-  }
+  decode_16_rows_avx512(w, row, count, c0, steps, rows_tmp);
   const int64_t pairs = (steps + 1) / 2;
   uint32_t* out = reinterpret_cast<uint32_t*>(panel);
   for (int64_t p = 0; p < pairs; ++p) {
@@ -172,20 +151,7 @@ DSV4_BF16 void outer_lane_kernel_bf16(const uint32_t* w, const uint32_t* x, int6
 }
 
 DSV4_BF16 void outer_lane_kernel_any_bf16(int tokens, const uint32_t* w, const uint32_t* x, int64_t pairs, float* out) {
-  switch (tokens) {
-    case 12: outer_lane_kernel_bf16<12>(w, x, pairs, out); break;
-    case 11: outer_lane_kernel_bf16<11>(w, x, pairs, out); break;
-    case 10: outer_lane_kernel_bf16<10>(w, x, pairs, out); break;
-    case 9: outer_lane_kernel_bf16<9>(w, x, pairs, out); break;
-    case 8: outer_lane_kernel_bf16<8>(w, x, pairs, out); break;
-    case 7: outer_lane_kernel_bf16<7>(w, x, pairs, out); break;
-    case 6: outer_lane_kernel_bf16<6>(w, x, pairs, out); break;
-    case 5: outer_lane_kernel_bf16<5>(w, x, pairs, out); break;
-    case 4: outer_lane_kernel_bf16<4>(w, x, pairs, out); break;
-    case 3: outer_lane_kernel_bf16<3>(w, x, pairs, out); break;
-    case 2: outer_lane_kernel_bf16<2>(w, x, pairs, out); break;
-    default: outer_lane_kernel_bf16<1>(w, x, pairs, out); break;
-  }
+  with_block_size<kOuterTokens>(tokens, [&](auto t) { outer_lane_kernel_bf16<t.value>(w, x, pairs, out); });
 }
 
 }  // namespace
@@ -225,7 +191,7 @@ void pack_token_dot_bf16(const float* src, int64_t cols, int64_t n, int64_t t, f
   const int group = int(std::min<int64_t>(kDotTokens, n - first));
   for (int64_t c0 = 0; c0 < cols; c0 += kChunk) {
     const int64_t steps = (std::min(cols, c0 + kChunk) - c0) / 16;
-    uint32_t* dst = reinterpret_cast<uint32_t*>(xp + first * cols + (c0 / 16) * (group * 16)) + (t - first) * 16;
+    uint32_t* dst = reinterpret_cast<uint32_t*>(xp + dot_packed_index(cols, first, group, 0, c0)) + (t - first) * 16;
     for (int64_t k = 0; k < steps; k += 2, dst += group * 16)
       for (int l = 0; l < 16; ++l)
         dst[l] = pair_word(src[c0 + k * 16 + l], k + 1 < steps ? src[c0 + (k + 1) * 16 + l] : 0.0f);
@@ -237,7 +203,7 @@ void pack_token_outer_bf16(const float* src, int64_t cols, int64_t n, int64_t t,
   const int group = int(std::min<int64_t>(kOuterTokens, n - first));
   for (int64_t c0 = 0; c0 < cols; c0 += kChunk) {
     const int64_t steps = (std::min(cols, c0 + kChunk) - c0) / 16, pairs = (steps + 1) / 2;
-    uint32_t* dst = reinterpret_cast<uint32_t*>(xp + first * cols + group * c0) + (t - first);
+    uint32_t* dst = reinterpret_cast<uint32_t*>(xp + outer_packed_index(cols, first, group, 0, c0)) + (t - first);
     for (int l = 0; l < 16; ++l)
       for (int64_t p = 0; p < pairs; ++p)
         dst[(l * pairs + p) * group] =

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 #include "core/numeric.h"
@@ -103,6 +104,19 @@ inline const E2m1Tables& e2m1_tables() {
 // SIMD fp16 decoders of e4m3 take the scale times 256.
 constexpr uint8_t kMaxHalfPathScale = 127 + 119;
 
+// Calls f(std::integral_constant<int, N>{}) with N = n clamped to [1, Max]:
+// a kernel templated on its register block (rows, tokens), chosen by a
+// run-time count.
+template <int Max, class F>
+inline void with_block_size(int n, const F& f) {
+  if constexpr (Max == 1)
+    f(std::integral_constant<int, 1>{});
+  else if (n >= Max)
+    f(std::integral_constant<int, Max>{});
+  else
+    with_block_size<Max - 1>(n, f);
+}
+
 // ------------------------------------------------------ which path runs ---
 
 // Below this many tokens, weights are decoded in registers (the register
@@ -191,6 +205,11 @@ void packed_gemm_outer_avx512(const Linear& w, int64_t row_begin, int64_t out, c
 // to dst, dst + step, ... (16 floats each).
 DSV4_TARGET_AVX512 void decode_chunk_avx512(const Linear& w, int64_t row, int64_t c0, int64_t c1, float* dst,
                                             int64_t step);
+// Rows [row, row + count) (count <= 16; the rest zeros), positions [c0, c0 +
+// 16 * steps), decoded to rows_tmp[r * steps * 16 ...]: the outer forms'
+// panel input, before its transpose.
+DSV4_TARGET_AVX512 void decode_16_rows_avx512(const Linear& w, int64_t row, int count, int64_t c0, int64_t steps,
+                                              float* rows_tmp);
 // The outer form's fold: lanes[(l * tokens + t) * 32 + row] -> sums[t * stride + row] (+=).
 DSV4_TARGET_AVX512 void fold_lanes_avx512(const float* lanes, int tokens, double* sums, int64_t sums_stride);
 
