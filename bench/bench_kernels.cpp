@@ -241,7 +241,7 @@ BENCHMARK(BM_DotFixed)->Arg(512)->Arg(4096);
 // against the per-pair functions it replaces (arg 1; arg 0: the blocked
 // kernels). Checked for identical bits before timing.
 void BM_AttentionHeads(benchmark::State& state) {
-  const bool per_pair = state.range(0);
+  const bool per_pair = state.range(0) == 1;
   const int64_t heads = 16, n_keys = 640, dim = 512;
   std::mt19937 rng(8);
   std::normal_distribution<float> nd;
@@ -272,15 +272,25 @@ void BM_AttentionHeads(benchmark::State& state) {
     state.SkipWithError("blocked attention differs from the per-pair functions");
     return;
   }
+  const int64_t part = state.range(0);  // 2: the scores alone, 3: the weighted sums alone
   for (auto _ : state) {
-    run(per_pair);
+    if (part == 2)
+      dot_fixed_rows(q.data(), heads, keys.data(), n_keys, dim, scores.data());
+    else if (part == 3)
+      add_scaled_rows(out.data(), heads, p.data(), keys.data(), n_keys, dim);
+    else
+      run(per_pair);
+    benchmark::DoNotOptimize(scores.data());
     benchmark::DoNotOptimize(out.data());
   }
-  state.counters["MAC/s"] =
-      benchmark::Counter(2.0 * double(heads * n_keys * dim) * double(state.iterations()), benchmark::Counter::kIsRate);
-  state.SetLabel(per_pair ? "per-pair dot_fixed + add_scaled" : "blocked rows");
+  state.counters["MAC/s"] = benchmark::Counter((part >= 2 ? 1.0 : 2.0) * double(heads * n_keys * dim) *
+                                                   double(state.iterations()),
+                                               benchmark::Counter::kIsRate);
+  const char* labels[] = {"blocked rows", "per-pair dot_fixed + add_scaled", "blocked scores (dot_fixed_rows)",
+                          "blocked weighted sums (add_scaled_rows)"};
+  state.SetLabel(labels[part]);
 }
-BENCHMARK(BM_AttentionHeads)->Arg(0)->Arg(1);
+BENCHMARK(BM_AttentionHeads)->Arg(0)->Arg(1)->Arg(2)->Arg(3);
 
 // Hyper-connections of one V4-Flash block side (hc_mult 4 copies of 4096):
 // hc_pre (the fp32 mix projection, Sinkhorn, the collapse) then hc_post

@@ -374,7 +374,7 @@ TEST(Ops, AttentionRowsMatchPerPairFunctions) {
   std::normal_distribution<float> nd;
   for (int64_t dim : {48, 512, 40})
     for (int64_t heads : {1, 4, 7, 9})
-      for (int64_t n_keys : {1, 5, 13}) {
+      for (int64_t n_keys : {1, 5, 13, 70, 133}) {
         SCOPED_TRACE(std::to_string(dim) + " dims, " + std::to_string(heads) + " heads, " + std::to_string(n_keys) +
                      " keys");
         std::vector<float> q(size_t(heads * dim)), k(size_t(n_keys * dim)), p(size_t(heads * n_keys));

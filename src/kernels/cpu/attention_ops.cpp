@@ -14,6 +14,7 @@
 #include "kernels/cpu/exact_sums.h"
 #include "kernels/cpu/linear_internal.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/softmax.h"
 #include "kernels/cpu/vector_ops.h"
 
 namespace dsv4::cpu {
@@ -87,16 +88,7 @@ void sink_attention(KernelIsa isa, const SinkAttention& a, bool exact) {
     // Scores, then per head the softmax with the sink, as probabilities.
     std::vector<float> probs(size_t(heads * n_keys));
     dot_fixed_rows(a.q + (t * H + h0) * hd, heads, keys, n_keys, hd, probs.data(), isa);
-    for (int64_t h = 0; h < heads; ++h) {
-      float* logits = probs.data() + h * n_keys;
-      const float sink = a.sink[h0 + h];
-      float mx = sink;
-      for (int64_t j = 0; j < n_keys; ++j) mx = std::max(mx, logits[j] *= a.scale);
-      float denom = 0.0f;
-      for (int64_t j = 0; j < n_keys; ++j) denom += (logits[j] = std::exp(logits[j] - mx));
-      denom += std::exp(sink - mx);
-      for (int64_t j = 0; j < n_keys; ++j) logits[j] /= denom;
-    }
+    for (int64_t h = 0; h < heads; ++h) softmax_with_sink(probs.data() + h * n_keys, n_keys, a.scale, a.sink[h0 + h], isa);
     float* oh = a.out + (t * H + h0) * hd;
     std::fill(oh, oh + heads * hd, 0.0f);
     add_scaled_rows(oh, heads, probs.data(), keys, n_keys, hd, isa);
