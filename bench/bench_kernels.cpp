@@ -17,6 +17,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/random_linear.h"
+#include "kernels/cpu/softmax.h"
 #include "kernels/cpu/vector_ops.h"
 
 namespace dsv4 {
@@ -415,6 +416,49 @@ void BM_TopK(benchmark::State& state) {
   state.SetItemsProcessed(int64_t(state.iterations()) * n);
 }
 BENCHMARK(BM_TopK)->Args({1024, 512})->Args({16384, 512})->Args({256, 6});
+
+// The attention's softmax with a sink over one head's 640 scores, and the
+// sampler's normalizer over a 129,280-token vocabulary (arg: 0 scalar,
+// 1 AVX2, 2 AVX-512), each checked against the scalar path's bits first.
+KernelIsa isa_arg(int64_t arg) { return arg == 2 ? KernelIsa::Avx512 : arg == 1 ? KernelIsa::Avx2 : KernelIsa::Scalar; }
+
+void BM_SoftmaxWithSink(benchmark::State& state) {
+  const KernelIsa isa = isa_arg(state.range(0));
+  if (!kernel_isa_supported(isa)) return state.SkipWithError("path not supported here");
+  std::mt19937 rng(10);
+  std::normal_distribution<float> nd(0.0f, 30.0f);
+  std::vector<float> scores(640);
+  for (float& v : scores) v = nd(rng);
+  std::vector<float> want = scores, got = scores;
+  softmax_with_sink(want.data(), 640, 0.0442f, 1.0f, KernelIsa::Scalar);
+  softmax_with_sink(got.data(), 640, 0.0442f, 1.0f, isa);
+  if (want != got) return state.SkipWithError("differs from the scalar path");
+  for (auto _ : state) {
+    got = scores;
+    softmax_with_sink(got.data(), 640, 0.0442f, 1.0f, isa);
+    benchmark::DoNotOptimize(got.data());
+  }
+  state.SetItemsProcessed(int64_t(state.iterations()) * 640);
+  state.SetLabel(kernel_isa_name(isa));
+}
+BENCHMARK(BM_SoftmaxWithSink)->Arg(0)->Arg(1)->Arg(2);
+
+void BM_SamplerNormalizer(benchmark::State& state) {
+  const KernelIsa isa = isa_arg(state.range(0));
+  if (!kernel_isa_supported(isa)) return state.SkipWithError("path not supported here");
+  const int64_t vocab = 129280;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  std::vector<float> logits(static_cast<size_t>(vocab));
+  for (float& v : logits) v = nd(rng);
+  const double top = *std::max_element(logits.begin(), logits.end());
+  const double want = exp_sum_f64(logits.data(), vocab, top, nullptr, KernelIsa::Scalar);
+  if (exp_sum_f64(logits.data(), vocab, top, nullptr, isa) != want) return state.SkipWithError("differs from scalar");
+  for (auto _ : state) benchmark::DoNotOptimize(exp_sum_f64(logits.data(), vocab, top, nullptr, isa));
+  state.SetItemsProcessed(int64_t(state.iterations()) * vocab);
+  state.SetLabel(kernel_isa_name(isa));
+}
+BENCHMARK(BM_SamplerNormalizer)->Arg(0)->Arg(1)->Arg(2);
 
 }  // namespace
 }  // namespace dsv4

@@ -3,6 +3,7 @@
 // stay close to the exact values.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -110,6 +111,78 @@ TEST(Softmax, WithSinkHasTheDefinitionBitsOnEveryPathAndIsAccurate) {
         EXPECT_NEAR(want[size_t(j)], exact, (std::fabs(argument) + 8.0) * 0x1p-23 * exact) << j;
       }
     }
+}
+
+
+TEST(Softmax, ExpFixedF64IsCloseToExpAndHasTheScalarBitsOnEveryPath) {
+  std::mt19937 rng(6);
+  std::uniform_real_distribution<double> range(-708.0, 709.0);
+  int64_t worst = 0;
+  for (int i = 0; i < 1000000; ++i) {
+    const double x = range(rng), got = exp_fixed_f64(x), want = std::exp(x);
+    int64_t a, b;
+    std::memcpy(&a, &got, 8);
+    std::memcpy(&b, &want, 8);
+    worst = std::max<int64_t>(worst, std::llabs(a - b));
+  }
+  EXPECT_LE(worst, 2);
+  EXPECT_EQ(exp_fixed_f64(0.0), 1.0);
+  EXPECT_EQ(exp_fixed_f64(-708.5), 0.0);
+  EXPECT_EQ(exp_fixed_f64(-INFINITY), 0.0);
+  EXPECT_EQ(exp_fixed_f64(INFINITY), exp_fixed_f64(709.0));
+  EXPECT_TRUE(std::isnan(exp_fixed_f64(NAN)));
+
+  // Logit-like rows (a vocabulary's worth and odd lengths), shifted by
+  // their maximum as the sampler does, plus the range edges.
+  std::normal_distribution<float> nd(0.0f, 6.0f);
+  for (int64_t n : {1, 7, 8, 9, 15, 129280}) {
+    SCOPED_TRACE(std::to_string(n) + " values");
+    std::vector<float> x(static_cast<size_t>(n));
+    for (float& v : x) v = nd(rng);
+    if (n >= 9) x[3] = -1000.0f, x[5] = NAN, x[7] = 700.0f;
+    double top = 0;
+    for (float v : x) top = std::max(top, double(v));
+    std::vector<double> want_terms(x.size());
+    double lanes[8] = {};
+    for (size_t j = 0; j < x.size(); ++j) lanes[j % 8] += (want_terms[j] = exp_fixed_f64(double(x[j]) - top));
+    for (int w = 4; w >= 1; w /= 2)
+      for (int l = 0; l < w; ++l) lanes[l] += lanes[l + w];
+    for (KernelIsa isa : paths()) {
+      SCOPED_TRACE(kernel_isa_name(isa));
+      std::vector<double> terms(x.size());
+      const double sum = exp_sum_f64(x.data(), n, top, terms.data(), isa);
+      EXPECT_EQ(0, std::memcmp(&sum, &lanes[0], 8));
+      const double without_terms = exp_sum_f64(x.data(), n, top, nullptr, isa);
+      EXPECT_EQ(0, std::memcmp(&sum, &without_terms, 8));
+      ASSERT_EQ(0, std::memcmp(terms.data(), want_terms.data(), x.size() * 8));
+    }
+  }
+}
+
+// The sampler's maximum and argmax against std::max_element: ties, signed
+// zeros, NaNs anywhere (at 0 std::max_element keeps it), odd lengths.
+TEST(Softmax, MaxAndFirstMaxIndexMatchTheStandardLibraryOnEveryPath) {
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> small(-3, 3);
+  for (int64_t n : {1, 2, 7, 8, 9, 16, 17, 33, 1000}) {
+    for (int trial = 0; trial < 40; ++trial) {
+      std::vector<float> x(static_cast<size_t>(n));
+      for (float& v : x) v = float(small(rng));  // many ties
+      if (trial % 4 == 1) x[size_t(rng() % n)] = NAN;
+      if (trial % 4 == 2) x[0] = NAN;
+      if (trial % 4 == 3)
+        for (float& v : x) v = v > 0 ? 0.0f : (v < 0 ? -0.0f : v);
+      const int64_t want = std::max_element(x.begin(), x.end()) - x.begin();
+      float want_max = -INFINITY;
+      for (float v : x) want_max = std::max(want_max, v);
+      for (KernelIsa isa : paths()) {
+        SCOPED_TRACE(std::string(kernel_isa_name(isa)) + ", " + std::to_string(n) + " values, trial " +
+                     std::to_string(trial));
+        EXPECT_EQ(first_max_index(x.data(), n, isa), want);
+        EXPECT_EQ(max_value(x.data(), n, isa), want_max);  // +0 == -0
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -403,16 +403,72 @@ std::string make_svg(const std::vector<Outcome>& rs, const std::string& subtitle
 
 // ---- the benchmark ----
 
-// The server's speculative-decoding counters (dsv4's /metrics), to report
-// the acceptance of the run as sglang.bench_serving does; all zero when the
-// server does not speculate or is not dsv4.
-struct SpecCounters {
+// The server's counters (dsv4's /metrics) read before and after the run:
+// speculative decoding, to report the acceptance as sglang.bench_serving
+// does, and where the time of the engine's steps went. All zero when the
+// server is not dsv4.
+struct ServerCounters {
   double verifies = 0, drafted = 0, accepted = 0;
+  double steps = 0, step_seconds = 0, forward_seconds = 0, sample_seconds = 0, emit_seconds = 0;
+  double decode_steps = 0, decode_step_seconds = 0, decode_forward_seconds = 0;
+  double process_cpu = 0, engine_cpu = 0, compute_threads = 0;
 };
-SpecCounters scrape_spec_counters(const std::string& scheme_host_port) {
+ServerCounters scrape_server_counters(const std::string& scheme_host_port) {
   const auto m = bench::scrape_metrics(scheme_host_port);
-  return {bench::metric_sum(m, "dsv4:spec_verify_total"), bench::metric_sum(m, "dsv4:spec_draft_tokens_total"),
-          bench::metric_sum(m, "dsv4:spec_accepted_tokens_total")};
+  ServerCounters c;
+  c.verifies = bench::metric_sum(m, "dsv4:spec_verify_total");
+  c.drafted = bench::metric_sum(m, "dsv4:spec_draft_tokens_total");
+  c.accepted = bench::metric_sum(m, "dsv4:spec_accepted_tokens_total");
+  c.steps = bench::metric_sum(m, "dsv4:engine_steps_total");
+  c.step_seconds = bench::metric_sum(m, "dsv4:engine_step_seconds_total");
+  c.forward_seconds = bench::metric_sum(m, "dsv4:engine_forward_seconds_total");
+  c.sample_seconds = bench::metric_sum(m, "dsv4:engine_sample_seconds_total");
+  c.emit_seconds = bench::metric_sum(m, "dsv4:engine_emit_seconds_total");
+  c.decode_steps = bench::metric_sum(m, "dsv4:engine_decode_steps_total");
+  c.decode_step_seconds = bench::metric_sum(m, "dsv4:engine_decode_step_seconds_total");
+  c.decode_forward_seconds = bench::metric_sum(m, "dsv4:engine_decode_forward_seconds_total");
+  c.process_cpu = bench::metric_sum(m, "process_cpu_seconds_total");
+  c.engine_cpu = bench::metric_sum(m, "dsv4:engine_cpu_seconds_total");
+  c.compute_threads = bench::metric_sum(m, "dsv4:compute_threads");
+  return c;
+}
+
+// Where the run's engine steps went (docs/engine.md, "Overhead outside the
+// model"): the scheduler thread's wall time outside the forward passes, and
+// the CPU the rest of the server (HTTP handlers, detokenizing, streaming)
+// took from the machine the compute threads run on; then the same for the
+// steps that only decoded, charged with all of that CPU (an upper bound).
+struct StepOverhead {
+  double steps = 0, step_ms = 0, forward_share = 0, sample_share = 0, emit_share = 0, other_share = 0;
+  double server_cpu_ms_per_step = 0, server_cpu_share = 0;
+  double decode_steps = 0, decode_step_ms = 0, decode_outside_share = 0;
+  double outside_share() const { return sample_share + emit_share + other_share + server_cpu_share; }
+};
+StepOverhead step_overhead(const ServerCounters& before, const ServerCounters& after) {
+  StepOverhead o;
+  o.steps = after.steps - before.steps;
+  const double step = after.step_seconds - before.step_seconds;
+  if (o.steps <= 0 || step <= 0) return o;
+  const double forward = after.forward_seconds - before.forward_seconds;
+  const double sample = after.sample_seconds - before.sample_seconds, emit = after.emit_seconds - before.emit_seconds;
+  o.step_ms = 1e3 * step / o.steps;
+  o.forward_share = forward / step;
+  o.sample_share = sample / step;
+  o.emit_share = emit / step;
+  o.other_share = std::max(0.0, (step - forward - sample - emit) / step);
+  const double server_cpu = (after.process_cpu - before.process_cpu) - (after.engine_cpu - before.engine_cpu);
+  o.server_cpu_ms_per_step = 1e3 * std::max(0.0, server_cpu) / o.steps;
+  const double threads = std::max(1.0, after.compute_threads);
+  o.server_cpu_share = std::max(0.0, server_cpu) / (step * threads);
+  o.decode_steps = after.decode_steps - before.decode_steps;
+  const double decode_step = after.decode_step_seconds - before.decode_step_seconds;
+  if (o.decode_steps > 0 && decode_step > 0) {
+    const double decode_forward = after.decode_forward_seconds - before.decode_forward_seconds;
+    o.decode_step_ms = 1e3 * decode_step / o.decode_steps;
+    o.decode_outside_share =
+        std::max(0.0, decode_step - decode_forward) / decode_step + std::max(0.0, server_cpu) / (decode_step * threads);
+  }
+  return o;
 }
 
 int run_bench_serve(const BenchServeArgs& a) {
@@ -476,7 +532,7 @@ int run_bench_serve(const BenchServeArgs& a) {
   std::exponential_distribution<double> gap(std::isinf(rate) ? 1.0 : rate);
   std::vector<std::thread> threads;
   threads.reserve(prompts.size());
-  const SpecCounters spec_before = scrape_spec_counters(t.scheme_host_port);
+  const ServerCounters server_before = scrape_server_counters(t.scheme_host_port);
   const auto start = Clock::now();
   auto next_arrival = start;
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -545,11 +601,13 @@ int run_bench_serve(const BenchServeArgs& a) {
   line("Output token throughput (tok/s):", fmt(double(out_tokens) / duration, 2));
   line("Total token throughput (tok/s):", fmt(double(in_tokens + out_tokens) / duration, 2));
   line("Concurrency:", fmt(concurrency, 2));
-  const SpecCounters spec_after = scrape_spec_counters(t.scheme_host_port);
-  const double verifies = spec_after.verifies - spec_before.verifies;
-  const double accept_length = verifies > 0 ? (spec_after.accepted - spec_before.accepted + verifies) / verifies : 0;
-  const double drafted = spec_after.drafted - spec_before.drafted;
-  const double accept_rate = drafted > 0 ? (spec_after.accepted - spec_before.accepted) / drafted : 0;
+  const ServerCounters server_after = scrape_server_counters(t.scheme_host_port);
+  const double verifies = server_after.verifies - server_before.verifies;
+  const double accept_length =
+      verifies > 0 ? (server_after.accepted - server_before.accepted + verifies) / verifies : 0;
+  const double drafted = server_after.drafted - server_before.drafted;
+  const double accept_rate = drafted > 0 ? (server_after.accepted - server_before.accepted) / drafted : 0;
+  const StepOverhead overhead = step_overhead(server_before, server_after);
   if (verifies > 0) {
     line("Accept length:", fmt(accept_length, 2));
     line("Accept rate:", fmt(accept_rate, 2));
@@ -573,6 +631,24 @@ int run_bench_serve(const BenchServeArgs& a) {
   line("P99 ITL (ms):", fmt(percentile(itl, 99), 2));
   line("Max ITL (ms):", fmt(itl.empty() ? 0 : *std::max_element(itl.begin(), itl.end()), 2));
   line("Std ITL (ms):", fmt(stdev(itl), 2));
+  if (overhead.steps > 0) {
+    auto pct = [&](double share) { return fmt(100 * share, 2); };
+    std::printf("%s\n", "-------------Engine steps (dsv4 /metrics)---------");
+    line("Engine steps:", fmt(overhead.steps, 0));
+    line("Mean step (ms):", fmt(overhead.step_ms, 2));
+    line("Model forward (% of steps):", pct(overhead.forward_share));
+    line("Sampling (% of steps):", pct(overhead.sample_share));
+    line("Emitting tokens (% of steps):", pct(overhead.emit_share));
+    line("Scheduling, admission, rest (% of steps):", pct(overhead.other_share));
+    line("HTTP + detokenizing CPU (ms/step):", fmt(overhead.server_cpu_ms_per_step, 3));
+    line("HTTP + detokenizing (% of compute CPU):", pct(overhead.server_cpu_share));
+    line("Outside the model (% of a step):", pct(overhead.outside_share()));
+    if (overhead.decode_steps > 0) {
+      line("Decode-only steps:", fmt(overhead.decode_steps, 0));
+      line("Mean decode-only step (ms):", fmt(overhead.decode_step_ms, 2));
+      line("Outside the model (% of a decode step):", pct(overhead.decode_outside_share));
+    }
+  }
   std::printf("%s\n", "==================================================");
   if (!errors.empty()) {
     std::printf("first errors:\n");
@@ -634,6 +710,20 @@ int run_bench_serve(const BenchServeArgs& a) {
               {"mean_itl_ms", mean(itl)},
               {"median_itl_ms", percentile(itl, 50)},
               {"p99_itl_ms", percentile(itl, 99)}};
+    if (overhead.steps > 0) {
+      j["engine_steps"] = overhead.steps;
+      j["engine_mean_step_ms"] = overhead.step_ms;
+      j["engine_forward_share"] = overhead.forward_share;
+      j["engine_sample_share"] = overhead.sample_share;
+      j["engine_emit_share"] = overhead.emit_share;
+      j["engine_other_share"] = overhead.other_share;
+      j["server_cpu_ms_per_step"] = overhead.server_cpu_ms_per_step;
+      j["server_cpu_share"] = overhead.server_cpu_share;
+      j["outside_model_share"] = overhead.outside_share();
+      j["decode_only_steps"] = overhead.decode_steps;
+      j["decode_only_mean_step_ms"] = overhead.decode_step_ms;
+      j["decode_only_outside_model_share"] = overhead.decode_outside_share;
+    }
     if (verifies > 0) j["accept_length"] = accept_length, j["accept_rate"] = accept_rate;
     std::ofstream out(a.output_json, std::ios::app);  // one JSON line per run, like sglang's --output-file
     if (!out) throw std::runtime_error("cannot write " + a.output_json);

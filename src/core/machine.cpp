@@ -3,11 +3,18 @@
 #include <immintrin.h>
 #include <omp.h>
 
+#include <pthread.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <memory>
+#include <sstream>
+#include <string>
 
 #include "core/threads.h"
 
@@ -15,6 +22,51 @@ namespace dsv4 {
 
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void name_this_thread(const char* name) {
+  char shortened[16] = {};
+  std::strncpy(shortened, name, sizeof shortened - 1);
+  pthread_setname_np(pthread_self(), shortened);
+}
+
+namespace {
+
+// utime + stime of a /proc stat file ("pid (comm) state ..." with utime and
+// stime the 14th and 15th fields; comm may hold spaces, so fields count
+// from its last ')'), in seconds; false if unreadable.
+bool read_stat_cpu(const std::filesystem::path& stat, std::string& comm, double& seconds) {
+  std::ifstream in(stat);
+  std::string line;
+  if (!std::getline(in, line)) return false;
+  const size_t open = line.find('('), close = line.rfind(')');
+  if (open == std::string::npos || close == std::string::npos || close < open || close + 2 > line.size()) return false;
+  comm = line.substr(open + 1, close - open - 1);
+  std::istringstream fields(line.substr(close + 2));
+  std::string field;
+  double utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && fields >> field; ++i) {
+    if (i == 14) utime = std::strtod(field.c_str(), nullptr);
+    if (i == 15) stime = std::strtod(field.c_str(), nullptr);
+  }
+  seconds = (utime + stime) / double(sysconf(_SC_CLK_TCK));
+  return true;
+}
+
+}  // namespace
+
+ThreadCpuSeconds thread_cpu_seconds(const char* prefix) {
+  ThreadCpuSeconds out;
+  std::string comm;
+  // The process's own counters include threads that have ended (a
+  // connection's handler); the named threads are read one by one.
+  read_stat_cpu("/proc/self/stat", comm, out.total);
+  std::error_code ec;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+    double seconds = 0;
+    if (read_stat_cpu(task.path() / "stat", comm, seconds) && comm.rfind(prefix, 0) == 0) out.named += seconds;
+  }
+  return out;
 }
 
 namespace {

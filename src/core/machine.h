@@ -20,4 +20,16 @@ CpuFeatures detect_cpu_features();
 
 double now_seconds();
 
+// CPU seconds (user + system) of this process: all of it (/proc/self/stat,
+// ended threads included), and of the live threads whose name starts with
+// `prefix` (/proc/self/task; threads inherit their creator's name, so a
+// thread named before it starts OpenMP work brings its compute threads
+// along). Zeros where /proc is absent.
+struct ThreadCpuSeconds {
+  double total = 0, named = 0;
+};
+ThreadCpuSeconds thread_cpu_seconds(const char* prefix);
+// Names the calling thread (at most 15 characters are kept).
+void name_this_thread(const char* name);
+
 }  // namespace dsv4

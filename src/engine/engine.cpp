@@ -157,6 +157,9 @@ void Engine::finish(Sequence& s, FinishReason reason, const std::string& error) 
 }
 
 void Engine::loop() {
+  // The compute threads this thread's OpenMP regions create inherit the
+  // name: /metrics tells the model's CPU from the server's by it.
+  name_this_thread(kEngineThreadName);
   if (options_.pin_threads) pin_compute_threads();
   std::vector<std::unique_ptr<Sequence>> running;
   for (;;) {
@@ -169,6 +172,7 @@ void Engine::loop() {
       admit(running);
     }
     const double step_start = now_seconds();
+    last_step_decode_only_ = false;
     for (auto& s : running)
       if (s->phase == Phase::Queued) start(*s);
     try {
@@ -180,8 +184,14 @@ void Engine::loop() {
     }
     std::lock_guard<std::mutex> lock(mutex_);
     retire(running);
-    totals_.step_seconds += now_seconds() - step_start;
+    const double step_seconds = now_seconds() - step_start;
+    totals_.step_seconds += step_seconds;
     ++totals_.steps_total;
+    if (last_step_decode_only_) {
+      totals_.decode_step_seconds += step_seconds;
+      totals_.decode_forward_seconds += last_step_forward_seconds_;
+      ++totals_.decode_steps_total;
+    }
     // Idle again: hand freed sequence memory back to the OS, so a server's
     // footprint returns to its baseline after a burst.
     if (running.empty() && waiting_.empty()) {
@@ -365,6 +375,8 @@ void Engine::step(std::vector<std::unique_ptr<Sequence>>& running) {
     gate_.record(decoding, speculating, t_end - t_draft, emitted);
   if (decoding > 0 && options_.decode_log_interval > 0 && ++decode_steps_ % options_.decode_log_interval == 0)
     log_decode(decoding);
+  last_step_decode_only_ = decoding > 0 && !has_prefill && plan.sample_cached.empty();
+  last_step_forward_seconds_ = t_sample - t_forward;
   std::lock_guard<std::mutex> lock(mutex_);
   totals_.draft_seconds += t_forward - t_draft;
   totals_.forward_seconds += t_sample - t_forward;

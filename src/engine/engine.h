@@ -47,6 +47,9 @@ struct EngineOptions {
   std::function<void(const std::string&)> log;
 };
 
+// The scheduler thread's name; its compute threads inherit it.
+inline constexpr char kEngineThreadName[] = "dsv4-engine";
+
 struct EngineMetrics {
   int64_t running = 0, queued = 0, used_tokens = 0;
   int64_t prompt_tokens_total = 0, generation_tokens_total = 0, cached_tokens_total = 0;
@@ -59,6 +62,10 @@ struct EngineMetrics {
   // passes, sampling, and emitting events (cache inserts, handles).
   double step_seconds = 0, forward_seconds = 0, sample_seconds = 0, emit_seconds = 0;
   int64_t steps_total = 0;
+  // The same for steps that only decoded (no prompt chunk in them): the
+  // engine's overhead per decode step without prefill time diluting it.
+  double decode_step_seconds = 0, decode_forward_seconds = 0;
+  int64_t decode_steps_total = 0;
   // Speculative decoding: verify steps (one per sequence and step that
   // verified drafts), drafted and accepted tokens, the time spent drafting,
   // and steps where the gate chose plain decoding although speculation is on.
@@ -156,6 +163,10 @@ class Engine {
   CachePolicy cache_;
   SpeculationGate gate_;
   int64_t decode_steps_ = 0;  // engine thread only
+  // The last step: whether it only decoded (no prompt chunk, no cached
+  // logits), and its forward time; engine thread only.
+  bool last_step_decode_only_ = false;
+  double last_step_forward_seconds_ = 0;
   struct SpecWindow {
     int64_t verifies = 0, drafted = 0, accepted = 0;
   } spec_window_;  // since the last decode log line (engine thread only)

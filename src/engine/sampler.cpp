@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
+
+#include "kernels/cpu/softmax.h"
 
 namespace dsv4 {
 
@@ -36,16 +39,23 @@ double counter_uniform(uint64_t seed, uint64_t step) {
   return double(z >> 11) * 0x1.0p-53;
 }
 
+double log_partition(const float* logits, int64_t vocab, double* terms, double* max_out, double* sum_out) {
+  const double mx = double(max_value(logits, vocab));
+  const double sum = exp_sum_f64(logits, vocab, mx, terms);
+  if (max_out) *max_out = mx;
+  if (sum_out) *sum_out = sum;
+  return mx + std::log(sum);
+}
+
 SampledToken sample_token(const float* logits, int64_t vocab, const SamplingParams& p, const PenaltyState& penalties,
                           const std::vector<int32_t>& prompt, int64_t step, const std::vector<int32_t>& blocked,
                           TokenDistribution* dist, const TokenMask* allowed) {
   SampledToken out;
-  // Log-softmax of the raw logits, for logprobs.
-  double mx = -std::numeric_limits<double>::infinity();
-  for (int64_t v = 0; v < vocab; ++v) mx = std::max(mx, double(logits[v]));
-  double sum = 0;
-  for (int64_t v = 0; v < vocab; ++v) sum += std::exp(double(logits[v]) - mx);
-  const double log_z = mx + std::log(sum);
+  // Log-softmax of the raw logits, for logprobs; the terms are kept for the
+  // draw below when it samples (greedy needs only the sum).
+  std::vector<double> exps(p.temperature > 0.0f ? size_t(vocab) : 0);
+  double mx = 0, sum = 0;
+  const double log_z = log_partition(logits, vocab, exps.empty() ? nullptr : exps.data(), &mx, &sum);
 
   // Processed scores: logit_bias, penalties, blocked tokens, temperature.
   std::vector<float> s(logits, logits + vocab);
@@ -70,18 +80,25 @@ SampledToken sample_token(const float* logits, int64_t vocab, const SamplingPara
 
   int32_t chosen = 0;
   if (p.temperature <= 0.0f) {
-    chosen = int32_t(std::max_element(s.begin(), s.end()) - s.begin());  // first maximum
+    chosen = int32_t(first_max_index(s.data(), vocab));  // std::max_element's choice
     if (dist) dist->probs = {{chosen, 1.0f}};
   } else {
     // Candidates in a fixed order: all tokens by id when no truncation is
     // asked for (no sort over the vocabulary), otherwise the smallest prefix
     // of the probability-sorted list that top_k / min_p / top_p need.
     const double inv_t = 1.0 / double(p.temperature);
-    double m = -std::numeric_limits<double>::infinity();
-    for (int64_t v = 0; v < vocab; ++v) m = std::max(m, double(s[size_t(v)]));
-    std::vector<double> prob(static_cast<size_t>(vocab));
+    std::vector<double> prob;
     double total = 0;
-    for (int64_t v = 0; v < vocab; ++v) total += (prob[size_t(v)] = std::exp((double(s[size_t(v)]) - m) * inv_t));
+    if (inv_t == 1.0 && std::memcmp(s.data(), logits, size_t(vocab) * sizeof(float)) == 0) {
+      // Temperature 1 and nothing processed (the common case): these are
+      // the log-softmax's terms, the same numbers in the same order.
+      prob = std::move(exps);
+      total = sum;
+    } else {
+      const double m = double(max_value(s.data(), vocab));
+      prob.resize(static_cast<size_t>(vocab));
+      for (int64_t v = 0; v < vocab; ++v) total += (prob[size_t(v)] = std::exp((double(s[size_t(v)]) - m) * inv_t));
+    }
     for (auto& v : prob) v /= total;
     const bool truncate = (p.top_k > 0 && p.top_k < vocab) || p.top_p < 1.0f || p.min_p > 0.0f;
     std::vector<int32_t> order;
@@ -131,8 +148,13 @@ SampledToken sample_token(const float* logits, int64_t vocab, const SamplingPara
         }
       }
     }
-    double mass = 0;
-    for (size_t i = 0; i < n; ++i) mass += prob[size_t(order[i])];
+    // (Sums in lambdas: GCC kept these accumulators on the stack in the
+    // function body, a store and reload per term of a vocabulary.)
+    const double mass = [&] {
+      double sum_of_candidates = 0;
+      for (size_t i = 0; i < n; ++i) sum_of_candidates += prob[size_t(order[i])];
+      return sum_of_candidates;
+    }();
     if (dist) {
       // The candidates renormalized by the mass the draw below spreads over;
       // those that underflowed to zero (blocked tokens) are left out.
@@ -141,15 +163,14 @@ SampledToken sample_token(const float* logits, int64_t vocab, const SamplingPara
         if (prob[size_t(order[i])] > 0) dist->probs.push_back({order[i], float(prob[size_t(order[i])] / mass)});
       std::sort(dist->probs.begin(), dist->probs.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
     }
-    double u = counter_uniform(p.seed, uint64_t(step)) * mass;
-    chosen = order[n - 1];
-    for (size_t i = 0; i < n; ++i) {
-      u -= prob[size_t(order[i])];
-      if (u < 0) {
-        chosen = order[i];
-        break;
+    chosen = [&] {
+      double u = counter_uniform(p.seed, uint64_t(step)) * mass;
+      for (size_t i = 0; i < n; ++i) {
+        u -= prob[size_t(order[i])];
+        if (u < 0) return order[i];
       }
-    }
+      return order[n - 1];
+    }();
   }
   out.token = chosen;
   out.logprob = float(double(logits[chosen]) - log_z);

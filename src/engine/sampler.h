@@ -63,6 +63,13 @@ struct TokenDistribution {
   float prob(int32_t token) const;
 };
 
+// log sum_v exp(logits[v]): the max m, then exp_sum_f64 of the logits
+// shifted by m (a fixed lane order, exp_fixed_f64: every kernel path gives
+// the same bits), m + log(sum). Optionally the terms exp(logits[v] - m), m
+// and the sum. Every logprob the engine reports is logits[t] minus this.
+double log_partition(const float* logits, int64_t vocab, double* terms = nullptr, double* max_out = nullptr,
+                     double* sum_out = nullptr);
+
 // logits: [vocab] raw model output (not modified). `step` is the index of the
 // token being generated (0 for the first). blocked_tokens cannot be drawn
 // (EOS ids before min_new_tokens). When `distribution` is given it receives

@@ -76,12 +76,9 @@ std::vector<int32_t> NgramIndex::propose(const std::vector<int32_t>& tokens, int
 
 namespace {
 
+// As sample_token's logprob: the same normalizer.
 float raw_logprob(const float* logits, int64_t vocab, int32_t token) {
-  double mx = -std::numeric_limits<double>::infinity();
-  for (int64_t v = 0; v < vocab; ++v) mx = std::max(mx, double(logits[v]));
-  double sum = 0;
-  for (int64_t v = 0; v < vocab; ++v) sum += std::exp(double(logits[v]) - mx);
-  return float(double(logits[token]) - (mx + std::log(sum)));
+  return float(double(logits[token]) - log_partition(logits, vocab));
 }
 
 }  // namespace

@@ -3,6 +3,9 @@
 #include <cstdio>
 #include <sstream>
 
+#include "core/machine.h"
+#include "core/threads.h"
+
 namespace dsv4 {
 
 void Histogram::observe(double v) {
@@ -139,6 +142,20 @@ std::string ServerMetrics::render(const EngineMetrics& m, const std::string& mod
   metric("counter", "dsv4:engine_sample_seconds_total", m.sample_seconds, "Seconds sampling.");
   metric("counter", "dsv4:engine_emit_seconds_total", m.emit_seconds,
          "Seconds emitting tokens (cache policy, request events).");
+  metric("counter", "dsv4:engine_decode_steps_total", double(m.decode_steps_total),
+         "Scheduler steps that only decoded (no prompt chunk).");
+  metric("counter", "dsv4:engine_decode_step_seconds_total", m.decode_step_seconds,
+         "Seconds spent in steps that only decoded.");
+  metric("counter", "dsv4:engine_decode_forward_seconds_total", m.decode_forward_seconds,
+         "Seconds in the model's forward passes of steps that only decoded.");
+  // CPU time by thread group: what the HTTP handlers, detokenizing and
+  // streaming cost is the process's minus the engine's (its compute threads
+  // carry its name). Prometheus' standard process counter, then dsv4's.
+  const ThreadCpuSeconds cpu = thread_cpu_seconds(kEngineThreadName);
+  metric("counter", "process_cpu_seconds_total", cpu.total, "Total user and system CPU time spent in seconds.");
+  metric("gauge", "dsv4:compute_threads", double(compute_threads()), "Threads of the model's operations.");
+  metric("counter", "dsv4:engine_cpu_seconds_total", cpu.named,
+         "CPU seconds of the scheduler thread and its compute threads (the rest of the process: HTTP, detokenizing).");
   // Speculative decoding: SGLang's gauges (over the whole run here), then
   // the counters they come from and the acceptance of each draft position.
   metric("gauge", "sglang:spec_accept_length", m.spec_accept_length,

@@ -685,6 +685,19 @@ describe('metrics and cache', () => {
       assert.ok(r.text.includes(name), `${name} in /metrics`);
     const m = r.text.match(/^sglang:num_requests_total\{[^}]*\} (\d+)/m);
     assert.ok(m && Number(m[1]) > 0);
+    // Where the steps' time went: the engine's share of the process's CPU
+    // (its compute threads carry its name), decode-only steps within all.
+    const value = (name) => {
+      const v = r.text.match(new RegExp(`^${name}\\{[^}]*\\} ([0-9.e+-]+)`, 'm'));
+      assert.ok(v, `${name} in /metrics`);
+      return Number(v[1]);
+    };
+    const cpu = value('process_cpu_seconds_total'), engine = value('dsv4:engine_cpu_seconds_total');
+    assert.ok(engine > 0 && engine <= cpu, `engine CPU ${engine} s within the process's ${cpu} s`);
+    assert.ok(value('dsv4:compute_threads') >= 1);
+    assert.ok(value('dsv4:engine_decode_steps_total') <= value('dsv4:engine_steps_total'));
+    assert.ok(value('dsv4:engine_decode_step_seconds_total') <= value('dsv4:engine_step_seconds_total'));
+    assert.ok(value('dsv4:engine_decode_forward_seconds_total') <= value('dsv4:engine_decode_step_seconds_total'));
   });
 
   test('/flush_cache empties the prefix cache', async () => {

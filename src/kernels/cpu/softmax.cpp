@@ -4,12 +4,19 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "core/numeric.h"
 
 namespace dsv4 {
 
 namespace {
+
+double bits_to_double(uint64_t bits) {
+  double d;
+  std::memcpy(&d, &bits, sizeof d);
+  return d;
+}
 
 // Cephes' expf: x = n ln2 + r with n = round(x log2 e), ln2 split in two so
 // that n * kLn2Hi is exact, then e^r by a degree-7 polynomial and 2^n into
@@ -141,6 +148,121 @@ DSV4_TARGET_AVX2 int64_t exp_fixed_rows_avx2(const float* x, int64_t n, float* e
   return j;
 }
 
+// The double version: the same reduction with ln2 split so that n ln2_hi is
+// exact for |n| < 2^11, and e^r by its Taylor series to degree 13 (the
+// first omitted term is below 2^-57 of the result on |r| <= ln2 / 2).
+constexpr double kLog2eD = 1.4426950408889634074;
+constexpr double kLn2HiD = 0x1.62e42fefa3800p-1, kLn2LoD = 0x1.ef35793c76730p-45;
+constexpr double kLowD = -708.0, kHighD = 709.0;
+constexpr int kTaylorDegree = 13;
+struct TaylorCoefficients {
+  double c[kTaylorDegree + 1];  // c[k] = 1 / k!
+  constexpr TaylorCoefficients() : c() {
+    double f = 1.0;
+    for (int k = 0; k <= kTaylorDegree; ++k) {
+      if (k > 0) f *= double(k);
+      c[k] = 1.0 / f;
+    }
+  }
+};
+constexpr TaylorCoefficients kTaylor;
+
+DSV4_TARGET_AVX512 inline __m512d exp_fixed_f64_avx512(__m512d x) {
+  const __mmask8 nan = _mm512_cmp_pd_mask(x, x, _CMP_UNORD_Q), low = _mm512_cmp_pd_mask(x, _mm512_set1_pd(kLowD), _CMP_LT_OQ);
+  const __m512d xc = _mm512_min_pd(_mm512_set1_pd(kHighD), x);
+  const __m512d n = _mm512_roundscale_pd(_mm512_mul_pd(xc, _mm512_set1_pd(kLog2eD)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512d r = _mm512_fnmadd_pd(n, _mm512_set1_pd(kLn2HiD), xc);
+  r = _mm512_fnmadd_pd(n, _mm512_set1_pd(kLn2LoD), r);
+  __m512d y = _mm512_set1_pd(kTaylor.c[kTaylorDegree]);
+  for (int k = kTaylorDegree - 1; k >= 0; --k) y = _mm512_fmadd_pd(y, r, _mm512_set1_pd(kTaylor.c[k]));
+  const __m512i pow2 = _mm512_slli_epi64(_mm512_add_epi64(_mm512_cvtpd_epi64(n), _mm512_set1_epi64(1023)), 52);
+  const __m512d e = _mm512_mul_pd(y, _mm512_castsi512_pd(pow2));
+  return _mm512_mask_mov_pd(_mm512_maskz_mov_pd(__mmask8(~low), e), nan, x);
+}
+
+DSV4_TARGET_AVX2 inline __m256d exp_fixed_f64_avx2(__m256d x) {
+  const __m256d nan = _mm256_cmp_pd(x, x, _CMP_UNORD_Q), low = _mm256_cmp_pd(x, _mm256_set1_pd(kLowD), _CMP_LT_OQ);
+  const __m256d xc = _mm256_min_pd(_mm256_set1_pd(kHighD), x);
+  const __m256d n = _mm256_round_pd(_mm256_mul_pd(xc, _mm256_set1_pd(kLog2eD)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256d r = _mm256_fnmadd_pd(n, _mm256_set1_pd(kLn2HiD), xc);
+  r = _mm256_fnmadd_pd(n, _mm256_set1_pd(kLn2LoD), r);
+  __m256d y = _mm256_set1_pd(kTaylor.c[kTaylorDegree]);
+  for (int k = kTaylorDegree - 1; k >= 0; --k) y = _mm256_fmadd_pd(y, r, _mm256_set1_pd(kTaylor.c[k]));
+  // n is integral and in [-1022, 1023] here; NaN lanes are replaced below.
+  const __m256i n64 = _mm256_cvtepi32_epi64(_mm256_cvtpd_epi32(_mm256_blendv_pd(n, _mm256_setzero_pd(), nan)));
+  const __m256i pow2 = _mm256_slli_epi64(_mm256_add_epi64(n64, _mm256_set1_epi64x(1023)), 52);
+  const __m256d e = _mm256_andnot_pd(low, _mm256_mul_pd(y, _mm256_castsi256_pd(pow2)));
+  return _mm256_blendv_pd(e, x, nan);
+}
+
+double fold8(double lanes[8]) {
+  for (int w = 4; w >= 1; w /= 2)
+    for (int l = 0; l < w; ++l) lanes[l] += lanes[l + w];
+  return lanes[0];
+}
+
+DSV4_TARGET_AVX512 double exp_sum_f64_avx512(const float* x, int64_t n, double shift, double* terms) {
+  const __m512d shift_v = _mm512_set1_pd(shift);
+  __m512d sum = _mm512_setzero_pd();
+  for (int64_t j = 0; j < n; j += 8) {
+    const __mmask8 m = n - j >= 8 ? __mmask8(0xff) : __mmask8((1u << (n - j)) - 1);
+    const __m512d e =
+        exp_fixed_f64_avx512(_mm512_sub_pd(_mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, x + j)), shift_v));
+    if (terms) _mm512_mask_storeu_pd(terms + j, m, e);
+    sum = _mm512_mask_add_pd(sum, m, sum, e);
+  }
+  alignas(64) double lanes[8];
+  _mm512_store_pd(lanes, sum);
+  return fold8(lanes);
+}
+
+DSV4_TARGET_AVX2 double exp_sum_f64_avx2(const float* x, int64_t n, double shift, double* terms) {
+  // Lanes 0-3 in `lo`, 4-7 in `hi`: vectors of 4 alternate.
+  const __m256d shift_v = _mm256_set1_pd(shift);
+  __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+  const int64_t n8 = n / 8 * 8;
+  for (int64_t j = 0; j < n8; j += 8) {
+    const __m256d e0 = exp_fixed_f64_avx2(_mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + j)), shift_v));
+    const __m256d e1 = exp_fixed_f64_avx2(_mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(x + j + 4)), shift_v));
+    if (terms) {
+      _mm256_storeu_pd(terms + j, e0);
+      _mm256_storeu_pd(terms + j + 4, e1);
+    }
+    lo = _mm256_add_pd(lo, e0);
+    hi = _mm256_add_pd(hi, e1);
+  }
+  alignas(32) double lanes[8];
+  _mm256_store_pd(lanes, lo);
+  _mm256_store_pd(lanes + 4, hi);
+  for (int64_t j = n8; j < n; ++j) {
+    const double e = exp_fixed_f64(double(x[j]) - shift);
+    if (terms) terms[j] = e;
+    lanes[j % 8] += e;
+  }
+  return fold8(lanes);
+}
+
+DSV4_TARGET_AVX512 float max_value_avx512(const float* x, int64_t n) {
+  __m512 m = _mm512_set1_ps(-INFINITY);
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) m = _mm512_max_ps(_mm512_loadu_ps(x + j), m);  // a NaN load keeps m
+  float top = _mm512_reduce_max_ps(m);
+  for (; j < n; ++j) top = std::max(top, x[j]);
+  return top;
+}
+
+DSV4_TARGET_AVX2 float max_value_avx2(const float* x, int64_t n) {
+  __m256 m = _mm256_set1_ps(-INFINITY);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) m = _mm256_max_ps(_mm256_loadu_ps(x + j), m);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, m);
+  float top = lanes[0];
+  for (int l = 1; l < 8; ++l) top = std::max(top, lanes[l]);
+  for (; j < n; ++j) top = std::max(top, x[j]);
+  return top;
+}
+
 }  // namespace
 
 float exp_fixed(float x) {
@@ -161,6 +283,46 @@ void exp_fixed_rows(const float* x, int64_t n, float* e, KernelIsa isa) {
               : isa == KernelIsa::Avx2 ? exp_fixed_rows_avx2(x, n, e)
                                        : 0;
   for (; j < n; ++j) e[j] = exp_fixed(x[j]);
+}
+
+double exp_fixed_f64(double x) {
+  if (x != x) return x;
+  if (x < kLowD) return 0.0;
+  x = std::min(x, kHighD);
+  const double n = std::nearbyint(x * kLog2eD);
+  double r = std::fma(-n, kLn2HiD, x);
+  r = std::fma(-n, kLn2LoD, r);
+  double y = kTaylor.c[kTaylorDegree];
+  for (int k = kTaylorDegree - 1; k >= 0; --k) y = std::fma(y, r, kTaylor.c[k]);
+  return y * bits_to_double(uint64_t(int64_t(n) + 1023) << 52);
+}
+
+double exp_sum_f64(const float* x, int64_t n, double shift, double* terms, KernelIsa isa) {
+  if (isa == KernelIsa::Avx512) return exp_sum_f64_avx512(x, n, shift, terms);
+  if (isa == KernelIsa::Avx2) return exp_sum_f64_avx2(x, n, shift, terms);
+  double lanes[8] = {};
+  for (int64_t j = 0; j < n; ++j) {
+    const double e = exp_fixed_f64(double(x[j]) - shift);
+    if (terms) terms[j] = e;
+    lanes[j % 8] += e;
+  }
+  return fold8(lanes);
+}
+
+float max_value(const float* x, int64_t n, KernelIsa isa) {
+  if (isa == KernelIsa::Avx512) return max_value_avx512(x, n);
+  if (isa == KernelIsa::Avx2) return max_value_avx2(x, n);
+  float top = -INFINITY;
+  for (int64_t j = 0; j < n; ++j) top = std::max(top, x[j]);
+  return top;
+}
+
+int64_t first_max_index(const float* x, int64_t n, KernelIsa isa) {
+  if (n <= 0 || std::isnan(x[0])) return 0;
+  const float top = max_value(x, n, isa);
+  for (int64_t j = 0; j < n; ++j)
+    if (x[j] == top) return j;
+  return 0;
 }
 
 void softmax_with_sink(float* x, int64_t n, float scale, float sink, KernelIsa isa) {

@@ -27,4 +27,19 @@ void exp_fixed_rows(const float* x, int64_t n, float* e, KernelIsa isa = active_
 // term is added; each probability is one division.
 void softmax_with_sink(float* x, int64_t n, float scale, float sink, KernelIsa isa = active_kernel_isa());
 
+// The sampler's log-softmax over a vocabulary, in double (docs/kernels.md,
+// "The sampler's normalizer"). exp_fixed_f64: e^x within 1 ulp for x in
+// [-708, 709]: 0 below, e^709 above, NaN for NaN.
+double exp_fixed_f64(double x);
+// sum_j exp_fixed_f64(double(x[j]) - shift), with the terms written to
+// `terms` when it is not null. Order: lane l (of 8) adds the terms of j =
+// l mod 8 in increasing j; the lanes fold l += l + 4, + 2, + 1.
+double exp_sum_f64(const float* x, int64_t n, double shift, double* terms, KernelIsa isa = active_kernel_isa());
+// The largest of x[0..n), NaNs skipped (-inf when there is none). A maximum
+// has one value whatever the order, so every path gives it.
+float max_value(const float* x, int64_t n, KernelIsa isa = active_kernel_isa());
+// std::max_element's index with operator<: the first maximum, NaNs skipped,
+// except that a NaN at 0 is kept (nothing compares above it).
+int64_t first_max_index(const float* x, int64_t n, KernelIsa isa = active_kernel_isa());
+
 }  // namespace dsv4
