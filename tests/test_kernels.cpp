@@ -13,6 +13,7 @@
 #include "core/threads.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/linear.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/cpu/random_linear.h"
 #include "kernels/cpu/vector_ops.h"
 #include "kernels/rope.h"
@@ -588,6 +589,23 @@ TEST(Ops, IndexerScoresStoredFp4KeysOnEveryPath) {
           scores[size_t(i)] = s;
         }
         EXPECT_EQ(selected[size_t(r)], top_k_indices(scores.data(), visible[size_t(r)], top_k)) << "row " << r;
+        // The scores themselves, bit for bit (a selection rarely shows an
+        // ulp), with weights that make the head sum's order matter.
+        std::vector<float> got(scores.size()), want(scores.size());
+        std::vector<float> odd_weights = weights;
+        for (size_t h = 0; h < odd_weights.size(); ++h) odd_weights[h] *= h % 2 ? 1e-3f : 1e3f;
+        const IndexerSelect problem{q.data(), odd_weights.data(), rows, heads, dim, views.data(), visible.data(),
+                                    top_k, &selected};
+        cpu::indexer_row_scores(isa, problem, r, got.data());
+        for (int64_t i = 0; i < visible[size_t(r)]; ++i) {
+          float s = 0.0f;
+          for (int64_t h = 0; h < heads; ++h)
+            s += std::max(dot_fixed(q.data() + (r * heads + h) * dim, decoded.data() + i * dim, dim, KernelIsa::Scalar),
+                          0.0f) *
+                 odd_weights[size_t(r * heads + h)];
+          want[size_t(i)] = s;
+        }
+        EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4)) << "row " << r;
       }
     }
   }

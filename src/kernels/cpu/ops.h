@@ -24,6 +24,9 @@ void hc_head(KernelIsa isa, const HcShape& shape, const HcSite& site, const floa
 
 void sink_attention(KernelIsa isa, const SinkAttention& problem, bool exact = false);
 void indexer_select(KernelIsa isa, const IndexerSelect& problem, bool exact = false);
+// The fast numerics' scores of query row `row` against its visible keys, as
+// indexer_select computes them before the top-k (for tests of their bits).
+void indexer_row_scores(KernelIsa isa, const IndexerSelect& problem, int64_t row, float* scores);
 void engram_lookup(const EngramTable& table, const int64_t* ids, int64_t n, float* out);
 void engram_gate(KernelIsa isa, const EngramGate& problem, bool exact = false);
 // x <- w * x / sqrt(mean(x^2) + eps) with the mean in double and one
