@@ -611,5 +611,37 @@ TEST(Ops, IndexerScoresStoredFp4KeysOnEveryPath) {
   }
 }
 
+
+// Cached FP8 rows decode to the scalar definition's bits on every path
+// (every e4m3 code, NaNs included; block scales from tiny to huge; a width
+// whose e4m3 part leaves a remainder after 16-value vectors).
+TEST(Ops, DecodeFp8RowsGivesTheDefinitionBitsOnEveryPath) {
+  for (int64_t nope : {448, 40}) {
+    const int64_t width = nope + 64, block = 64, blocks = (nope + block - 1) / block, rows = 300;
+    std::mt19937 rng(12);
+    std::vector<uint8_t> codes(size_t(rows * nope)), scales(size_t(rows * blocks));
+    for (size_t i = 0; i < codes.size(); ++i) codes[i] = uint8_t(i % 256 == 0 ? rng() : i);
+    for (auto& v : scales) v = uint8_t(rng() % 256);
+    std::vector<float> rope = normal_floats(size_t(rows * (width - nope)), 13);
+    const Fp8RowsView view{codes.data(), scales.data(), rope.data(), width, nope, block};
+    const std::vector<int64_t> ids = {299, 0, 7, 7, 150, 1};
+    std::vector<float> want(ids.size() * size_t(width));
+    for (size_t k = 0; k < ids.size(); ++k) {
+      for (int64_t i = 0; i < nope; ++i)
+        want[k * size_t(width) + size_t(i)] =
+            e4m3_to_float(codes[size_t(ids[k] * nope + i)]) * e8m0_to_float(scales[size_t(ids[k] * blocks + i / block)]);
+      for (int64_t i = nope; i < width; ++i)
+        want[k * size_t(width) + size_t(i)] = rope[size_t(ids[k] * (width - nope) + i - nope)];
+    }
+    for (KernelIsa isa : {KernelIsa::Scalar, KernelIsa::Avx2, KernelIsa::Avx512}) {
+      if (!kernel_isa_supported(isa)) continue;
+      SCOPED_TRACE(std::string(kernel_isa_name(isa)) + ", nope " + std::to_string(nope));
+      std::vector<float> got(want.size());
+      backend_by_name(kernel_isa_name(isa)).decode_fp8_rows(view, ids.data(), int64_t(ids.size()), got.data());
+      EXPECT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * 4));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dsv4

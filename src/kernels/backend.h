@@ -71,6 +71,16 @@ struct Fp4RowsView {
   int64_t width = 0, block = 32;
 };
 
+// Cached KV rows as a decode state stores them (model/cache_rows.h): the
+// first `nope` values of a row as e4m3 codes with one ue8m0 scale per
+// `block`, the rest (the RoPE dims) as floats.
+struct Fp8RowsView {
+  const uint8_t* codes = nullptr;   // [rows, nope]
+  const uint8_t* scales = nullptr;  // [rows, ceil(nope / block)]
+  const float* rope = nullptr;      // [rows, width - nope]
+  int64_t width = 0, nope = 0, block = 64;
+};
+
 // The lightning indexer's choice for each query row: score every compressed
 // row it can see, score_i = sum_h relu(q_h . k_i) * w_h (heads in order), and
 // keep the top_k (ties to the lower id), returned in ascending id order.
@@ -167,6 +177,9 @@ class KernelBackend {
   virtual void add(float* y, const float* x, int64_t n) const = 0;
 
   // ---- attention cores
+  // out row k <- row ids[k] of `rows` as floats (code value times its
+  // block's scale, one float multiply; the RoPE dims copied).
+  virtual void decode_fp8_rows(const Fp8RowsView& rows, const int64_t* ids, int64_t count, float* out) const = 0;
   virtual void sink_attention(const SinkAttention& problem) const = 0;
   virtual void indexer_select(const IndexerSelect& problem) const = 0;
   // The compressor's gated pooling of one window: out[ch] = sum_s kv_s[ch] *

@@ -8,7 +8,7 @@ const char* op_account_name(OpAccount account) {
   switch (account) {
     case OpAccount::Linear: return "weight products";
     case OpAccount::Experts: return "experts (products + SwiGLU)";
-    case OpAccount::Attention: return "sink attention";
+    case OpAccount::Attention: return "sink attention (+ cached rows decoded)";
     case OpAccount::Indexer: return "indexer + top-k";
     case OpAccount::Compressor: return "compressor pooling";
     case OpAccount::HyperConn: return "hyper-connections";
@@ -78,6 +78,10 @@ void TimedBackend::scale(float* x, int64_t n, float s) const {
 void TimedBackend::add(float* y, const float* x, int64_t n) const {
   timed(OpAccount::Elementwise, [&] { inner_.add(y, x, n); });
 }
+void TimedBackend::decode_fp8_rows(const Fp8RowsView& rows, const int64_t* ids, int64_t count, float* out) const {
+  timed(OpAccount::Attention, [&] { inner_.decode_fp8_rows(rows, ids, count, out); });
+}
+
 void TimedBackend::sink_attention(const SinkAttention& problem) const {
   timed(OpAccount::Attention, [&] { inner_.sink_attention(problem); });
 }

@@ -20,7 +20,7 @@ namespace dsv4 {
 enum class OpAccount {
   Linear,       // linear, linear_many, embed: the weight products
   Experts,      // the routed and shared experts (their products and SwiGLU)
-  Attention,    // sink attention
+  Attention,    // sink attention, decode_fp8_rows (its cached keys)
   Indexer,      // the lightning indexer's scores and top-k, top_k
   Compressor,   // the compressor's gated pooling
   HyperConn,    // hc_pre, hc_post, hc_head, hc_pre_lagged, hc_collapse
@@ -62,6 +62,7 @@ class TimedBackend : public KernelBackend {
   void fp4_round(float* x, int64_t rows, int64_t width, int64_t stride, int64_t block) const override;
   void scale(float* x, int64_t n, float s) const override;
   void add(float* y, const float* x, int64_t n) const override;
+  void decode_fp8_rows(const Fp8RowsView& rows, const int64_t* ids, int64_t count, float* out) const override;
   void sink_attention(const SinkAttention& problem) const override;
   void indexer_select(const IndexerSelect& problem) const override;
   void softmax_pool(const float* const* kv, const float* const* score, int64_t candidates, int64_t width,

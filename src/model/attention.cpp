@@ -124,13 +124,15 @@ void attention_forward(const KernelBackend& kb, const ModelConfig& c, const Atte
   }
 
   attend_rows(kb, c, w, rope, layout, segments, rows, layout.has_indexer() ? &selected : nullptr,
-              [](const Segment& s, int64_t i, float* dst) { s.state->compressed.decode(i, dst); }, q.data(),
-              kv.data(), out);
+              [&](const Segment& s, const int64_t* ids, int64_t count, float* dst) {
+                kb.decode_fp8_rows(s.state->compressed.view(), ids, count, dst);
+              },
+              q.data(), kv.data(), out);
 }
 
 void attend_rows(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w, const RopeTable& rope,
                  const LayerLayout& layout, const std::vector<Segment>& segments, const RowMap& rows,
-                 const std::vector<std::vector<int32_t>>* selected, const DecodeCompressedRow& decode_row,
+                 const std::vector<std::vector<int32_t>>* selected, const DecodeCompressedRows& decode_rows,
                  const float* q, const float* kv, float* out) {
   const int64_t H = c.n_heads, hd = c.head_dim, win = c.window, n = int64_t(rows.position.size());
   // The cached keys the rows see, decoded once per sequence: window rows
@@ -146,7 +148,9 @@ void attend_rows(const KernelBackend& kb, const ModelConfig& c, const AttentionW
     Decoded& d = cache[k];
     const int64_t first = std::max<int64_t>(0, s.start - win + 1);
     d.window.resize(size_t((s.start - first) * hd));
-    for (int64_t p = first; p < s.start; ++p) s.state->window.decode(p % win, d.window.data() + (p - first) * hd);
+    std::vector<int64_t> ids;
+    for (int64_t p = first; p < s.start; ++p) ids.push_back(p % win);
+    kb.decode_fp8_rows(s.state->window.view(), ids.data(), int64_t(ids.size()), d.window.data());
     const int64_t count = layout.visible_rows(s.start + s.n - 1);
     d.row_of.assign(size_t(count), selected ? -1 : 0);
     if (selected)
@@ -156,8 +160,10 @@ void attend_rows(const KernelBackend& kb, const ModelConfig& c, const AttentionW
     for (int64_t& slot : d.row_of)
       if (slot == 0) slot = used++;
     d.rows.resize(size_t(used * hd));
+    ids.clear();  // the used rows by id: their slots are 0, 1, ... in that order
     for (int64_t i = 0; i < count; ++i)
-      if (d.row_of[size_t(i)] >= 0) decode_row(s, i, d.rows.data() + d.row_of[size_t(i)] * hd);
+      if (d.row_of[size_t(i)] >= 0) ids.push_back(i);
+    decode_rows(s, ids.data(), used, d.rows.data());
   }
 
   // Keys of every row, in a fixed order (compressed rows by id, then window

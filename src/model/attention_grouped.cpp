@@ -122,8 +122,9 @@ void attention_grouped(const KernelBackend& kb, const ModelConfig& c, const Atte
   // source's rows.
   attend_rows(
       kb, c, w, rope, layout, segments, rows, &shared.selected,
-      [&](const Segment& s, int64_t i, float* dst) {
-        s.sequence->layers[size_t(layout.kv_group)].compressed_fp4.decode(i, dst);
+      [&](const Segment& s, const int64_t* ids, int64_t count, float* dst) {
+        const auto& rows = s.sequence->layers[size_t(layout.kv_group)].compressed_fp4;
+        for (int64_t k = 0; k < count; ++k) rows.decode(ids[k], dst + k * c.head_dim);
       },
       queries.q.data(), kv.data(), out);
 }

@@ -36,6 +36,8 @@ class KvRows {
   void set(int64_t row, const float* values);
   void append(const float* values);
   void decode(int64_t row, float* out) const;
+  // The rows as stored, for the kernels (decode_fp8_rows decodes as decode).
+  Fp8RowsView view() const { return {codes_.data(), scales_.data(), rope_.data(), width_, nope_, block_}; }
   // Bytes of row `row` in storage (for the rollback journal) and their size.
   int64_t row_bytes() const { return nope_ + blocks_ + (width_ - nope_) * 4; }
   void copy_row_bytes(int64_t row, uint8_t* out) const;

@@ -88,12 +88,13 @@ void attention_output(const KernelBackend& kb, const ModelConfig& c, const Atten
 // attends its compressed rows (`selected[row]`, ascending ids; null: every
 // row it can see) and its window (the chunk's own `kv` rows, earlier ones
 // from the ring), in that fixed order; the window rows of the chunk enter
-// the ring; the output projection writes `out`. `decode_row(segment, id,
-// dst)` decodes compressed row `id` of a segment's sequence.
-using DecodeCompressedRow = std::function<void(const Segment&, int64_t, float*)>;
+// the ring; the output projection writes `out`. `decode_rows(segment, ids,
+// count, dst)` decodes compressed rows ids[0..count) of a segment's
+// sequence, one after another (through the backend where it can).
+using DecodeCompressedRows = std::function<void(const Segment&, const int64_t*, int64_t, float*)>;
 void attend_rows(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w, const RopeTable& rope,
                  const LayerLayout& layout, const std::vector<Segment>& segments, const RowMap& rows,
-                 const std::vector<std::vector<int32_t>>* selected, const DecodeCompressedRow& decode_row,
+                 const std::vector<std::vector<int32_t>>* selected, const DecodeCompressedRows& decode_rows,
                  const float* q, const float* kv, float* out);
 
 // Attention over a batch of rows from one or more sequences.

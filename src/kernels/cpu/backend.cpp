@@ -77,6 +77,9 @@ class CpuBackend final : public KernelBackend {
     for (int64_t i = 0; i < n; ++i) y[i] += x[i];
   }
 
+  void decode_fp8_rows(const Fp8RowsView& rows, const int64_t* ids, int64_t count, float* out) const override {
+    cpu::decode_fp8_rows(isa_, rows, ids, count, out);
+  }
   void sink_attention(const SinkAttention& problem) const override { cpu::sink_attention(isa_, problem, exact_); }
   void indexer_select(const IndexerSelect& problem) const override { cpu::indexer_select(isa_, problem, exact_); }
   void softmax_pool(const float* const* kv, const float* const* score, int64_t candidates, int64_t width,

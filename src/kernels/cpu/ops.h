@@ -23,6 +23,7 @@ void hc_head(KernelIsa isa, const HcShape& shape, const HcSite& site, const floa
              bool exact = false);
 
 void sink_attention(KernelIsa isa, const SinkAttention& problem, bool exact = false);
+void decode_fp8_rows(KernelIsa isa, const Fp8RowsView& rows, const int64_t* ids, int64_t count, float* out);
 void indexer_select(KernelIsa isa, const IndexerSelect& problem, bool exact = false);
 // The fast numerics' scores of query row `row` against its visible keys, as
 // indexer_select computes them before the top-k (for tests of their bits).
