@@ -104,9 +104,7 @@ SampledToken sample_token(const float* logits, int64_t vocab, const SamplingPara
     std::vector<int32_t> order;
     size_t n;
     if (!truncate) {
-      order.resize(static_cast<size_t>(vocab));
-      std::iota(order.begin(), order.end(), 0);
-      n = order.size();
+      n = size_t(vocab);  // every token by id: `order` stays empty (see candidate below)
     } else {
       auto by_prob = [&](int32_t a, int32_t b) {
         return prob[size_t(a)] > prob[size_t(b)] || (prob[size_t(a)] == prob[size_t(b)] && a < b);
@@ -150,9 +148,12 @@ SampledToken sample_token(const float* logits, int64_t vocab, const SamplingPara
     }
     // (Sums in lambdas: GCC kept these accumulators on the stack in the
     // function body, a store and reload per term of a vocabulary.)
+    // The i-th candidate: order[i], or token i when nothing is truncated
+    // (no 129k-entry identity list to build and read through).
+    auto candidate = [&](size_t i) { return truncate ? order[i] : int32_t(i); };
     const double mass = [&] {
       double sum_of_candidates = 0;
-      for (size_t i = 0; i < n; ++i) sum_of_candidates += prob[size_t(order[i])];
+      for (size_t i = 0; i < n; ++i) sum_of_candidates += prob[size_t(candidate(i))];
       return sum_of_candidates;
     }();
     if (dist) {
@@ -160,16 +161,17 @@ SampledToken sample_token(const float* logits, int64_t vocab, const SamplingPara
       // those that underflowed to zero (blocked tokens) are left out.
       dist->probs.clear();
       for (size_t i = 0; i < n; ++i)
-        if (prob[size_t(order[i])] > 0) dist->probs.push_back({order[i], float(prob[size_t(order[i])] / mass)});
+        if (prob[size_t(candidate(i))] > 0)
+          dist->probs.push_back({candidate(i), float(prob[size_t(candidate(i))] / mass)});
       std::sort(dist->probs.begin(), dist->probs.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
     }
     chosen = [&] {
       double u = counter_uniform(p.seed, uint64_t(step)) * mass;
       for (size_t i = 0; i < n; ++i) {
-        u -= prob[size_t(order[i])];
-        if (u < 0) return order[i];
+        u -= prob[size_t(candidate(i))];
+        if (u < 0) return candidate(i);
       }
-      return order[n - 1];
+      return candidate(n - 1);
     }();
   }
   out.token = chosen;
