@@ -578,33 +578,32 @@ TEST(Ops, IndexerScoresStoredFp4KeysOnEveryPath) {
       std::vector<std::vector<int32_t>> selected;
       backend_by_name(kernel_isa_name(isa))
           .indexer_select({q.data(), weights.data(), rows, heads, dim, views.data(), visible.data(), top_k, &selected});
-      for (int64_t r = 0; r < rows; ++r) {
-        std::vector<float> scores(size_t(visible[size_t(r)]));
+      // Row r's scores from the fully decoded keys: dot_fixed per (head,
+      // key), the head sum in order with head weights `w`.
+      auto reference_scores = [&](int64_t r, const std::vector<float>& w) {
+        std::vector<float> out(size_t(visible[size_t(r)]));
         for (int64_t i = 0; i < visible[size_t(r)]; ++i) {
           float s = 0.0f;
           for (int64_t h = 0; h < heads; ++h)
             s += std::max(dot_fixed(q.data() + (r * heads + h) * dim, decoded.data() + i * dim, dim, KernelIsa::Scalar),
                           0.0f) *
-                 weights[size_t(r * heads + h)];
-          scores[size_t(i)] = s;
+                 w[size_t(r * heads + h)];
+          out[size_t(i)] = s;
         }
+        return out;
+      };
+      for (int64_t r = 0; r < rows; ++r) {
+        const std::vector<float> scores = reference_scores(r, weights);
         EXPECT_EQ(selected[size_t(r)], top_k_indices(scores.data(), visible[size_t(r)], top_k)) << "row " << r;
         // The scores themselves, bit for bit (a selection rarely shows an
         // ulp), with weights that make the head sum's order matter.
-        std::vector<float> got(scores.size()), want(scores.size());
+        std::vector<float> got(scores.size());
         std::vector<float> odd_weights = weights;
         for (size_t h = 0; h < odd_weights.size(); ++h) odd_weights[h] *= h % 2 ? 1e-3f : 1e3f;
         const IndexerSelect problem{q.data(), odd_weights.data(), rows, heads, dim, views.data(), visible.data(),
                                     top_k, &selected};
         cpu::indexer_row_scores(isa, problem, r, got.data());
-        for (int64_t i = 0; i < visible[size_t(r)]; ++i) {
-          float s = 0.0f;
-          for (int64_t h = 0; h < heads; ++h)
-            s += std::max(dot_fixed(q.data() + (r * heads + h) * dim, decoded.data() + i * dim, dim, KernelIsa::Scalar),
-                          0.0f) *
-                 odd_weights[size_t(r * heads + h)];
-          want[size_t(i)] = s;
-        }
+        const std::vector<float> want = reference_scores(r, odd_weights);
         EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4)) << "row " << r;
       }
     }
