@@ -49,7 +49,7 @@ struct BenchArgs {
   bool no_mmap = false;
   std::string numerics = "auto";  // auto (the model's default), exact or fast
   bool bounded_replay = false;    // V4.1: also time a prefill with bounded replay
-  bool split = true;              // time one more prefill per operation (TimedBackend)
+  bool split = true;              // time one more prefill and decode run per operation (TimedBackend)
   std::vector<int64_t> contexts;  // decode from synthetic states of these many tokens
   std::vector<int64_t> context_batches = {1, 4};
 };
@@ -482,7 +482,7 @@ void register_bench_command(CLI::App& app, int& exit_code) {
       ->check(CLI::PositiveNumber);
   cmd->add_option("--csv", a->csv, "Also write the results as CSV");
   cmd->add_flag("--no-mmap", a->no_mmap, "Copy the weights into huge-page memory instead of mapping the files");
-  cmd->add_flag("!--no-split", a->split, "Skip the extra prefill that times each operation (the prefill split)");
+  cmd->add_flag("!--no-split", a->split, "Skip the extra prefill and decode runs that time each operation (the splits)");
   cmd->add_flag("--bounded-replay", a->bounded_replay,
                 "V4.1: also time the prompt with bounded replay (--enable-decoder-swa-bounded-replay)");
   cmd->add_option("--numerics", a->numerics,
