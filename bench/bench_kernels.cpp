@@ -15,7 +15,9 @@
 #include "core/numeric.h"
 #include "io/config.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/indexer_fp4.h"
 #include "kernels/cpu/linear.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/cpu/random_linear.h"
 #include "kernels/cpu/softmax.h"
 #include "kernels/cpu/vector_ops.h"
@@ -292,6 +294,39 @@ void BM_AttentionHeads(benchmark::State& state) {
   state.SetLabel(labels[part]);
 }
 BENCHMARK(BM_AttentionHeads)->Arg(0)->Arg(1)->Arg(2)->Arg(3);
+
+// The lightning indexer scoring one decode row against 4096 FP4 keys (64
+// heads x 128 dims, V4-Flash), on one thread: arg 0 the integer FP4 scores
+// (VPDPBUSD where the CPU has AVX512-VNNI), arg 1 the fp32 path (dot_fixed
+// rows over decoded key tiles), which a query off the FP4 grid takes.
+void BM_IndexerScores(benchmark::State& state) {
+  const bool fp32 = state.range(0) == 1;
+  const int64_t heads = 64, dim = 128, keys = 4096;
+  std::mt19937 rng(9);
+  std::normal_distribution<float> nd;
+  std::vector<uint8_t> nibbles(size_t(keys * dim / 2)), scales(size_t(keys * dim / 32));
+  for (auto& b : nibbles) b = uint8_t(rng());
+  for (auto& v : scales) v = uint8_t(118 + rng() % 8);
+  std::vector<float> q(static_cast<size_t>(heads * dim)), weights(static_cast<size_t>(heads));
+  for (auto& v : q) v = nd(rng);
+  for (auto& v : weights) v = nd(rng);
+  for (int64_t h = 0; h < heads; ++h) fp4_round_trip(q.data() + h * dim, dim, 32);
+  if (fp32) q[0] = std::nextafter(q[0], 100.0f);  // off the FP4 grid
+  const Fp4RowsView view{nibbles.data(), scales.data(), dim, 32};
+  const int64_t visible = keys;
+  std::vector<std::vector<int32_t>> selected;
+  const IndexerSelect problem{q.data(), weights.data(), 1, heads, dim, &view, &visible, 512, &selected};
+  std::vector<float> scores(static_cast<size_t>(keys));
+  const KernelIsa isa = best_kernel_isa();
+  for (auto _ : state) {
+    cpu::indexer_row_scores(isa, problem, 0, scores.data());
+    benchmark::DoNotOptimize(scores.data());
+  }
+  state.counters["MAC/s"] =
+      benchmark::Counter(double(heads * dim * keys) * double(state.iterations()), benchmark::Counter::kIsRate);
+  state.SetLabel(fp32 ? "fp32 dot_fixed tiles" : cpu::fp4_scores_use_vnni(isa) ? "integer FP4 (VNNI)" : "integer FP4");
+}
+BENCHMARK(BM_IndexerScores)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
 
 // Hyper-connections of one V4-Flash block side (hc_mult 4 copies of 4096):
 // hc_pre (the fp32 mix projection, Sinkhorn, the collapse) then hc_post

@@ -179,6 +179,7 @@ CpuFeatures detect_cpu_features() {
   __asm__ volatile("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(7), "c"(1));
   f.avx512_bf16 = (eax >> 5) & 1;
   __asm__ volatile("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(7), "c"(0));
+  f.avx512_vnni = (ecx >> 11) & 1;
   f.amx_bf16 = (edx >> 22) & 1;
   f.amx_tile = (edx >> 24) & 1;
 #endif
@@ -195,6 +196,7 @@ std::string CpuFeatures::describe() const {
   add(avx512f, "avx512f");
   add(avx512bw, "avx512bw");
   add(avx512_bf16, "avx512_bf16");
+  add(avx512_vnni, "avx512_vnni");
   add(amx_tile, "amx_tile");
   add(amx_bf16, "amx_bf16");
   return s.empty() ? "scalar" : s;

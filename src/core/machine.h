@@ -12,8 +12,8 @@ namespace dsv4 {
 double measure_read_bandwidth(int64_t bytes = int64_t(1) << 30, int repeats = 5);
 
 struct CpuFeatures {
-  bool avx2 = false, fma = false, avx512f = false, avx512bw = false, avx512_bf16 = false, amx_tile = false,
-       amx_bf16 = false;
+  bool avx2 = false, fma = false, avx512f = false, avx512bw = false, avx512_bf16 = false, avx512_vnni = false,
+       amx_tile = false, amx_bf16 = false;
   std::string describe() const;
 };
 CpuFeatures detect_cpu_features();

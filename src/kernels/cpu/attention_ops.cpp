@@ -14,6 +14,7 @@
 #include "core/numeric.h"
 #include "core/scratch.h"
 #include "kernels/cpu/exact_sums.h"
+#include "kernels/cpu/indexer_fp4.h"
 #include "kernels/cpu/linear_internal.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/softmax.h"
@@ -245,15 +246,33 @@ void score_tile(KernelIsa isa, const IndexerSelect& p, int64_t r, int64_t first,
 // One query row: scores of its visible rows, tile by tile (on `threads`
 // threads where the row is alone: a decode step's one row per sequence),
 // then the selection.
+// Scores of query row r's visible keys [first, first + count): the integer
+// FP4 scores where the query is on the FP4 grid (`fp4`, fast numerics),
+// score_tile otherwise.
+template <typename T>
+void score_keys(KernelIsa isa, const IndexerSelect& p, int64_t r, const Fp4Query* fp4, int64_t first, int64_t count,
+                bool exact, T* scores) {
+  if constexpr (std::is_same_v<T, float>)
+    if (fp4) return fp4_scores(isa, *fp4, p.head_weights + r * p.heads, p.keys[r], first, count, scores);
+  score_tile(isa, p, r, first, count, exact, scores);
+}
+
+// The integer form of query row r where the fast numerics can use it.
+bool row_fp4_query(const IndexerSelect& p, int64_t r, bool exact, Fp4Query& out) {
+  return !exact && p.keys[r].block == 32 && fp4_query(p.q + r * p.heads * p.dim, p.heads, p.dim, out);
+}
+
 template <typename T>
 void select_row(KernelIsa isa, const IndexerSelect& p, int64_t r, bool exact, int threads) {
   const int64_t visible = p.visible[r];
   std::vector<T> scores(static_cast<size_t>(visible));
   const int64_t tiles = (visible + kKeyTile - 1) / kKeyTile;
+  Fp4Query query;
+  const Fp4Query* fp4 = row_fp4_query(p, r, exact, query) ? &query : nullptr;
 #pragma omp parallel for schedule(dynamic, 4) num_threads(threads) if (threads > 1)
   for (int64_t tile = 0; tile < tiles; ++tile) {
     const int64_t first = tile * kKeyTile;
-    score_tile(isa, p, r, first, std::min(kKeyTile, visible - first), exact, scores.data() + first);
+    score_keys(isa, p, r, fp4, first, std::min(kKeyTile, visible - first), exact, scores.data() + first);
   }
   if (p.candidates) (*p.candidates)[size_t(r)] = candidate_mask(scores, p.candidate_blocks, p.candidate_block_size);
   if (p.allowed && p.allowed[r]) {
@@ -273,8 +292,10 @@ void select_row(KernelIsa isa, const IndexerSelect& p, int64_t r, bool exact, in
 }  // namespace
 
 void indexer_row_scores(KernelIsa isa, const IndexerSelect& p, int64_t row, float* scores) {
+  Fp4Query query;
+  const Fp4Query* fp4 = row_fp4_query(p, row, false, query) ? &query : nullptr;
   for (int64_t first = 0; first < p.visible[row]; first += kKeyTile)
-    score_tile(isa, p, row, first, std::min(kKeyTile, p.visible[row] - first), false, scores + first);
+    score_keys(isa, p, row, fp4, first, std::min(kKeyTile, p.visible[row] - first), false, scores + first);
 }
 
 void indexer_select(KernelIsa isa, const IndexerSelect& p, bool exact) {

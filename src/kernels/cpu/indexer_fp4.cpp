@@ -1,0 +1,200 @@
+#include "kernels/cpu/indexer_fp4.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/machine.h"
+#include "core/numeric.h"
+#include "kernels/cpu/avx512_common.h"
+
+namespace dsv4::cpu {
+
+namespace {
+
+constexpr int64_t kBlock = 32;  // dims per FP4 scale block
+
+// 2 k + 12 for each e2m1 code k (unsigned: VPDPBUSD's first operand).
+constexpr uint8_t kKeyCode[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
+
+float key_half_scale(uint8_t scale) { return e8m0_to_float(scale) * 0.5f; }
+
+// The definition, one key at a time (the scalar and AVX2 paths).
+void scores_portable(const Fp4Query& q, const float* weights, const Fp4RowsView& keys, int64_t first, int64_t count,
+                     float* scores) {
+  const int64_t dim = q.dim, blocks = dim / kBlock;
+  std::vector<int32_t> codes(static_cast<size_t>(dim));
+  std::vector<float> half(static_cast<size_t>(blocks));
+  for (int64_t i = 0; i < count; ++i) {
+    const uint8_t* nibbles = keys.nibbles + (first + i) * (dim / 2);
+    const uint8_t* scales = keys.scales + (first + i) * blocks;
+    for (int64_t b = 0; b < blocks; ++b) {
+      for (int64_t j = 0; j < kBlock / 2; ++j) {
+        const uint8_t byte = nibbles[b * kBlock / 2 + j];
+        codes[size_t(b * kBlock + j)] = int32_t(kKeyCode[byte & 15]) - 12;
+        codes[size_t(b * kBlock + kBlock / 2 + j)] = int32_t(kKeyCode[byte >> 4]) - 12;
+      }
+      half[size_t(b)] = key_half_scale(scales[b]);
+    }
+    float score = 0.0f;
+    for (int64_t h = 0; h < q.heads; ++h) {
+      const int8_t* qc = q.codes.data() + h * dim;
+      float dot = 0.0f;
+      for (int64_t b = 0; b < blocks; ++b) {
+        int32_t sum = 0;
+        for (int64_t j = b * kBlock; j < (b + 1) * kBlock; ++j) sum += int32_t(qc[j]) * codes[size_t(j)];
+        dot += (float(sum) * q.half_scale[size_t(h * blocks + b)]) * half[size_t(b)];
+      }
+      score += std::max(dot, 0.0f) * weights[h];
+    }
+    scores[i] = score;
+  }
+}
+
+#define DSV4_TARGET_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+
+// Heads scored together: their accumulators share each load of the keys.
+constexpr int kHeadGroup = 8;
+
+// Heads [h0, h0 + HN) of 16 keys whose codes are transposed in `tile`
+// ([dword group][key]; `half`: [block][key]), added to `score` in head
+// order. HN is a constant so that the accumulators stay in registers.
+template <int HN>
+DSV4_TARGET_VNNI inline __m512 add_head_group(const Fp4Query& q, const float* weights, int64_t h0,
+                                              const int32_t (*tile)[16], const float (*half)[16], __m512 score) {
+  const int64_t dim = q.dim, blocks = dim / kBlock;
+  const __m512 zero = _mm512_setzero_ps();
+  __m512 dot[HN];
+  for (auto& d : dot) d = zero;
+  const int8_t* codes = q.codes.data() + h0 * dim;
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m512i acc[HN];
+#pragma GCC unroll 8
+    for (int h = 0; h < HN; ++h) acc[h] = _mm512_set1_epi32(q.offset[size_t((h0 + h) * blocks + b)]);
+#pragma GCC unroll 8
+    for (int64_t g = b * kBlock / 4; g < (b + 1) * kBlock / 4; ++g) {
+      const __m512i k = _mm512_load_si512(tile[g]);
+#pragma GCC unroll 8
+      for (int h = 0; h < HN; ++h) {
+        // The query's four codes of dims [4g, 4g + 4), as one int32.
+        int32_t word;
+        std::memcpy(&word, codes + h * dim + g * 4, 4);
+        acc[h] = _mm512_dpbusd_epi32(acc[h], k, _mm512_set1_epi32(word));
+      }
+    }
+    const __m512 kh = _mm512_load_ps(half[b]);
+    for (int h = 0; h < HN; ++h)
+      dot[h] = _mm512_add_ps(
+          dot[h], _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc[h]),
+                                              _mm512_set1_ps(q.half_scale[size_t((h0 + h) * blocks + b)])),
+                                kh));
+  }
+  // max(0, d) keeps d when d is NaN or -0, as std::max(d, 0.0f) does.
+  for (int h = 0; h < HN; ++h)
+    score = _mm512_add_ps(score, _mm512_mul_ps(_mm512_max_ps(zero, dot[h]), _mm512_set1_ps(weights[h0 + h])));
+  return score;
+}
+
+// 16 keys per register lane by lane. The keys' codes are transposed so that
+// register g holds dims [4g, 4g + 4) of all 16 keys (a dword each), and
+// VPDPBUSD adds four products per lane against the query's four codes of
+// those dims, broadcast.
+DSV4_TARGET_VNNI void scores_vnni(const Fp4Query& q, const float* weights, const Fp4RowsView& keys, int64_t first,
+                                  int64_t count, float* scores) {
+  const int64_t dim = q.dim, blocks = dim / kBlock, groups = dim / 4;
+  const __m128i lut = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kKeyCode));
+  const __m128i low = _mm_set1_epi8(0x0f);
+  alignas(64) uint8_t rows[16][512];    // key codes, [key][dim] (dim <= 512)
+  alignas(64) int32_t tile[128][16];    // [dword group][key]
+  alignas(64) float half[16][16];       // [block][key]
+  const __m512 zero = _mm512_setzero_ps();
+  for (int64_t k0 = 0; k0 < count; k0 += 16) {
+    const int64_t n = std::min<int64_t>(16, count - k0);
+    for (int64_t i = 0; i < 16; ++i) {
+      const int64_t key = first + k0 + std::min(i, n - 1);  // past the end: a copy of the last key
+      const uint8_t* nibbles = keys.nibbles + key * (dim / 2);
+      for (int64_t b = 0; b < blocks; ++b) {
+        const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(nibbles + b * kBlock / 2));
+        _mm_store_si128(reinterpret_cast<__m128i*>(&rows[i][b * kBlock]), _mm_shuffle_epi8(lut, _mm_and_si128(bytes, low)));
+        _mm_store_si128(reinterpret_cast<__m128i*>(&rows[i][b * kBlock + 16]),
+                        _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(bytes, 4), low)));
+        half[b][i] = key_half_scale(keys.scales[key * blocks + b]);
+      }
+    }
+    for (int64_t g0 = 0; g0 < groups; g0 += 16) {
+      __m512 r[16];
+      for (int i = 0; i < 16; ++i) r[i] = _mm512_load_ps(reinterpret_cast<const float*>(&rows[i][g0 * 4]));
+      linear_detail::transpose16x16(r);
+      for (int g = 0; g < 16; ++g) _mm512_store_ps(reinterpret_cast<float*>(tile[g0 + g]), r[g]);
+    }
+    __m512 score = zero;
+    int64_t h0 = 0;
+    for (; h0 + kHeadGroup <= q.heads; h0 += kHeadGroup)
+      score = add_head_group<kHeadGroup>(q, weights, h0, tile, half, score);
+    for (; h0 < q.heads; ++h0) score = add_head_group<1>(q, weights, h0, tile, half, score);
+    alignas(64) float out[16];
+    _mm512_store_ps(out, score);
+    std::copy_n(out, n, scores + k0);
+  }
+}
+
+}  // namespace
+
+bool fp4_query(const float* q, int64_t heads, int64_t dim, Fp4Query& out) {
+  if (dim % kBlock != 0 || dim > 512) return false;
+  const int64_t blocks = dim / kBlock;
+  out.heads = heads;
+  out.dim = dim;
+  out.codes.assign(size_t(heads * dim), 0);
+  out.half_scale.assign(size_t(heads * blocks), 0.0f);
+  out.offset.assign(size_t(heads * blocks), 0);
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const float* x = q + h * dim + b * kBlock;
+      float amax = 0.0f;
+      for (int64_t j = 0; j < kBlock; ++j) {
+        if (!std::isfinite(x[j])) return false;
+        amax = std::max(amax, std::fabs(x[j]));
+      }
+      // The power of two at or above amax / 6: the scale FP4 rounding used,
+      // or a smaller one where the block's largest value is below 6 units.
+      int exponent = 0;
+      if (amax > 0.0f) {
+        const float m = std::frexp(amax / 6.0f, &exponent);  // amax / 6 = m * 2^exponent, m in [0.5, 1)
+        if (m == 0.5f) --exponent;
+      }
+      if (exponent - 1 < -149) return false;  // the half scale would not be a float
+      if (1 - exponent > 127) return false;  // 2 / scale would not be a float
+      const float to_code = std::ldexp(1.0f, 1 - exponent);  // 2 / scale
+      int8_t* codes = out.codes.data() + h * dim + b * kBlock;
+      int32_t sum = 0;
+      for (int64_t j = 0; j < kBlock; ++j) {
+        // Exact where t is a nonzero code (at most 127 in magnitude): scaling
+        // by a power of two does not round a normal result. A zero t must
+        // come from a zero x (not from a product that underflowed).
+        const float t = x[j] * to_code;
+        if (!(std::fabs(t) <= 127.0f) || float(int32_t(t)) != t || (t == 0.0f && x[j] != 0.0f)) return false;
+        // Dims in the keys' storage order: even dims first, then odd ones.
+        codes[j % 2 ? kBlock / 2 + j / 2 : j / 2] = int8_t(t);
+        sum += int32_t(t);
+      }
+      out.half_scale[size_t(h * blocks + b)] = std::ldexp(1.0f, exponent - 1);
+      out.offset[size_t(h * blocks + b)] = -12 * sum;
+    }
+  return true;
+}
+
+bool fp4_scores_use_vnni(KernelIsa isa) {
+  static const bool vnni = detect_cpu_features().avx512_vnni;
+  return isa == KernelIsa::Avx512 && vnni;
+}
+
+void fp4_scores(KernelIsa isa, const Fp4Query& q, const float* weights, const Fp4RowsView& keys, int64_t first,
+                int64_t count, float* scores) {
+  if (fp4_scores_use_vnni(isa)) return scores_vnni(q, weights, keys, first, count, scores);
+  scores_portable(q, weights, keys, first, count, scores);
+}
+
+}  // namespace dsv4::cpu

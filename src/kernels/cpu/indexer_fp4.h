@@ -1,0 +1,55 @@
+// The lightning indexer's scores from FP4 queries and FP4 keys with integer
+// dot products (docs/long_context.md, "Integer scores").
+//
+// The model rounds each indexer query to FP4 (e2m1 values times a power-of-two
+// scale per 32 dims) and stores each key the same way. Twice an e2m1 value is
+// an integer in [-12, 12], so a 32-dim block's dot product is an exact
+// integer times the two blocks' half scales: integer multiply-adds (AVX512
+// VNNI's VPDPBUSD, four products a lane) give it without rounding, four times
+// as many per instruction as fp32 FMAs. The fp32 part is then one fixed
+// sequence of roundings that every path repeats:
+//
+//   dot(h, key) = 0; for each block b in order:
+//     dot += (float(I_b) * q_half[h][b]) * k_half[key][b]
+//   score(key)  = 0; for each head h in order:
+//     score += max(dot(h, key), 0) * weight[h]
+//
+// with I_b the block's integer sum of (2 q)(2 k) / scales and the half
+// scales 2^(e - 1). The scalar, AVX2 and AVX-512 paths give the same bits;
+// these are not the bits of the fp32 dot_fixed scores (the sums differ in
+// rounding), so the fast numerics' indexer scores changed with this kernel.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "kernels/cpu/isa.h"
+
+namespace dsv4::cpu {
+
+// One query row's heads in integer form.
+struct Fp4Query {
+  int64_t heads = 0, dim = 0;
+  // [heads][dim]: 2 q / scale, dims of each 32-block in the keys' storage
+  // order (the low nibbles' dims 0, 2, .., 30, then the high nibbles' 1, .., 31).
+  std::vector<int8_t> codes;
+  std::vector<float> half_scale;  // [heads][dim / 32]: scale / 2
+  // [heads][dim / 32]: -12 * the block's sum of codes: the keys' codes are
+  // stored as 2 k + 12 (unsigned, for VPDPBUSD), and this offset undoes the 12.
+  std::vector<int32_t> offset;
+};
+
+// The integer form of `heads` query rows of `dim` values, or false when a
+// 32-block is not on such a grid (2 q / scale an integer in [-127, 127] for
+// the power of two `scale` >= max|q| / 6): then the fp32 scores apply.
+bool fp4_query(const float* q, int64_t heads, int64_t dim, Fp4Query& out);
+
+// scores[i] for keys [first, first + count) of `keys` (width q.dim, 32-dim
+// blocks), with head weights `weights` (q.heads of them).
+void fp4_scores(KernelIsa isa, const Fp4Query& q, const float* weights, const Fp4RowsView& keys, int64_t first,
+                int64_t count, float* scores);
+
+// Whether fp4_scores uses VPDPBUSD on `isa` here (AVX-512 with VNNI).
+bool fp4_scores_use_vnni(KernelIsa isa);
+
+}  // namespace dsv4::cpu

@@ -1,0 +1,130 @@
+// The indexer's integer FP4 scores (kernels/cpu/indexer_fp4.h): the query's
+// integer form, and every path's scores against the definition computed
+// here independently (exact block dot products in double).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/numeric.h"
+#include "kernels/cpu/indexer_fp4.h"
+#include "kernels/cpu/isa.h"
+
+namespace dsv4 {
+namespace {
+
+std::vector<float> normal_floats(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd;
+  std::vector<float> v(n);
+  for (auto& x : v) x = nd(rng);
+  return v;
+}
+
+// Query rows on the FP4 grid, each 32-block scaled by 2^(shift * block)
+// before rounding: with shift > 0 the blocks' magnitudes lie far apart, so
+// that a sum that mixes blocks in fp32 lanes rounds where the definition's
+// exact blocks do not.
+std::vector<float> fp4_queries(int64_t heads, int64_t dim, int shift, uint32_t seed) {
+  std::vector<float> q = normal_floats(size_t(heads * dim), seed);
+  for (int64_t i = 0; i < heads * dim; ++i) q[size_t(i)] = std::ldexp(q[size_t(i)], shift * int((i % dim) / 32));
+  for (int64_t h = 0; h < heads; ++h) fp4_round_trip(q.data() + h * dim, dim, 32);
+  return q;
+}
+
+TEST(IndexerFp4, QueryCodesGiveBackTheQuery) {
+  const int64_t heads = 5, dim = 128;
+  const std::vector<float> q = fp4_queries(heads, dim, 3, 1);
+  cpu::Fp4Query form;
+  ASSERT_TRUE(cpu::fp4_query(q.data(), heads, dim, form));
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t d = 0; d < dim; ++d) {
+      const int64_t b = d / 32, j = d % 32;
+      const int64_t stored = b * 32 + (j % 2 ? 16 + j / 2 : j / 2);  // even dims first, then odd
+      const float value = float(form.codes[size_t(h * dim + stored)]) * form.half_scale[size_t(h * 4 + b)];
+      ASSERT_EQ(value, q[size_t(h * dim + d)]) << "head " << h << " dim " << d;
+    }
+  // The offset undoes the keys' +12: -12 times each block's sum of codes.
+  int32_t sum = 0;
+  for (int64_t j = 0; j < 32; ++j) sum += form.codes[size_t(j)];
+  EXPECT_EQ(form.offset[0], -12 * sum);
+}
+
+TEST(IndexerFp4, QueriesOffTheGridAreRefused) {
+  const int64_t heads = 2, dim = 64;
+  cpu::Fp4Query form;
+  std::vector<float> q = normal_floats(size_t(heads * dim), 2);  // not rounded
+  EXPECT_FALSE(cpu::fp4_query(q.data(), heads, dim, form));
+  q = fp4_queries(heads, dim, 0, 3);
+  EXPECT_TRUE(cpu::fp4_query(q.data(), heads, dim, form));
+  q[70] = NAN;
+  EXPECT_FALSE(cpu::fp4_query(q.data(), heads, dim, form));
+  q = fp4_queries(heads, dim, 0, 3);
+  q[3] = std::nextafter(q[3], 100.0f);  // one value off the grid
+  EXPECT_FALSE(cpu::fp4_query(q.data(), heads, dim, form));
+  EXPECT_FALSE(cpu::fp4_query(q.data(), heads, 48, form));  // not whole 32-blocks
+  // All-zero blocks are on the grid (codes 0).
+  std::vector<float> zeros(size_t(heads * dim), 0.0f);
+  EXPECT_TRUE(cpu::fp4_query(zeros.data(), heads, dim, form));
+}
+
+TEST(IndexerFp4, ScoresFollowTheDefinitionOnEveryPath) {
+  const int64_t dim = 128, keys = 301;
+  std::mt19937 rng(7);
+  std::vector<uint8_t> nibbles(size_t(keys * dim / 2)), scales(size_t(keys * dim / 32));
+  for (auto& b : nibbles) b = uint8_t(rng());
+  for (auto& s : scales) s = uint8_t(110 + rng() % 30);  // 2^-17 .. 2^12
+  const Fp4RowsView view{nibbles.data(), scales.data(), dim, 32};
+  auto key_value = [&](int64_t key, int64_t d) {
+    const uint8_t byte = nibbles[size_t(key * dim / 2 + d / 2)];
+    return double(e2m1_to_float(uint8_t(d % 2 ? byte >> 4 : byte & 15))) *
+           double(e8m0_to_float(scales[size_t(key * dim / 32 + d / 32)]));
+  };
+  for (int64_t heads : {8, 12, 64}) {
+    for (int shift : {0, 9}) {
+      SCOPED_TRACE("heads " + std::to_string(heads) + ", block shift " + std::to_string(shift));
+      const std::vector<float> q = fp4_queries(heads, dim, shift, uint32_t(heads + shift));
+      std::vector<float> weights = normal_floats(size_t(heads), 11);
+      for (int64_t h = 0; h < heads; ++h) weights[size_t(h)] *= h % 2 ? 1e-3f : 1e3f;  // the head order matters
+      cpu::Fp4Query form;
+      ASSERT_TRUE(cpu::fp4_query(q.data(), heads, dim, form));
+      // The definition: each block's dot product exactly (in double, exact
+      // for these values), added to the head's fp32 dot in block order;
+      // the heads' weighted ReLUs added in head order.
+      const int64_t first = 5, count = keys - first;
+      std::vector<float> want(static_cast<size_t>(count));
+      for (int64_t i = 0; i < count; ++i) {
+        float score = 0.0f;
+        for (int64_t h = 0; h < heads; ++h) {
+          float dot = 0.0f;
+          for (int64_t b = 0; b < dim / 32; ++b) {
+            double block = 0.0;
+            for (int64_t d = b * 32; d < b * 32 + 32; ++d)
+              block += double(q[size_t(h * dim + d)]) * key_value(first + i, d);
+            ASSERT_EQ(double(float(block)), block);  // exact in fp32 too
+            dot += float(block);
+          }
+          score += std::max(dot, 0.0f) * weights[size_t(h)];
+        }
+        want[size_t(i)] = score;
+      }
+      for (KernelIsa isa : {KernelIsa::Scalar, KernelIsa::Avx2, KernelIsa::Avx512}) {
+        if (!kernel_isa_supported(isa)) continue;
+        SCOPED_TRACE(std::string(kernel_isa_name(isa)) + (cpu::fp4_scores_use_vnni(isa) ? " (VNNI)" : ""));
+        std::vector<float> got(static_cast<size_t>(count));
+        cpu::fp4_scores(isa, form, weights.data(), view, first, count, got.data());
+        EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * 4));
+        for (int64_t i = 0; i < count; ++i)
+          if (std::memcmp(&got[size_t(i)], &want[size_t(i)], 4) != 0) {
+            ADD_FAILURE() << "key " << first + i << ": " << got[size_t(i)] << " != " << want[size_t(i)];
+            break;
+          }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dsv4
