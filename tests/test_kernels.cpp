@@ -579,7 +579,11 @@ TEST(Ops, IndexerScoresStoredFp4KeysOnEveryPath) {
       backend_by_name(kernel_isa_name(isa))
           .indexer_select({q.data(), weights.data(), rows, heads, dim, views.data(), visible.data(), top_k, &selected});
       // Row r's scores from the fully decoded keys: dot_fixed per (head,
-      // key), the head sum in order with head weights `w`.
+      // key), the head sum in order with head weights `w`. The fast path
+      // scores FP4 queries with exact integer block sums
+      // (test_indexer_fp4.cpp tests that definition); with these key and
+      // query ranges every fp32 lane sum is exact too, so both give these
+      // bits, through the tiles, threads and selection of indexer_select.
       auto reference_scores = [&](int64_t r, const std::vector<float>& w) {
         std::vector<float> out(size_t(visible[size_t(r)]));
         for (int64_t i = 0; i < visible[size_t(r)]; ++i) {
