@@ -50,8 +50,8 @@ void run_context_bench(Model& model, const std::vector<int64_t>& contexts, const
   const Model::TokenCost cost = model.token_cost();
   std::printf(
       "long contexts: each sequence starts from a synthetic decode state of N tokens (its window, compressed rows "
-      "and indexer keys filled with random values in their storage formats; nothing is prefilled), then decodes %lld "
-      "steps\n",
+      "and indexer keys filled with random values in their storage formats; nothing is prefilled), then decodes 4 "
+      "warm-up steps and %lld timed ones\n",
       (long long)steps);
   for (int64_t context : contexts) {
     ContextCost per_token;
@@ -70,7 +70,15 @@ void run_context_bench(Model& model, const std::vector<int64_t>& contexts, const
         double(model.decode_weight_bytes_per_token()) / 1e9, build, double(base.memory_bytes()) / 1e6);
     for (int64_t batch : batches) {
       std::vector<SequenceState> states(size_t(batch), base);
-      std::vector<int32_t> tokens(size_t(batch * (steps + 1)));
+      // Warm-up steps before the timed ones: the first touch of the scratch
+      // buffers, and the first compressed rows appended to each copied state
+      // (a copy's row arrays have no spare capacity, so that append moves
+      // them: hundreds of MB per sequence at 1M tokens, once per doubling in
+      // an engine, but in every step of a short timed run here). Four steps
+      // complete a ratio-4 row; a ratio-128 row needs more than the run
+      // lasts (the contexts are multiples of 128).
+      constexpr int64_t kWarmSteps = 4;
+      std::vector<int32_t> tokens(size_t(batch * (kWarmSteps + steps + 1)));
       for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((i * 7919 + 17) % uint64_t(c.vocab_size));
       std::vector<float> logits(size_t(batch * c.vocab_size));
       auto step = [&](int64_t s) {
@@ -79,13 +87,13 @@ void run_context_bench(Model& model, const std::vector<int64_t>& contexts, const
           items.push_back({&states[size_t(b)], &tokens[size_t(s * batch + b)], 1, logits.data() + b * c.vocab_size});
         model.forward_batch(items);
       };
-      step(0);  // first touch of the scratch buffers
+      for (int64_t s = 0; s < kWarmSteps; ++s) step(s);
       const double t0 = now_seconds();
-      for (int64_t s = 1; s <= steps; ++s) step(s);
+      for (int64_t s = kWarmSteps; s < kWarmSteps + steps; ++s) step(s);
       const double dt = (now_seconds() - t0) / double(steps);
       // One more step with every backend operation timed: where it goes.
       TimedBackend timed(model.backend());
-      const double timed_step = run_with_timed_backend(model, timed, [&] { step(steps); });
+      const double timed_step = run_with_timed_backend(model, timed, [&] { step(kWarmSteps + steps); });
       const double weights = decode_step_bytes(c, cost, batch);
       const double bytes = weights + double(batch) * per_token.bytes;
       const double flops = 2.0 * decode_step_macs(c, cost, batch, context);
