@@ -25,6 +25,7 @@
 #include "core/threads.h"
 #include "decode_rate.h"
 #include "gemm_peak.h"
+#include "kernels/cpu/indexer_fp4.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/timed_backend.h"
 #include "model/model.h"
@@ -153,7 +154,7 @@ int run_bench(const BenchArgs& a) {
   // in a slow moment that a 40-second prefill averages out, which would
   // flatter the percentages.
   double bandwidth = 0;
-  GemmPeak peak, fma_ceiling;               // the best GEMM of the machine; the fp32 FMA ceiling
+  GemmPeak peak, fma_ceiling, int8_ceiling;  // the best GEMM of the machine; the fp32 FMA and int8 dot ceilings
   std::array<double, 4> one_token_rates{};  // weights/s by format, from L2 (see decode_rate.h)
   auto measure_limits = [&](const char* when) {
     const double bw = measure_read_bandwidth();
@@ -167,6 +168,9 @@ int run_bench(const BenchArgs& a) {
     const GemmPeak fma = measure_fp32_fma_peak();
     std::printf("measured%s: %-65s %8.1f GFLOP/s\n", when, fma.name.c_str(), fma.flops / 1e9);
     if (fma.flops > fma_ceiling.flops) fma_ceiling = fma;
+    const GemmPeak int8 = measure_int8_dot_peak();
+    if (int8.flops > 0) std::printf("measured%s: %-65s %8.1f GOP/s\n", when, int8.name.c_str(), int8.flops / 1e9);
+    if (int8.flops > int8_ceiling.flops) int8_ceiling = int8;
     if (best.flops == 0) best = fma;  // built without oneDNN: the FMA ceiling stands in
     if (best.flops > peak.flops) peak = best;
     const std::array<double, 4> rates = measure_one_token_weight_rates();
@@ -374,7 +378,11 @@ int run_bench(const BenchArgs& a) {
   }
 
   if (!a.contexts.empty())
-    run_context_bench(*model, a.contexts, a.context_batches, a.decode, {bandwidth, fma_ceiling.flops}, csv);
+    run_context_bench(*model, a.contexts, a.context_batches, a.decode,
+                      {bandwidth, fma_ceiling.flops,
+                       cpu::fp4_scores_use_vnni(active_kernel_isa()) && int8_ceiling.flops > 0 ? int8_ceiling.flops
+                                                                                             : fma_ceiling.flops},
+                      csv);
 
   // The 43-layer V4-Flash model has the same layer kinds as a real-shaped
   // slice: scale the per-layer costs, keep the measured rates.

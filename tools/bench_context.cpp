@@ -13,6 +13,8 @@ namespace dsv4::tools {
 ContextCost context_cost(const ModelConfig& c, const LayerLayout& layout, int64_t position) {
   ContextCost cost;
   cost.macs = double(Model::attention_macs(c, layout, position));
+  if (layout.has_indexer() || layout.index_source)
+    cost.indexer_macs = double(c.index_n_heads * c.index_head_dim * layout.visible_rows(position));
   // Row sizes in storage (model/cache_rows.h): FP8 codes + a scale per
   // block + fp32 rotated dims (V4 KV rows; V4.1 windows: FP8 over the whole
   // row in 32-blocks); FP4 nibbles + a scale byte per block.
@@ -59,14 +61,16 @@ void run_context_bench(Model& model, const std::vector<int64_t>& contexts, const
       const ContextCost lc = context_cost(c, l.layout, context);
       per_token.bytes += lc.bytes;
       per_token.macs += lc.macs;
+      per_token.indexer_macs += lc.indexer_macs;
     }
     double build = now_seconds();
     const SequenceState base = synthetic_context_state(c, context, uint64_t(context));
     build = now_seconds() - build;
     std::printf(
-        "context %7lld: per token, attention + indexer read %.1f MB of cached rows and do %.2f G multiply-adds; "
+        "context %7lld: per token, attention + indexer read %.1f MB of cached rows and do %.2f G multiply-adds (%.2f G "
+        "of them the indexer's); "
         "the weights are %.3f GB (state built in %.1f s, %.0f MB per sequence)\n",
-        (long long)context, per_token.bytes / 1e6, per_token.macs / 1e9,
+        (long long)context, per_token.bytes / 1e6, per_token.macs / 1e9, per_token.indexer_macs / 1e9,
         double(model.decode_weight_bytes_per_token()) / 1e9, build, double(base.memory_bytes()) / 1e6);
     for (int64_t batch : batches) {
       std::vector<SequenceState> states(size_t(batch), base);
@@ -97,17 +101,21 @@ void run_context_bench(Model& model, const std::vector<int64_t>& contexts, const
       const double weights = decode_step_bytes(c, cost, batch);
       const double bytes = weights + double(batch) * per_token.bytes;
       const double flops = 2.0 * decode_step_macs(c, cost, batch, context);
-      const double roof_seconds = std::max(bytes / limits.bandwidth, flops / limits.fma_flops);
+      // The indexer's share of the FLOPs at its own ceiling, the rest at
+      // the fp32 FMA ceiling.
+      const double indexer_flops = 2.0 * double(batch) * per_token.indexer_macs;
+      const double compute_seconds = (flops - indexer_flops) / limits.fma_flops + indexer_flops / limits.indexer_flops;
+      const double roof_seconds = std::max(bytes / limits.bandwidth, compute_seconds);
       const double attention = timed.account(OpAccount::Attention).seconds,
                    indexer = timed.account(OpAccount::Indexer).seconds,
                    products = timed.account(OpAccount::Linear).seconds + timed.account(OpAccount::Experts).seconds;
       const double outside = timed_step - timed.total_seconds();
       std::printf(
           "  batch %2lld: %8.2f ms/step %8.2f tokens/s = %5.1f%% of the roofline %.2f tokens/s (%.0f MB: %.1f ms at "
-          "the bandwidth; %.1f GFLOP: %.1f ms at the fp32 FMA ceiling); one more step timed per operation (%.1f ms): weight products %.0f%%, attention "
+          "the bandwidth; %.1f GFLOP: %.1f ms at the compute ceilings); one more step timed per operation (%.1f ms): weight products %.0f%%, attention "
           "%.0f%%, indexer + top-k %.0f%%, model code between operations %.0f%%\n",
           (long long)batch, 1e3 * dt, double(batch) / dt, 100 * roof_seconds / dt, double(batch) / roof_seconds,
-          bytes / 1e6, 1e3 * bytes / limits.bandwidth, flops / 1e9, 1e3 * flops / limits.fma_flops,
+          bytes / 1e6, 1e3 * bytes / limits.bandwidth, flops / 1e9, 1e3 * compute_seconds,
           1e3 * timed_step, 100 * products / timed_step, 100 * attention / timed_step, 100 * indexer / timed_step,
           100 * outside / timed_step);
       if (csv)

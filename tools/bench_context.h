@@ -17,13 +17,17 @@ namespace dsv4::tools {
 
 struct ContextBenchLimits {
   double bandwidth = 0;  // bytes/s
-  double fma_flops = 0;  // the fp32 FMA ceiling (attention and indexer run in fp32 lanes)
+  double fma_flops = 0;  // the fp32 FMA ceiling (attention runs in fp32 lanes)
+  // What the indexer's multiply-adds run at: the int8 dot-product ceiling
+  // where its integer scores use VPDPBUSD, else the fp32 FMA ceiling.
+  double indexer_flops = 0;
 };
 
 // Bytes of cached rows and multiply-adds of attention and indexer that one
-// token at `position` reads and does in one layer.
+// token at `position` reads and does in one layer (`macs` includes the
+// indexer's `indexer_macs`).
 struct ContextCost {
-  double bytes = 0, macs = 0;
+  double bytes = 0, macs = 0, indexer_macs = 0;
 };
 ContextCost context_cost(const ModelConfig& c, const LayerLayout& layout, int64_t position);
 

@@ -18,5 +18,9 @@ std::vector<GemmPeak> measure_onednn_gemm_peaks();
 // Independent fp32 FMA chains on every thread: what any fp32 kernel can do
 // at most.
 GemmPeak measure_fp32_fma_peak();
+// Independent AVX512-VNNI int8 dot-product chains on every thread, counted
+// as 2 operations per byte product (flops = 0 without AVX512-VNNI): what the
+// indexer's integer scores can do at most.
+GemmPeak measure_int8_dot_peak();
 
 }  // namespace dsv4::tools
