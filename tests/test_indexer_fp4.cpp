@@ -11,17 +11,12 @@
 #include "core/numeric.h"
 #include "kernels/cpu/indexer_fp4.h"
 #include "kernels/cpu/isa.h"
+#include "random_floats.h"
 
 namespace dsv4 {
 namespace {
 
-std::vector<float> normal_floats(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd;
-  std::vector<float> v(n);
-  for (auto& x : v) x = nd(rng);
-  return v;
-}
+using test::normal_floats;
 
 // Query rows on the FP4 grid, each 32-block scaled by 2^(shift * block)
 // before rounding: with shift > 0 the blocks' magnitudes lie far apart, so

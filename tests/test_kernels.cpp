@@ -17,6 +17,7 @@
 #include "kernels/cpu/random_linear.h"
 #include "kernels/cpu/vector_ops.h"
 #include "kernels/rope.h"
+#include "random_floats.h"
 
 namespace dsv4 {
 namespace {
@@ -234,13 +235,7 @@ std::vector<float> expect_simd_gives_scalar_bits(size_t size, const std::functio
   return scalar;
 }
 
-std::vector<float> normal_floats(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd;
-  std::vector<float> x(n);
-  for (auto& v : x) v = nd(rng);
-  return x;
-}
+using test::normal_floats;
 
 // The SIMD paths follow the canonical reduction order exactly: same bits.
 // Tokens: register groups of 1-4 (FP4 below 8, the others below 17), the dot form's

@@ -13,8 +13,7 @@ namespace dsv4::tools {
 ContextCost context_cost(const ModelConfig& c, const LayerLayout& layout, int64_t position) {
   ContextCost cost;
   cost.macs = double(Model::attention_macs(c, layout, position));
-  if (layout.has_indexer() || layout.index_source)
-    cost.indexer_macs = double(c.index_n_heads * c.index_head_dim * layout.visible_rows(position));
+  cost.indexer_macs = double(Model::indexer_macs(c, layout, position));
   // Row sizes in storage (model/cache_rows.h): FP8 codes + a scale per
   // block + fp32 rotated dims (V4 KV rows; V4.1 windows: FP8 over the whole
   // row in 32-blocks); FP4 nibbles + a scale byte per block.

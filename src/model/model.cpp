@@ -502,12 +502,15 @@ int64_t Model::decode_weight_bytes_per_token() const {
   return bytes;
 }
 
+int64_t Model::indexer_macs(const ModelConfig& c, const LayerLayout& layout, int64_t position) {
+  if (!layout.has_indexer() && !layout.index_source) return 0;
+  return c.index_n_heads * c.index_head_dim * layout.visible_rows(position);
+}
+
 int64_t Model::attention_macs(const ModelConfig& c, const LayerLayout& layout, int64_t position) {
   const int64_t window_rows = std::min(position + 1, c.window);
   int64_t compressed = layout.visible_rows(position);
-  int64_t macs = 0;
-  if (layout.has_indexer() || layout.index_source)
-    macs += c.index_n_heads * c.index_head_dim * compressed;  // indexer scores
+  int64_t macs = indexer_macs(c, layout, position);
   if (layout.has_indexer() || layout.kind == LayerKind::Grouped) compressed = std::min(compressed, c.index_topk);
   // q.k and p.v over head_dim for every head.
   macs += 2 * c.n_heads * c.head_dim * (window_rows + compressed);

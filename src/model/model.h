@@ -193,6 +193,9 @@ class Model {
   // layout (scores and values over the window and the selected compressed
   // rows, plus the indexer's scores on CSA layers).
   static int64_t attention_macs(const ModelConfig& config, const LayerLayout& layout, int64_t position);
+  // The indexer's share of attention_macs: its scores of every visible
+  // compressed row (0 on layers without an indexer).
+  static int64_t indexer_macs(const ModelConfig& config, const LayerLayout& layout, int64_t position);
 
  private:
   Model() = default;

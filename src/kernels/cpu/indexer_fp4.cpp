@@ -16,8 +16,19 @@ namespace {
 
 constexpr int64_t kBlock = 32;  // dims per FP4 scale block
 
-// 2 k + 12 for each e2m1 code k (unsigned: VPDPBUSD's first operand).
-constexpr uint8_t kKeyCode[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
+// 2 v + 12 for each e2m1 code's value v (unsigned: VPDPBUSD's first operand).
+struct KeyCodes {
+  alignas(16) uint8_t code[16];
+  KeyCodes() {
+    for (int c = 0; c < 16; ++c) code[c] = uint8_t(int(2.0f * e2m1_to_float(uint8_t(c))) + 12);
+  }
+};
+// Built on first use: the e2m1 table lives in another file, whose static
+// initialisation need not come first.
+const uint8_t* key_codes() {
+  static const KeyCodes codes;
+  return codes.code;
+}
 
 float key_half_scale(uint8_t scale) { return e8m0_to_float(scale) * 0.5f; }
 
@@ -27,14 +38,15 @@ void scores_portable(const Fp4Query& q, const float* weights, const Fp4RowsView&
   const int64_t dim = q.dim, blocks = dim / kBlock;
   std::vector<int32_t> codes(static_cast<size_t>(dim));
   std::vector<float> half(static_cast<size_t>(blocks));
+  const uint8_t* table = key_codes();
   for (int64_t i = 0; i < count; ++i) {
     const uint8_t* nibbles = keys.nibbles + (first + i) * (dim / 2);
     const uint8_t* scales = keys.scales + (first + i) * blocks;
     for (int64_t b = 0; b < blocks; ++b) {
       for (int64_t j = 0; j < kBlock / 2; ++j) {
         const uint8_t byte = nibbles[b * kBlock / 2 + j];
-        codes[size_t(b * kBlock + j)] = int32_t(kKeyCode[byte & 15]) - 12;
-        codes[size_t(b * kBlock + kBlock / 2 + j)] = int32_t(kKeyCode[byte >> 4]) - 12;
+        codes[size_t(b * kBlock + j)] = int32_t(table[byte & 15]) - 12;
+        codes[size_t(b * kBlock + kBlock / 2 + j)] = int32_t(table[byte >> 4]) - 12;
       }
       half[size_t(b)] = key_half_scale(scales[b]);
     }
@@ -104,7 +116,7 @@ DSV4_TARGET_VNNI inline __m512 add_head_group(const Fp4Query& q, const float* we
 DSV4_TARGET_VNNI void scores_vnni(const Fp4Query& q, const float* weights, const Fp4RowsView& keys, int64_t first,
                                   int64_t count, float* scores) {
   const int64_t dim = q.dim, blocks = dim / kBlock, groups = dim / 4;
-  const __m128i lut = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kKeyCode));
+  const __m128i lut = _mm_loadu_si128(reinterpret_cast<const __m128i*>(key_codes()));
   const __m128i low = _mm_set1_epi8(0x0f);
   alignas(64) uint8_t rows[16][512];    // key codes, [key][dim] (dim <= 512)
   alignas(64) int32_t tile[128][16];    // [dword group][key]
