@@ -6,7 +6,8 @@
 #  - ThreadSanitizer: the engine and scheduler tests (the engine's scheduler
 #    thread, request handles and their locks). OpenMP's runtime is not
 #    instrumented, so these run with one compute thread (OMP_NUM_THREADS=1):
-#    the engine's own threads and locks are what TSan checks here.
+#    the engine's own threads and locks are what TSan checks here, and the
+#    kernels are built without TSan (CMakeLists.txt says why).
 # Builds go to build-asan/ and build-tsan/ (no benchmarks, no fuzzers).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -33,7 +34,7 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 # against the instrumented server (floods and slowloris measure memory and
 # latency, which ASan changes).
 (cd "$ROOT/build-asan" &&
- ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 ctest --output-on-failure -j1 --timeout 1200 \
+ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 ctest --output-on-failure -j"$JOBS" --timeout 1200 \
        -R '^(Engine|EngineScheduler|EngineValidate|Sampler|Golden/GoldenModel\.(LogitsMatch|MtpLogitsMatch|Batching|Snapshot)|Golden/Rollback|Ngram|SpecAccept|SpecGate|SpecEngine\.(NgramSampled|EagleDrafts|SimulatedAcceptance|StopToken))' &&
  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 ctest --output-on-failure -j1 --timeout 1200 \
        -R '^(server_make_model|server_npm_install|server_api|server_lifecycle|server_curl)$')
