@@ -11,7 +11,7 @@ shift || true
 TARGETS=("$@")
 [ ${#TARGETS[@]} -eq 0 ] && TARGETS=(fuzz_tokenizer fuzz_output_parser fuzz_chat_encoder fuzz_grammar)
 BUILD="${DSV4_FUZZ_BUILD_DIR:-$ROOT/build-fuzz}"
-JOBS="${JOBS:-1}"
+JOBS="${JOBS:-$(nproc)}"
 
 cmake -S "$ROOT/fuzz" -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_C_COMPILER="${CC:-clang}" -DCMAKE_CXX_COMPILER="${CXX:-clang++}" >/dev/null
