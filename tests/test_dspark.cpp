@@ -25,28 +25,26 @@ using nlohmann::json;
 
 class DsparkCheckpoint : public ::testing::Test {
  protected:
-  // CTest runs every test in a process of its own, and writing the two
-  // checkpoints takes most of a test's time; its fixture writes them once
-  // (`dsv4 make-model --preset smoke-0731` and `--preset smoke`, the same
-  // seeds as below) into DSV4_DSPARK_MODELS and removes them after the
-  // suite. Run alone, the binary writes its own copies.
+  // CTest runs every test in a process of its own, and writing the
+  // checkpoints takes most of a test's time. Its fixtures write them once:
+  // the smoke checkpoint the server tests use (`dsv4 make-model`) and the
+  // 0731 one beside it (`--preset smoke-0731`, the same seed), removed after
+  // the suite. Run alone, the binary writes its own copies.
   static void SetUpTestSuite() {
-    const fs::path shared = DSV4_DSPARK_MODELS;
-    owned_ = !(fs::exists(shared / "0731" / "config.json") && fs::exists(shared / "plain" / "config.json"));
-    if (!owned_) {
-      root_ = shared;
-      return;
-    }
-    root_ = fs::temp_directory_path() / ("dsv4_dspark_" + std::to_string(::getpid()));
-    fs::create_directories(root_);
+    dspark_dir_ = DSV4_DSPARK_MODEL;
+    plain_dir_ = DSV4_SMOKE_MODEL;
+    if (fs::exists(dspark_dir_ / "config.json") && fs::exists(plain_dir_ / "config.json")) return;
+    owned_root_ = fs::temp_directory_path() / ("dsv4_dspark_" + std::to_string(::getpid()));
+    dspark_dir_ = owned_root_ / "0731";
+    plain_dir_ = owned_root_ / "plain";
     SyntheticSpec spec;
     spec.preset = "smoke-0731";
-    write_synthetic_checkpoint(spec, (root_ / "0731").string(), "");
+    write_synthetic_checkpoint(spec, dspark_dir_.string(), "");
     spec.preset = "smoke";
-    write_synthetic_checkpoint(spec, (root_ / "plain").string(), "");
+    write_synthetic_checkpoint(spec, plain_dir_.string(), "");
   }
   static void TearDownTestSuite() {
-    if (owned_) fs::remove_all(root_);
+    if (!owned_root_.empty()) fs::remove_all(owned_root_);
   }
 
   // A copy of the 0731 checkpoint with its safetensors header edited.
@@ -54,8 +52,8 @@ class DsparkCheckpoint : public ::testing::Test {
     const fs::path dir = fs::temp_directory_path() / ("dsv4_dspark_edited_" + std::to_string(::getpid()));
     fs::remove_all(dir);
     fs::create_directories(dir);
-    fs::copy_file(root_ / "0731" / "config.json", dir / "config.json");
-    std::ifstream in(root_ / "0731" / "model.safetensors", std::ios::binary);
+    fs::copy_file(dspark_dir_ / "config.json", dir / "config.json");
+    std::ifstream in(dspark_dir_ / "model.safetensors", std::ios::binary);
     std::stringstream bytes;
     bytes << in.rdbuf();
     const std::string all = bytes.str();
@@ -80,14 +78,12 @@ class DsparkCheckpoint : public ::testing::Test {
     return error;
   }
 
-  static fs::path root_;
-  static bool owned_;
+  static fs::path dspark_dir_, plain_dir_, owned_root_;
 };
-fs::path DsparkCheckpoint::root_;
-bool DsparkCheckpoint::owned_ = false;
+fs::path DsparkCheckpoint::dspark_dir_, DsparkCheckpoint::plain_dir_, DsparkCheckpoint::owned_root_;
 
 TEST_F(DsparkCheckpoint, LoadsWithItsHeadAndNoMtp) {
-  auto model = Model::load((root_ / "0731").string());
+  auto model = Model::load(dspark_dir_.string());
   const ModelConfig& c = model->config();
   EXPECT_EQ(c.dspark_stages, 3);
   EXPECT_EQ(c.dspark_block_size, 5);
@@ -101,8 +97,8 @@ TEST_F(DsparkCheckpoint, LoadsWithItsHeadAndNoMtp) {
 }
 
 TEST_F(DsparkCheckpoint, MainModelMatchesTheCheckpointWithoutTheHead) {
-  auto with_head = Model::load((root_ / "0731").string());
-  auto plain = Model::load((root_ / "plain").string());
+  auto with_head = Model::load(dspark_dir_.string());
+  auto plain = Model::load(plain_dir_.string());
   const std::vector<int32_t> tokens = {0, 5, 77, 1024, 99, 31337, 7, 8};
   const int64_t n = int64_t(tokens.size()), vocab = plain->config().vocab_size;
   std::vector<float> a(size_t(n * vocab)), b(size_t(n * vocab));
@@ -165,7 +161,7 @@ std::vector<Drafted> draft(const Model& model, std::vector<SequenceState*> state
 }
 
 TEST_F(DsparkCheckpoint, DraftDependsOnlyOnTheTokens) {
-  auto model = Model::load((root_ / "0731").string());
+  auto model = Model::load(dspark_dir_.string());
   std::vector<int32_t> a, b;
   for (int i = 0; i < 150; ++i) a.push_back(int32_t((i * 7919) % 120000 + 3));
   for (int i = 0; i < 40; ++i) b.push_back(int32_t((i * 104729) % 120000 + 5));
@@ -192,7 +188,7 @@ TEST_F(DsparkCheckpoint, DraftDependsOnlyOnTheTokens) {
 }
 
 TEST_F(DsparkCheckpoint, SpeculationGivesPlainDecodingsTokens) {
-  std::shared_ptr<const Model> model(Model::load((root_ / "0731").string()).release());
+  std::shared_ptr<const Model> model(Model::load(dspark_dir_.string()).release());
   auto run = [&](bool speculate, bool sampling) {
     EngineOptions o;
     o.prefix_cache_bytes = 0;
