@@ -47,7 +47,7 @@ ojson tool_input(const std::string& arguments) {
 // cache_read_input_tokens only with --enable-cache-report (it tells a client
 // whether anyone recently sent the same prefix); input_tokens are the prompt
 // tokens not read from the cache, as Anthropic counts them.
-ojson usage_json(int64_t prompt, int64_t output, int64_t cached, bool report_cached) {
+ojson anthropic_usage(int64_t prompt, int64_t output, int64_t cached, bool report_cached) {
   const int64_t read = report_cached ? std::min(cached, prompt) : 0;
   return {{"input_tokens", prompt - read},
           {"cache_creation_input_tokens", 0},
@@ -79,7 +79,7 @@ class AnthropicFormat : public SseFormatter {
                      {"content", ojson::array()},
                      {"stop_reason", nullptr},
                      {"stop_sequence", nullptr},
-                     {"usage", usage_json(prompt_tokens, 0, 0, false)}};
+                     {"usage", anthropic_usage(prompt_tokens, 0, 0, false)}};
     return send({{"type", "message_start"}, {"message", message}}) && send({{"type", "ping"}});
   }
 
@@ -125,7 +125,7 @@ class AnthropicFormat : public SseFormatter {
       if (!stop_block(send)) return false;
       auto [reason, sequence] = stop_reason(c, msg);
       ojson usage = {{"output_tokens", c.completion_tokens()}};
-      if (report_cached) usage = usage_json(prompt_tokens, c.completion_tokens(), c.handle().cached_tokens(), true);
+      if (report_cached) usage = anthropic_usage(prompt_tokens, c.completion_tokens(), c.handle().cached_tokens(), true);
       return send({{"type", "message_delta"},
                    {"delta", {{"stop_reason", reason}, {"stop_sequence", sequence}}},
                    {"usage", usage}}) &&
@@ -224,7 +224,7 @@ void Server::Impl::anthropic_messages(const std::string& raw, HttpResponse& res)
         {"content", content},
         {"stop_reason", reason},
         {"stop_sequence", sequence},
-        {"usage", usage_json(prompt_tokens, c.completion_tokens(), c.handle().cached_tokens(), report_cached)}};
+        {"usage", anthropic_usage(prompt_tokens, c.completion_tokens(), c.handle().cached_tokens(), report_cached)}};
   };
   respond_when_done(res, choices, build, metrics);
 }

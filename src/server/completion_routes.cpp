@@ -37,7 +37,7 @@ ojson matched_stop(const ChoiceStream& c) {
 
 // prompt_tokens_details.cached_tokens only with --enable-cache-report: it
 // tells a client whether anyone recently sent the same prompt prefix.
-ojson usage_json(int64_t prompt, int64_t completion, int64_t cached, bool report_cached) {
+ojson openai_usage(int64_t prompt, int64_t completion, int64_t cached, bool report_cached) {
   ojson u = {{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
   if (report_cached) u["prompt_tokens_details"] = {{"cached_tokens", cached}};
   return u;
@@ -164,7 +164,7 @@ class ChatFormat : public SseFormatter {
           {"created", created},
           {"model", model},
           {"choices", ojson::array()},
-          {"usage", usage_json(prompt_tokens, completion, cached, report_cached)}});
+          {"usage", openai_usage(prompt_tokens, completion, cached, report_cached)}});
   }
 };
 
@@ -212,7 +212,7 @@ class CompletionFormat : public SseFormatter {
     int64_t completion = 0, cached = 0;
     for (auto& c : *choices) completion += c->completion_tokens(), cached += c->handle().cached_tokens();
     ojson usage_chunk = chunk(ojson::array());
-    usage_chunk["usage"] = usage_json(prompt_tokens, completion, cached, report_cached);
+    usage_chunk["usage"] = openai_usage(prompt_tokens, completion, cached, report_cached);
     send(usage_chunk);
   }
 };
@@ -345,7 +345,7 @@ void Server::Impl::chat_completions(const std::string& raw, HttpResponse& res) {
                  {"created", created},
                  {"model", model},
                  {"choices", out_choices},
-                 {"usage", usage_json(prompt_tokens, completion, cached, report_cached)}};
+                 {"usage", openai_usage(prompt_tokens, completion, cached, report_cached)}};
   };
   respond_when_done(res, choices, build, metrics);
 }
@@ -427,7 +427,7 @@ void Server::Impl::completions(const std::string& raw, HttpResponse& res) {
     }
     return ojson{{"id", id},           {"object", "text_completion"},
                  {"created", created}, {"model", model},
-                 {"choices", out},     {"usage", usage_json(prompt_tokens, completion, cached, report_cached)}};
+                 {"choices", out},     {"usage", openai_usage(prompt_tokens, completion, cached, report_cached)}};
   };
   respond_when_done(res, choices, build, metrics);
 }

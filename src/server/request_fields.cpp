@@ -50,28 +50,26 @@ namespace {
 
 bool present(const ojson& j, const char* key) { return j.is_object() && j.contains(key) && !j[key].is_null(); }
 
-std::string quoted(const std::string& field) { return "'" + field + "'"; }
-
 // `what` (a path such as messages[2].name) must be a string or null.
 void optional_string(const ojson& j, const char* key, const std::string& what) {
-  if (present(j, key) && !j[key].is_string()) throw BadRequest(quoted(what) + " must be a string");
+  if (present(j, key) && !j[key].is_string()) throw BadRequest(request_json::quoted(what) + " must be a string");
 }
 
 void optional_bool(const ojson& j, const char* key) {
-  if (present(j, key) && !j[key].is_boolean()) throw BadRequest(quoted(key) + " must be a boolean");
+  if (present(j, key) && !j[key].is_boolean()) throw BadRequest(request_json::quoted(key) + " must be a boolean");
 }
 
 }  // namespace
 
 std::string string_field(const ojson& j, const char* key, const std::string& fallback) {
   if (!present(j, key)) return fallback;
-  if (!j[key].is_string()) throw BadRequest(quoted(key) + " must be a string");
+  if (!j[key].is_string()) throw BadRequest(request_json::quoted(key) + " must be a string");
   return j[key].get<std::string>();
 }
 
 const ojson* object_field(const ojson& j, const char* key) {
   if (!present(j, key)) return nullptr;
-  if (!j[key].is_object()) throw BadRequest(quoted(key) + " must be an object");
+  if (!j[key].is_object()) throw BadRequest(request_json::quoted(key) + " must be an object");
   return &j[key];
 }
 
@@ -217,23 +215,23 @@ namespace {
 // One content part of a message: an object with a string "type"; text parts
 // carry a string "text".
 void check_content_part(const ojson& part, const std::string& where) {
-  if (!part.is_object()) throw BadRequest(quoted(where) + " must be an object with a 'type'");
+  if (!part.is_object()) throw BadRequest(request_json::quoted(where) + " must be an object with a 'type'");
   if (!part.contains("type") || !part["type"].is_string())
-    throw BadRequest(quoted(where + ".type") + " must be a string");
+    throw BadRequest(request_json::quoted(where + ".type") + " must be a string");
   if (part["type"] == "text" && (!part.contains("text") || !part["text"].is_string()))
-    throw BadRequest(quoted(where + ".text") + " must be a string");
+    throw BadRequest(request_json::quoted(where + ".text") + " must be a string");
 }
 
 void check_tool_call(const ojson& tc, const std::string& where) {
-  if (!tc.is_object()) throw BadRequest(quoted(where) + " must be an object");
+  if (!tc.is_object()) throw BadRequest(request_json::quoted(where) + " must be an object");
   optional_string(tc, "id", where + ".id");
   optional_string(tc, "type", where + ".type");
   if (!tc.contains("function") || !tc["function"].is_object())
-    throw BadRequest(quoted(where + ".function") + " must be an object");
+    throw BadRequest(request_json::quoted(where + ".function") + " must be an object");
   const ojson& fn = tc["function"];
   optional_string(fn, "name", where + ".function.name");
   if (present(fn, "arguments") && !fn["arguments"].is_string() && !fn["arguments"].is_object())
-    throw BadRequest(quoted(where + ".function.arguments") + " must be a string (JSON) or an object");
+    throw BadRequest(request_json::quoted(where + ".function.arguments") + " must be a string (JSON) or an object");
 }
 
 void check_message(const ojson& m, size_t i) {
@@ -245,7 +243,7 @@ void check_message(const ojson& m, size_t i) {
     if (c.is_array()) {
       for (size_t k = 0; k < c.size(); ++k) check_content_part(c[k], where + ".content[" + std::to_string(k) + "]");
     } else if (!c.is_string()) {
-      throw BadRequest(quoted(where + ".content") + " must be a string, a list of content parts or null");
+      throw BadRequest(request_json::quoted(where + ".content") + " must be a string, a list of content parts or null");
     }
   }
   optional_string(m, "name", where + ".name");
@@ -253,7 +251,7 @@ void check_message(const ojson& m, size_t i) {
   optional_string(m, "reasoning_content", where + ".reasoning_content");
   optional_string(m, "reasoning", where + ".reasoning");
   if (present(m, "tool_calls")) {
-    if (!m["tool_calls"].is_array()) throw BadRequest(quoted(where + ".tool_calls") + " must be a list");
+    if (!m["tool_calls"].is_array()) throw BadRequest(request_json::quoted(where + ".tool_calls") + " must be a list");
     for (size_t k = 0; k < m["tool_calls"].size(); ++k)
       check_tool_call(m["tool_calls"][k], where + ".tool_calls[" + std::to_string(k) + "]");
   }
@@ -265,18 +263,18 @@ void check_tools(const ojson& body) {
   for (size_t k = 0; k < body["tools"].size(); ++k) {
     const ojson& t = body["tools"][k];
     const std::string where = "tools[" + std::to_string(k) + "]";
-    if (!t.is_object()) throw BadRequest(quoted(where) + " must be an object");
+    if (!t.is_object()) throw BadRequest(request_json::quoted(where) + " must be an object");
     optional_string(t, "type", where + ".type");
     if (!t.contains("function") || !t["function"].is_object())
-      throw BadRequest(quoted(where + ".function") + " must be an object");
+      throw BadRequest(request_json::quoted(where + ".function") + " must be an object");
     const ojson& fn = t["function"];
     if (!fn.contains("name") || !fn["name"].is_string())
-      throw BadRequest(quoted(where + ".function.name") + " must be a string");
+      throw BadRequest(request_json::quoted(where + ".function.name") + " must be a string");
     optional_string(fn, "description", where + ".function.description");
     if (present(fn, "parameters") && !fn["parameters"].is_object())
-      throw BadRequest(quoted(where + ".function.parameters") + " must be an object");
+      throw BadRequest(request_json::quoted(where + ".function.parameters") + " must be an object");
     if (present(fn, "strict") && !fn["strict"].is_boolean())
-      throw BadRequest(quoted(where + ".function.strict") + " must be a boolean");
+      throw BadRequest(request_json::quoted(where + ".function.strict") + " must be a boolean");
   }
 }
 

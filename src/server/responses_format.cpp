@@ -11,7 +11,7 @@ namespace {
 using namespace request_json;
 
 // j[key] when it is a string, nullopt when absent or null, 400 otherwise.
-std::optional<std::string> optional_string(const ojson& j, const char* key, const std::string& where) {
+std::optional<std::string> string_or_null(const ojson& j, const char* key, const std::string& where) {
   const ojson& v = field(j, key);
   if (v.is_null()) return std::nullopt;
   if (!v.is_string()) bad(quoted(where) + " must be a string");
@@ -101,7 +101,7 @@ class InputTurns {
 
 void add_input_item(const ojson& item, const std::string& where, InputTurns& turns) {
   if (!item.is_object()) bad(quoted(where) + " must be an input item object");
-  const std::optional<std::string> type_field = optional_string(item, "type", where + ".type");
+  const std::optional<std::string> type_field = string_or_null(item, "type", where + ".type");
   const std::string type = type_field.value_or("message");
   if (type == "message") {
     const std::string role = string_at(item, "role", where);
@@ -142,7 +142,7 @@ void add_input_item(const ojson& item, const std::string& where, InputTurns& tur
         text += string_at(summary[i], "text", where + ".summary[" + std::to_string(i) + "]");
       }
     }
-    optional_string(item, "encrypted_content", where + ".encrypted_content");
+    string_or_null(item, "encrypted_content", where + ".encrypted_content");
     turns.reasoning(text);
   } else if (type == "item_reference") {
     bad(quoted(where) + ": item references are not supported; send the item itself or use previous_response_id");
@@ -163,7 +163,7 @@ ojson convert_tools(const ojson& tools) {
     if (type != "function")
       bad(quoted(where + ".type") + ": '" + type + "' tools are not supported; only function tools are");
     ojson fn = {{"name", string_at(tool, "name", where)}};
-    if (auto desc = optional_string(tool, "description", where + ".description")) fn["description"] = *desc;
+    if (auto desc = string_or_null(tool, "description", where + ".description")) fn["description"] = *desc;
     const ojson& parameters = field(tool, "parameters");
     if (!parameters.is_null()) {
       if (!parameters.is_object()) bad(quoted(where + ".parameters") + " must be an object");
@@ -206,7 +206,7 @@ ojson convert_text_format(const ojson& format) {
   const ojson& body = field(format, "schema");
   if (!body.is_object()) bad("'text.format.schema' must be an object");
   schema["schema"] = body;
-  if (auto desc = optional_string(format, "description", "text.format.description")) schema["description"] = *desc;
+  if (auto desc = string_or_null(format, "description", "text.format.description")) schema["description"] = *desc;
   const ojson& strict = field(format, "strict");
   if (!strict.is_null()) {
     if (!strict.is_boolean()) bad("'text.format.strict' must be a boolean");
@@ -258,9 +258,9 @@ void refuse_unsupported(const ojson& body) {
 ResponsesRequest responses_request(const ojson& body) {
   ResponsesRequest r;
   refuse_unsupported(body);
-  r.model = optional_string(body, "model", "model").value_or("");
-  r.instructions = optional_string(body, "instructions", "instructions");
-  r.previous_response_id = optional_string(body, "previous_response_id", "previous_response_id").value_or("");
+  r.model = string_or_null(body, "model", "model").value_or("");
+  r.instructions = string_or_null(body, "instructions", "instructions");
+  r.previous_response_id = string_or_null(body, "previous_response_id", "previous_response_id").value_or("");
   r.stream = optional_bool(body, "stream", false);
   r.store = optional_bool(body, "store", true);
   ojson& chat = r.chat;
@@ -296,7 +296,7 @@ ResponsesRequest responses_request(const ojson& body) {
   const ojson& reasoning_field = field(body, "reasoning");
   if (!reasoning_field.is_null()) {
     if (!reasoning_field.is_object()) bad("'reasoning' must be an object");
-    if (auto effort = optional_string(reasoning_field, "effort", "reasoning.effort")) {
+    if (auto effort = string_or_null(reasoning_field, "effort", "reasoning.effort")) {
       static const char* efforts[] = {"none", "minimal", "low", "medium", "high", "xhigh", "max"};
       bool known = false;
       for (const char* e : efforts) known = known || *effort == e;
@@ -310,7 +310,7 @@ ResponsesRequest responses_request(const ojson& body) {
       reasoning["effort"] = *effort;
     }
     for (const char* key : {"summary", "generate_summary"}) {
-      if (auto summary = optional_string(reasoning_field, key, std::string("reasoning.") + key)) {
+      if (auto summary = string_or_null(reasoning_field, key, std::string("reasoning.") + key)) {
         if (*summary != "auto" && *summary != "concise" && *summary != "detailed")
           bad("'reasoning." + std::string(key) + "' must be auto, concise or detailed");
         reasoning["summary"] = *summary;
@@ -326,7 +326,7 @@ ResponsesRequest responses_request(const ojson& body) {
       chat["response_format"] = convert_text_format(text_field["format"]);
       text["format"] = text_field["format"];
     }
-    if (auto verbosity = optional_string(text_field, "verbosity", "text.verbosity")) {
+    if (auto verbosity = string_or_null(text_field, "verbosity", "text.verbosity")) {
       if (*verbosity != "low" && *verbosity != "medium" && *verbosity != "high")
         bad("'text.verbosity' must be low, medium or high");
       text["verbosity"] = *verbosity;
@@ -350,10 +350,10 @@ ResponsesRequest responses_request(const ojson& body) {
     check_metadata(body["metadata"]);
     metadata = body["metadata"];
   }
-  const std::optional<std::string> user = optional_string(body, "user", "user");
-  optional_string(body, "safety_identifier", "safety_identifier");
-  optional_string(body, "prompt_cache_key", "prompt_cache_key");
-  optional_string(body, "service_tier", "service_tier");
+  const std::optional<std::string> user = string_or_null(body, "user", "user");
+  string_or_null(body, "safety_identifier", "safety_identifier");
+  string_or_null(body, "prompt_cache_key", "prompt_cache_key");
+  string_or_null(body, "service_tier", "service_tier");
   const ojson& stream_options = field(body, "stream_options");
   if (!stream_options.is_null() && !stream_options.is_object()) bad("'stream_options' must be an object");
 
