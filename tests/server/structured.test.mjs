@@ -118,7 +118,7 @@ describe('response_format', () => {
   });
 
   test('json_object: objects, also streamed and with n > 1', async () => {
-    for (const seed of [1, 2, 3]) {
+    await Promise.all([1, 2, 3].map(async (seed) => {
       const r = await client.chat.completions.create({
         model: 'dsv4-test', messages: user('json please'), max_tokens: 3000, seed, n: 2,
         response_format: { type: 'json_object' }, chat_template_kwargs: plain,
@@ -129,7 +129,7 @@ describe('response_format', () => {
         assert.equal(typeof v, 'object');
         assert.ok(v !== null && !Array.isArray(v));
       }
-    }
+    }));
     const stream = await client.chat.completions.create({
       model: 'dsv4-test', messages: user('json please'), max_tokens: 3000, seed: 9, stream: true,
       response_format: { type: 'json_object' }, chat_template_kwargs: plain,
@@ -266,7 +266,7 @@ describe('regex and ebnf (SGLang parameters)', () => {
 
 describe('forced tool calls', () => {
   test('named: exactly one call of that tool, arguments valid when strict', async () => {
-    for (const seed of [1, 2, 3, 4]) {
+    await Promise.all([1, 2, 3, 4].map(async (seed) => {
       const r = await client.chat.completions.create({
         model: 'dsv4-test', messages: user('weather?'), max_tokens: 2000, seed, tools: [search, weather],
         tool_choice: { type: 'function', function: { name: 'get_weather' } }, chat_template_kwargs: plain,
@@ -276,13 +276,14 @@ describe('forced tool calls', () => {
       assert.equal(c.message.tool_calls.length, 1);
       assert.equal(c.message.tool_calls[0].function.name, 'get_weather');
       checkJson(c.message.tool_calls[0].function.arguments, weather.function.parameters, `named ${seed}`);
-    }
+    }));
   });
 
   test('required: one or more calls; parallel_tool_calls false: exactly one', async () => {
     let sawMany = false;
-    for (const seed of [1, 2, 3, 4, 5, 6]) {
-      for (const parallel of [true, false]) {
+    const cases = [1, 2, 3, 4, 5, 6].flatMap((seed) => [true, false].map((parallel) => [seed, parallel]));
+    await Promise.all(cases.map(async ([seed, parallel]) => {
+      {
         const r = await client.chat.completions.create({
           model: 'dsv4-test', messages: user('do something'), max_tokens: 3000, seed, tools: [search, weather],
           tool_choice: 'required', parallel_tool_calls: parallel, chat_template_kwargs: plain,
@@ -297,7 +298,7 @@ describe('forced tool calls', () => {
           checkJson(call.function.arguments, schema, `required ${seed}`);
         }
       }
-    }
+    }));
     assert.ok(sawMany, 'some parallel request made several calls');
   });
 
