@@ -29,8 +29,8 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 # and take minutes under ASan. The logits of every golden model (each
 # weight format's kernels), then batching, snapshots and rollback once each,
 # on a different model each (they run the same state code whatever the
-# format, at about 40 s apiece under ASan), cover the memory accesses. The server tests stop
-# `dsv4 serve` with a signal, so leak reports at its exit are left to the
+# format, at about 40 s apiece under ASan), cover the memory accesses. The
+# server tests stop `dsv4 serve` with a signal, so leak reports at its exit are left to the
 # unit tests; the probe's bad-input classes (deep JSON, wrong types,
 # framing, refused and duplicate requests, CORS, leaks between clients) run
 # against the instrumented server (floods and slowloris measure memory and

@@ -283,20 +283,18 @@ describe('forced tool calls', () => {
     let sawMany = false;
     const cases = [1, 2, 3, 4, 5, 6].flatMap((seed) => [true, false].map((parallel) => [seed, parallel]));
     await Promise.all(cases.map(async ([seed, parallel]) => {
-      {
-        const r = await client.chat.completions.create({
-          model: 'dsv4-test', messages: user('do something'), max_tokens: 3000, seed, tools: [search, weather],
-          tool_choice: 'required', parallel_tool_calls: parallel, chat_template_kwargs: plain,
-        });
-        const c = r.choices[0];
-        assert.equal(c.finish_reason, 'tool_calls', JSON.stringify(c.message));
-        assert.ok(c.message.tool_calls.length >= 1);
-        if (!parallel) assert.equal(c.message.tool_calls.length, 1);
-        sawMany ||= c.message.tool_calls.length > 1;
-        for (const call of c.message.tool_calls) {
-          const schema = call.function.name === 'get_weather' ? weather.function.parameters : { type: 'object' };
-          checkJson(call.function.arguments, schema, `required ${seed}`);
-        }
+      const r = await client.chat.completions.create({
+        model: 'dsv4-test', messages: user('do something'), max_tokens: 3000, seed, tools: [search, weather],
+        tool_choice: 'required', parallel_tool_calls: parallel, chat_template_kwargs: plain,
+      });
+      const c = r.choices[0];
+      assert.equal(c.finish_reason, 'tool_calls', JSON.stringify(c.message));
+      assert.ok(c.message.tool_calls.length >= 1);
+      if (!parallel) assert.equal(c.message.tool_calls.length, 1);
+      sawMany ||= c.message.tool_calls.length > 1;
+      for (const call of c.message.tool_calls) {
+        const schema = call.function.name === 'get_weather' ? weather.function.parameters : { type: 'object' };
+        checkJson(call.function.arguments, schema, `required ${seed}`);
       }
     }));
     assert.ok(sawMany, 'some parallel request made several calls');
