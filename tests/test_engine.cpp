@@ -226,6 +226,7 @@ class CountingConstraint : public TokenConstraint {
     return token >= 0;
   }
   void rollback(int64_t n) override { count_ = std::max<int32_t>(0, count_ - int32_t(n)); }
+  int64_t max_rollback() const override { return length_; }
   std::unique_ptr<TokenConstraint> clone() const override { return std::make_unique<CountingConstraint>(*this); }
 
  private:

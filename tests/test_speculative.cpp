@@ -3,7 +3,8 @@
 // drafter, the number of drafts, the batch and the chunking; drafts do get
 // accepted (n-gram drafting on looping output), partly and fully; the
 // rejection rule keeps the target distribution; simulated acceptance hits
-// its mean; the gate turns a losing speculation off.
+// its mean; the gate turns a losing speculation off; requests under a
+// grammar draft too, and tokens the grammar forces draft themselves.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,6 +14,7 @@
 #include "engine/engine.h"
 #include "engine/speculative.h"
 #include "golden_util.h"
+#include "striped_constraint.h"
 
 namespace dsv4::test {
 namespace {
@@ -318,6 +320,90 @@ TEST(SpecEngine, StopTokenInsideAcceptedDraftsEndsThere) {
   const auto spec = run("tiny-flash-fp8", spec_options(SpeculativeAlgorithm::Ngram, 7, 2048), {stopping});
   expect_same(want, spec, "stop token");
   EXPECT_EQ(spec[0].reason, FinishReason::Stop);
+}
+
+// ---- constrained requests -------------------------------------------------------
+
+// Every other case constrained, the first ones after a free span.
+std::vector<Case> constrained_cases(int count, bool sampling) {
+  std::vector<Case> out = cases(count, sampling);
+  for (size_t i = 0; i < out.size(); i += 2)
+    out[i].params.constraint = std::make_shared<StripedFactory>(int64_t(i % 4 == 0 ? 3 : 0), 1000);
+  return out;
+}
+
+void expect_striped(const Outcome& o, int64_t free, const std::string& what) {
+  for (size_t i = size_t(free); i < o.tokens.size(); ++i)
+    EXPECT_TRUE(StripedConstraint::allowed(int64_t(i) - free, o.tokens[i])) << what << " token " << i;
+}
+
+TEST(SpecEngine, ConstrainedRequestsDraftAndStayBitwisePlain) {
+  struct Config {
+    SpeculativeAlgorithm algorithm;
+    int64_t drafts;
+    bool sampling;
+  };
+  std::map<bool, std::vector<Outcome>> plain;
+  for (Config config : {Config{SpeculativeAlgorithm::Ngram, 3, false}, Config{SpeculativeAlgorithm::Ngram, 7, false},
+                        Config{SpeculativeAlgorithm::Ngram, 4, true}, Config{SpeculativeAlgorithm::Eagle, 3, false},
+                        Config{SpeculativeAlgorithm::Eagle, 2, true}}) {
+    const auto batch = constrained_cases(6, config.sampling);
+    if (!plain.count(config.sampling)) plain[config.sampling] = run("tiny-flash-fp8", plain_options(64), batch);
+    const auto spec = run("tiny-flash-fp8", spec_options(config.algorithm, config.drafts, 33), batch);
+    const std::string what = std::string(speculative_algorithm_name(config.algorithm)) + " drafts " +
+                             std::to_string(config.drafts) + (config.sampling ? " sampled" : " greedy");
+    expect_same(plain[config.sampling], spec, what);
+    int64_t drafted = 0, accepted = 0;
+    for (size_t i = 0; i < batch.size(); i += 2) {
+      expect_striped(spec[i], i % 4 == 0 ? 3 : 0, what);
+      drafted += spec[i].drafted, accepted += spec[i].accepted;
+    }
+    // The constrained requests drafted (forced tokens at least) and had
+    // drafts accepted.
+    EXPECT_GT(drafted, 0) << what;
+    EXPECT_GT(accepted, 0) << what;
+  }
+}
+
+TEST(SpecEngine, TokensTheGrammarForcesDraftThemselves) {
+  // Every token forced: with nothing the n-gram drafter could match, the
+  // grammar alone drafts, and every draft is accepted.
+  class Forced : public ConstraintFactory {
+   public:
+    std::unique_ptr<TokenConstraint> start() const override {
+      class Counting : public TokenConstraint {
+       public:
+        bool fill_mask(TokenMask& mask) override {
+          if (count_ < 24) mask_set(mask, 400 + count_);
+          return true;
+        }
+        bool can_finish() const override { return count_ >= 24; }
+        bool accept(int32_t token) override {
+          if (count_ >= 24 || token != 400 + count_) return false;
+          ++count_;
+          return true;
+        }
+        void rollback(int64_t n) override { count_ -= int32_t(n); }
+        int64_t max_rollback() const override { return 24; }
+        std::unique_ptr<TokenConstraint> clone() const override { return std::make_unique<Counting>(*this); }
+
+       private:
+        int32_t count_ = 0;
+      };
+      return std::make_unique<Counting>();
+    }
+  };
+  Case c{"forced", prompt_of(30, 5, 4), greedy(40)};
+  c.params.ignore_eos = false;
+  c.params.constraint = std::make_shared<Forced>();
+  const auto plain = run("tiny-flash-fp8", plain_options(2048), {c});
+  const auto spec = run("tiny-flash-fp8", spec_options(SpeculativeAlgorithm::Ngram, 5, 2048), {c});
+  expect_same(plain, spec, "forced");
+  ASSERT_EQ(spec[0].tokens.size(), 25u);  // 24 forced, then EOS
+  for (int32_t i = 0; i < 24; ++i) EXPECT_EQ(spec[0].tokens[size_t(i)], 400 + i);
+  EXPECT_EQ(spec[0].reason, FinishReason::Stop);
+  EXPECT_EQ(spec[0].accepted, spec[0].drafted);
+  EXPECT_LE(spec[0].verifies, 6);  // the first token is drawn plainly, then 6 tokens per step
 }
 
 }  // namespace

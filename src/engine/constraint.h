@@ -36,8 +36,10 @@ class TokenConstraint {
   // Advances by the drawn token. Returns false if the token was not allowed
   // (then the state is unchanged).
   virtual bool accept(int32_t token) = 0;
-  // Undoes the last n accepted tokens (speculative decoding rejects drafts).
+  // Undoes the last n accepted tokens (speculative decoding walks its drafts
+  // through the constraint, then undoes them). At most max_rollback().
   virtual void rollback(int64_t n_tokens) = 0;
+  virtual int64_t max_rollback() const = 0;
   virtual std::unique_ptr<TokenConstraint> clone() const = 0;
 };
 

@@ -390,17 +390,10 @@ SampledToken Engine::draw(const Sequence& s, const float* logits) const {
   if (step_index < s.params.min_new_tokens) blocked = s.stop_ids;
   const int64_t vocab = model_->config().vocab_size;
   if (s.constraint) {
-    TokenMask mask(size_t(vocab + 63) / 64, 0);
-    if (s.constraint->fill_mask(mask)) {
-      // A complete output may end; an output the grammar cannot continue
-      // (never for a well-formed grammar) ends rather than drawing at random.
-      bool any = false;
-      for (uint64_t word : mask) any = any || word != 0;
-      if (s.constraint->can_finish() || !any) {
-        for (int32_t t : s.stop_ids) mask_set(mask, t);
-        blocked.clear();  // min_new_tokens cannot outrank the grammar
-      }
-      return sample_token(logits, vocab, s.params, s.penalties, s.prompt, step_index, blocked, nullptr, &mask);
+    const ConstrainedRow row = s.constraint_row(vocab);
+    if (row.active) {
+      if (!row.keep_blocked) blocked.clear();
+      return sample_token(logits, vocab, s.params, s.penalties, s.prompt, step_index, blocked, nullptr, &row.mask);
     }
   }
   return sample_token(logits, vocab, s.params, s.penalties, s.prompt, step_index, blocked);

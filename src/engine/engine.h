@@ -141,6 +141,7 @@ class Engine {
   void propose_drafts(std::vector<std::unique_ptr<Sequence>>& running, std::vector<RunningSummary>& summaries);
   void propose_mtp(const std::vector<Sequence*>& sequences, const std::vector<int64_t>& limits);
   void propose_dspark(const std::vector<Sequence*>& sequences, const std::vector<int64_t>& limits);
+  void fit_drafts(Sequence& s, int64_t limit) const;
   std::vector<SampledToken> verify(const Sequence& s, const StepLogits& logits, size_t item, int64_t* accepted) const;
   void accept(Sequence& s, int64_t start, const std::vector<SampledToken>& tokens, int64_t accepted,
               const std::vector<float>* hc, const std::vector<float>* dspark_hidden, const StepLogits& logits,

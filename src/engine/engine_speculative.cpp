@@ -11,24 +11,36 @@ namespace {
 
 int32_t argmax(const float* row, int64_t n) { return int32_t(std::max_element(row, row + n) - row); }
 
+// The token of a mask that allows exactly one, else -1.
+int32_t only_token(const TokenMask& mask) {
+  int32_t found = -1;
+  for (size_t w = 0; w < mask.size(); ++w) {
+    if (mask[w] == 0) continue;
+    if (found >= 0 || (mask[w] & (mask[w] - 1)) != 0) return -1;
+    found = int32_t(w * 64) + __builtin_ctzll(mask[w]);
+  }
+  return found;
+}
+
 }  // namespace
 
 void Engine::propose_drafts(std::vector<std::unique_ptr<Sequence>>& running, std::vector<RunningSummary>& summaries) {
   const SpeculativeOptions& spec = options_.speculative;
-  std::vector<Sequence*> mtp_sequences;
-  std::vector<int64_t> mtp_limits;
+  std::vector<Sequence*> mtp_sequences, constrained;
+  std::vector<int64_t> mtp_limits, constrained_limits;
   for (size_t i = 0; i < running.size(); ++i) {
     Sequence& s = *running[i];
     const RunningSummary& r = summaries[i];
     // Only a sequence whose one unfed token is its last sampled one drafts.
     if (r.phase != Phase::Decoding || r.cancelled || r.known - r.fed != 1) continue;
-    if (s.constraint) continue;  // a grammar-constrained sequence decodes plainly (sequence.h)
     // Every token of a verify step may be emitted: drafts never run past
     // max_new_tokens (which validate_request fitted into the context).
     int64_t limit =
         std::min<int64_t>(spec.num_draft_tokens - 1, s.params.max_new_tokens - int64_t(s.output.size()) - 1);
     if (spec.algorithm == SpeculativeAlgorithm::Eagle) limit = std::min(limit, spec.num_steps);
+    if (s.constraint) limit = std::min(limit, s.constraint->max_rollback());
     if (limit <= 0) continue;
+    if (s.constraint) constrained.push_back(&s), constrained_limits.push_back(limit);
     if (spec.algorithm == SpeculativeAlgorithm::Ngram) {
       if (s.history.empty()) s.ngram = NgramIndex(spec.ngram_min_match, spec.ngram_max_match);
       if (s.history.empty()) s.history = s.prompt;
@@ -48,6 +60,9 @@ void Engine::propose_drafts(std::vector<std::unique_ptr<Sequence>>& running, std
     if (spec.algorithm == SpeculativeAlgorithm::Eagle) propose_mtp(mtp_sequences, mtp_limits);
     if (spec.algorithm == SpeculativeAlgorithm::Dspark) propose_dspark(mtp_sequences, mtp_limits);
   }
+  // Each sequence walks its own grammar: independent, like sampling.
+#pragma omp parallel for schedule(dynamic, 1) if (constrained.size() > 1)
+  for (size_t i = 0; i < constrained.size(); ++i) fit_drafts(*constrained[i], constrained_limits[i]);
   for (size_t i = 0; i < running.size(); ++i) summaries[i].draft_tokens = int64_t(running[i]->drafts.size());
 }
 
@@ -161,6 +176,49 @@ void Engine::propose_dspark(const std::vector<Sequence*>& sequences, const std::
   }
 }
 
+// A constrained sequence's drafts walked through its grammar (and undone
+// after): a draft the grammar refuses is replaced by the one token it allows
+// there if it allows only one, else the draft ends; where the drafter
+// proposed fewer than `limit`, tokens the grammar forces extend it (a
+// drafter-free jump forward over a schema's fixed keys and punctuation). A
+// replaced draft leaves the ones after it, which remain only guesses. Every
+// verify row's mask is kept: verification draws row j exactly as plain
+// decoding would after drafts 0..j-1.
+void Engine::fit_drafts(Sequence& s, int64_t limit) const {
+  const int64_t vocab = model_->config().vocab_size;
+  const bool had_drafts = !s.drafts.empty();
+  std::vector<int32_t> fitted;
+  s.draft_rows.clear();
+  int64_t advanced = 0;
+  while (true) {
+    s.draft_rows.push_back(s.constraint_row(vocab));
+    const ConstrainedRow& row = s.draft_rows.back();
+    const size_t j = fitted.size();
+    if (int64_t(j) >= limit) break;
+    int32_t token = -1;
+    if (j < s.drafts.size() && (!row.active || mask_has(row.mask, s.drafts[j])))
+      token = s.drafts[j];
+    else if (row.active)
+      token = only_token(row.mask);
+    if (token < 0) break;
+    fitted.push_back(token);
+    if (s.is_stop(token)) break;  // the output would end: nothing after it is verified
+    advanced += s.constraint->accept(token);
+  }
+  s.constraint->rollback(advanced);
+  s.drafts = std::move(fitted);
+  if (s.drafts.empty()) {
+    s.draft_rows.clear();
+    if (had_drafts) {  // the checkpoint (and the MTP block's chained positions) go
+      s.state.rollback(s.fed, s.mtp_checkpoint);
+      s.state.end_checkpoint();
+      s.mtp_checkpoint = -1;
+    }
+  } else if (!had_drafts) {
+    s.state.checkpoint();
+  }
+}
+
 // Row j of a verified item decides draft j; the first rejected draft is
 // replaced by the row's own token, and when every draft is accepted the last
 // row adds one more. Each row samples as plain decoding would at that index
@@ -179,22 +237,28 @@ std::vector<SampledToken> Engine::verify(const Sequence& s, const StepLogits& lo
     const int64_t step = int64_t(s.output.size()) + j;
     std::vector<int32_t> blocked;
     if (step < s.params.min_new_tokens) blocked = s.stop_ids;
+    const TokenMask* allowed = nullptr;  // as draw() would mask this row
+    if (s.constraint && s.draft_rows[size_t(j)].active) {
+      allowed = &s.draft_rows[size_t(j)].mask;
+      if (!s.draft_rows[size_t(j)].keep_blocked) blocked.clear();
+    }
     SampledToken token;
     bool ok = false;
     if (j < drafted && forced >= 0) {
       ok = j < forced;
       token = ok ? forced_token(row, vocab, s.params, s.drafts[size_t(j)])
-                 : sample_token(row, vocab, s.params, penalties, s.prompt, step, blocked);
+                 : sample_token(row, vocab, s.params, penalties, s.prompt, step, blocked, nullptr, allowed);
     } else if (j < drafted) {
-      VerifiedToken v = verify_draft(row, vocab, s.params, penalties, s.prompt, step, blocked, s.drafts[size_t(j)]);
+      VerifiedToken v =
+          verify_draft(row, vocab, s.params, penalties, s.prompt, step, blocked, s.drafts[size_t(j)], allowed);
       token = std::move(v.token);
       ok = v.accepted;
     } else {
-      token = sample_token(row, vocab, s.params, penalties, s.prompt, step, blocked);
+      token = sample_token(row, vocab, s.params, penalties, s.prompt, step, blocked, nullptr, allowed);
     }
     penalties.add(token.token);
     *accepted += ok;
-    const bool stop = std::find(s.stop_ids.begin(), s.stop_ids.end(), token.token) != s.stop_ids.end();
+    const bool stop = s.is_stop(token.token);
     out.push_back(std::move(token));
     if (!ok || stop || int64_t(s.output.size() + out.size()) >= s.params.max_new_tokens) break;
   }
@@ -217,6 +281,7 @@ void Engine::accept(Sequence& s, int64_t start, const std::vector<SampledToken>&
     keep_rows(s.dspark_rows, s.dspark_start, int64_t(c.dspark_target_layer_ids.size()) * c.dim, start,
               dspark_hidden->data(), emitted);
   s.drafts.clear();
+  s.draft_rows.clear();
   s.mtp_checkpoint = -1;
   ++s.handle->spec_verify_ct_;
   s.handle->spec_draft_tokens_ += drafted;

@@ -1,13 +1,24 @@
 // A running request inside the engine: its tokens, decode state, sampling
 // state and speculative-decoding state. Private to the engine's sources.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <vector>
 
+#include "engine/constraint.h"
 #include "engine/engine.h"
 
 namespace dsv4 {
+
+// What a constrained sequence's grammar allows at one position.
+struct ConstrainedRow {
+  bool active = false;  // false: the grammar does not limit this draw (e.g. during reasoning)
+  // Whether min_new_tokens still blocks the stop tokens: not where the
+  // grammar lets the output end (or cannot continue it), which outranks it.
+  bool keep_blocked = true;
+  TokenMask mask;  // the allowed tokens, stop tokens included where the output may end
+};
 
 struct Engine::Sequence {
   std::shared_ptr<RequestHandle> handle;
@@ -24,9 +35,7 @@ struct Engine::Sequence {
   std::shared_ptr<PrefetchTicket> prefetch;  // its prompt's read from storage, until it starts
   int64_t reserved_tokens = 0;
   // Constrained decoding state (null: unconstrained); only the thread that
-  // draws this sequence's token touches it. Such a sequence does not draft
-  // (propose_drafts): verifying drafts would need the mask at every drafted
-  // position (the constraint's rollback/clone allow it; not done yet).
+  // draws this sequence's token touches it.
   std::unique_ptr<TokenConstraint> constraint;
 
   // Speculative decoding. `drafts`: proposed tokens after the last known
@@ -34,6 +43,11 @@ struct Engine::Sequence {
   // checkpointed while they are in it).
   std::vector<int32_t> drafts;
   int64_t mtp_checkpoint = -1;  // EAGLE: MTP positions when the checkpoint was taken
+  // A constrained sequence's grammar at verify rows 0..drafts.size() (row j:
+  // after drafts 0..j-1), computed when the drafts were fitted to it
+  // (Engine::fit_drafts). Rows after a drafted stop token are not kept:
+  // verification ends there.
+  std::vector<ConstrainedRow> draft_rows;
   // NGRAM: the tokens so far and their n-gram index.
   std::vector<int32_t> history;
   NgramIndex ngram;
@@ -50,6 +64,23 @@ struct Engine::Sequence {
   int64_t dspark_start = 0;
 
   int64_t known() const { return int64_t(prompt.size() + output.size()); }
+  // The grammar's row at the constraint's current state (constraint set).
+  ConstrainedRow constraint_row(int64_t vocab) const {
+    ConstrainedRow row;
+    row.mask.assign(size_t(vocab + 63) / 64, 0);
+    row.active = constraint->fill_mask(row.mask);
+    if (!row.active) return row;
+    // A complete output may end; an output the grammar cannot continue
+    // (never for a well-formed grammar) ends rather than drawing at random.
+    bool any = false;
+    for (uint64_t word : row.mask) any = any || word != 0;
+    if (constraint->can_finish() || !any) {
+      for (int32_t t : stop_ids) mask_set(row.mask, t);
+      row.keep_blocked = false;
+    }
+    return row;
+  }
+  bool is_stop(int32_t token) const { return std::find(stop_ids.begin(), stop_ids.end(), token) != stop_ids.end(); }
   std::vector<int32_t> tokens(int64_t start, int64_t n) const {
     std::vector<int32_t> t;
     t.reserve(size_t(n));

@@ -99,9 +99,9 @@ SampledToken forced_token(const float* logits, int64_t vocab, const SamplingPara
 
 VerifiedToken verify_draft(const float* logits, int64_t vocab, const SamplingParams& params,
                            const PenaltyState& penalties, const std::vector<int32_t>& prompt, int64_t step,
-                           const std::vector<int32_t>& blocked, int32_t draft) {
+                           const std::vector<int32_t>& blocked, int32_t draft, const TokenMask* allowed) {
   VerifiedToken out;
-  out.token = sample_token(logits, vocab, params, penalties, prompt, step, blocked);
+  out.token = sample_token(logits, vocab, params, penalties, prompt, step, blocked, nullptr, allowed);
   out.accepted = out.token.token == draft;
   return out;
 }

@@ -83,9 +83,10 @@ struct VerifiedToken {
   SampledToken token;
   bool accepted = false;  // token is the draft
 };
+// `allowed`: the grammar's mask at that row, as sample_token takes it.
 VerifiedToken verify_draft(const float* logits, int64_t vocab, const SamplingParams& params,
                            const PenaltyState& penalties, const std::vector<int32_t>& prompt, int64_t step,
-                           const std::vector<int32_t>& blocked, int32_t draft);
+                           const std::vector<int32_t>& blocked, int32_t draft, const TokenMask* allowed = nullptr);
 // The draft forced through (simulated acceptance), with its raw logprob.
 SampledToken forced_token(const float* logits, int64_t vocab, const SamplingParams& params, int32_t token);
 

@@ -17,6 +17,7 @@ class MatcherConstraint : public TokenConstraint {
   bool can_finish() const override { return matcher_.can_finish(); }
   bool accept(int32_t token) override { return matcher_.accept(token); }
   void rollback(int64_t n_tokens) override { matcher_.rollback(n_tokens); }
+  int64_t max_rollback() const override { return int64_t(text::GrammarMatcher::kHistory); }
   std::unique_ptr<TokenConstraint> clone() const override { return std::make_unique<MatcherConstraint>(*this); }
 
  private:

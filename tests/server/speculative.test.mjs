@@ -52,6 +52,30 @@ for (const [name, params] of [['greedy', { temperature: 0 }],
   });
 }
 
+test('a JSON-schema request drafts under its grammar and keeps the plain server\'s tokens', async () => {
+  // The schema's fixed keys and punctuation are tokens the grammar forces:
+  // they are drafted without a drafter and always accepted.
+  const schema = {
+    type: 'object', additionalProperties: false, required: ['name', 'version', 'tags'],
+    properties: {
+      name: { type: 'string', maxLength: 12 }, version: { type: 'integer' },
+      tags: { type: 'array', maxItems: 3, items: { type: 'string', maxLength: 8 } },
+    },
+  };
+  for (const params of [{ temperature: 0 }, { temperature: 0.8, top_k: 40, sampling_seed: 3 }]) {
+    const sampling = { ...params, max_new_tokens: 200, ignore_eos: false, json_schema: JSON.stringify(schema) };
+    const plain = await generate(servers.plain, sampling);
+    JSON.parse(plain.text);
+    for (const kind of ['ngram', 'eagle']) {
+      const spec = await generate(servers[kind], sampling);
+      assert.deepEqual(spec.output_ids, plain.output_ids, kind);
+      assert.deepEqual(spec.meta_info.output_token_logprobs, plain.meta_info.output_token_logprobs, kind);
+      assert.ok(spec.meta_info.spec_verify_ct > 0, `${kind}: no verify step`);
+      assert.ok(spec.meta_info.spec_accept_token_num > 0, `${kind}: no draft accepted`);
+    }
+  }
+});
+
 test('metrics and the startup log describe speculation', async () => {
   await generate(servers.ngram, { temperature: 0 });
   assert.ok(await metricValue(servers.ngram.origin, 'dsv4:spec_verify_total') > 0);
