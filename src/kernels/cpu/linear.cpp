@@ -261,6 +261,31 @@ void linear_forward(KernelIsa isa, const Linear& w, const float* x, int64_t n, f
     }
 }
 
+namespace {
+
+// Whether linear_forward would run the product on the register kernels
+// (AVX-512's register path; AVX2's four-stream and few-token kernels), which
+// linear_forward_many can run as pieces in a shared parallel region.
+bool runs_on_register_kernels(KernelIsa isa, const LinearProduct& p) {
+  if (p.n < 1) return false;
+  if (isa == KernelIsa::Avx512) return p.n < packed_min_tokens(*p.w);
+  if (isa == KernelIsa::Avx2) return p.n < kOuterMinTokens;
+  return false;
+}
+
+// Piece `id` of `pieces` of a whole matrix on AVX2, as linear_forward runs
+// it: one token as four streams, more tokens a row at a time (y: [n][rows]).
+void avx2_rows_piece(const Linear& w, const float* xs, int64_t n, float* y, int64_t id, int64_t pieces) {
+  const int64_t lo = w.rows * id / pieces, hi = w.rows * (id + 1) / pieces;
+  if (n == 1) {
+    rows_one_token_avx2(w, 0, lo, hi, xs, y);
+    return;
+  }
+  for (int64_t o = lo; o < hi; ++o) dot_tokens_avx2(w, o, xs, n, y + o, w.rows);
+}
+
+}  // namespace
+
 void linear_forward_many(KernelIsa isa, const LinearProduct* products, size_t count) {
   std::vector<size_t> fused;
   std::vector<int64_t> offset;
@@ -268,7 +293,7 @@ void linear_forward_many(KernelIsa isa, const LinearProduct* products, size_t co
   for (size_t i = 0; i < count; ++i) {
     const LinearProduct& p = products[i];
     check_width(*p.w);
-    if (isa != KernelIsa::Avx512 || p.n < 1 || p.n >= packed_min_tokens(*p.w)) {
+    if (!runs_on_register_kernels(isa, p)) {
       linear_forward(isa, *p.w, p.x, p.n, p.y);
       continue;
     }
@@ -303,7 +328,10 @@ void linear_forward_many(KernelIsa isa, const LinearProduct* products, size_t co
     for (size_t item = 0; item < pieces.size(); ++item) {
       const Piece& q = pieces[item];
       const LinearProduct& p = products[fused[q.product]];
-      register_rows_piece(*p.w, 0, p.w->rows, xs + offset[q.product], p.n, p.y, p.w->rows, q.piece, q.pieces);
+      if (isa == KernelIsa::Avx2)
+        avx2_rows_piece(*p.w, xs + offset[q.product], p.n, p.y, q.piece, q.pieces);
+      else
+        register_rows_piece(*p.w, 0, p.w->rows, xs + offset[q.product], p.n, p.y, p.w->rows, q.piece, q.pieces);
     }
   }
 }
