@@ -253,6 +253,25 @@ TEST_P(LinearFormats, SimdPathsGiveScalarBits) {
     }
 }
 
+// FP4 blocks under every scale byte but NaN's, 2^-127 to 2^127, row r
+// taking bytes 32r to 32r + 31 (only the last row's products overflow the
+// float range; the first row's are subnormal): each SIMD decoder (AVX2's
+// byte lookups of the values' top halves among them) gives the scalar bits.
+TEST(Linear, Fp4EveryScaleByteGivesScalarBits) {
+  const int64_t rows = 8, cols = 32 * 32;
+  RandomLinear w(WeightFormat::FP4_BLOCK32, rows, cols, 23);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < 32; ++b) w.scale[size_t(r * w.linear.scale_cols + b)] = uint8_t(std::min<int64_t>(254, 32 * r + b));
+  for (int64_t n : {1, 3, 16}) {
+    SCOPED_TRACE("tokens " + std::to_string(n));
+    const std::vector<float> x = normal_floats(size_t(n * cols), 8);
+    const std::vector<float> y = expect_simd_gives_scalar_bits(
+        size_t(n * rows), [&](float* out) { linear_forward(w.linear, x.data(), n, out); });
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t r = 0; r + 1 < rows; ++r) EXPECT_TRUE(std::isfinite(y[size_t(t * rows + r)])) << r;
+  }
+}
+
 // More tokens than one packed task takes (4092): the second token block
 // and its partial token group.
 TEST_P(LinearFormats, TokensBeyondOneTaskGiveScalarBits) {

@@ -56,6 +56,30 @@ DSV4_AVX2 inline __m256 e2m1x8_avx2(__m256i bytes, bool high, __m256 positive, _
                           _mm256_castsi256_ps(top_bit));
 }
 
+// The 32 weights of an FP4 block (16 bytes: storage positions 0-15 in the
+// low nibbles, 16-31 in the high ones) from the block's top-half bytes
+// (E2m1Tables::top_half_bytes, where top_halves_exact): positions 0-7, 8-15
+// into low[0], low[1] and 16-23, 24-31 into high[0], high[1]. Two byte
+// lookups give each value's top 16 bits, an interleave with zeros the float:
+// no float permutes, which some AVX2 CPUs (AMD Zen 1) run at a quarter of
+// the rate (docs/kernels.md). The same floats as e2m1x8_avx2.
+DSV4_AVX2 inline void e2m1x32_top_halves_avx2(const uint8_t* p, const uint8_t* table, __m256 (&low)[2],
+                                              __m256 (&high)[2]) {
+  const __m128i bytes = _mm_loadu_si128((const __m128i*)p), nibble = _mm_set1_epi8(0x0F);
+  const __m128i low_bytes = _mm_load_si128((const __m128i*)table);
+  const __m128i high_bytes = _mm_load_si128((const __m128i*)(table + 16));
+  const __m128i zero = _mm_setzero_si128();
+  auto widen = [&](__m128i codes, __m256 (&out)[2]) DSV4_AVX2 {
+    const __m128i l = _mm_shuffle_epi8(low_bytes, codes), h = _mm_shuffle_epi8(high_bytes, codes);
+    const __m128i words[2] = {_mm_unpacklo_epi8(l, h), _mm_unpackhi_epi8(l, h)};
+    for (int k = 0; k < 2; ++k)
+      out[k] = _mm256_castsi256_ps(
+          _mm256_set_m128i(_mm_unpackhi_epi16(zero, words[k]), _mm_unpacklo_epi16(zero, words[k])));
+  };
+  widen(_mm_and_si128(bytes, nibble), low);
+  widen(_mm_and_si128(_mm_srli_epi16(bytes, 4), nibble), high);
+}
+
 // Weights [i, i+16) of a row as two vectors of 8 floats, scale applied.
 DSV4_AVX2 inline void decode16_avx2(const Linear& w, int64_t row, int64_t i, __m256& lo, __m256& hi) {
   const int64_t n = w.cols;
@@ -174,7 +198,15 @@ DSV4_AVX2 void dot_rows_tokens_avx2(const Linear& w, int64_t first, int64_t stri
         for (int r = 0; r < R; ++r) {
           const int64_t row = first + r * stride;
           const uint8_t* p = w.data + row * (cols / 2) + b / 2;
-          const float* table = tables.values[w.scale[row * w.scale_cols + b / 32]];
+          const uint8_t scale = w.scale[row * w.scale_cols + b / 32];
+          if (tables.top_halves_exact[scale]) {
+            __m256 low[2], high[2];
+            e2m1x32_top_halves_avx2(p, tables.top_half_bytes[scale], low, high);
+            add16(r, b, low[0], low[1]);
+            add16(r, b + 16, high[0], high[1]);
+            continue;
+          }
+          const float* table = tables.values[scale];
           const __m256 positive = _mm256_load_ps(table), negative = _mm256_load_ps(table + 8);
           const __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p));
           const __m256i b1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(p + 8)));

@@ -88,11 +88,29 @@ inline double fold16(const float* lanes) {
 // The 16 e2m1 values times 2^(s - 127) for every ue8m0 byte s, computed as
 // the scalar decoder computes them (code value * scale in float): loading a
 // block's table is cheaper than scaling one per block and row.
+//
+// The same values as the top 16 bits of their float bits, for a byte lookup
+// per half (AVX2, where a permute of floats is slow on some CPUs): the low
+// bytes of the 16 codes, then their high bytes. An e2m1 value times a power
+// of two has at most two significant bits, so its low 16 bits are zero, for
+// the subnormal products of the smallest scales too; `top_halves_exact[s]`
+// checks it (and so covers the NaN scale byte) rather than assuming it.
 struct E2m1Tables {
   alignas(64) float values[256][16];
+  alignas(64) uint8_t top_half_bytes[256][32];
+  bool top_halves_exact[256];
   E2m1Tables() {
-    for (int s = 0; s < 256; ++s)
-      for (int c = 0; c < 16; ++c) values[s][c] = e2m1_to_float(uint8_t(c)) * e8m0_to_float(uint8_t(s));
+    for (int s = 0; s < 256; ++s) {
+      top_halves_exact[s] = true;
+      for (int c = 0; c < 16; ++c) {
+        values[s][c] = e2m1_to_float(uint8_t(c)) * e8m0_to_float(uint8_t(s));
+        uint32_t bits;
+        std::memcpy(&bits, &values[s][c], 4);
+        top_half_bytes[s][c] = uint8_t(bits >> 16);
+        top_half_bytes[s][16 + c] = uint8_t(bits >> 24);
+        top_halves_exact[s] = top_halves_exact[s] && (bits & 0xFFFF) == 0;
+      }
+    }
   }
 };
 inline const E2m1Tables& e2m1_tables() {
