@@ -272,6 +272,34 @@ TEST(Linear, Fp4EveryScaleByteGivesScalarBits) {
   }
 }
 
+// One token against FP8 rows that fill 128-row blocks: the block's scales
+// go into a copy of the input (AVX-512 and AVX2), except for the spans
+// whose scale would push an input out of the normal floats or past the
+// fp16 decoding's range. Scales from 0 to 250 per (block, span), a row range
+// that starts and ends inside a block, and an input with a huge value (few
+// prescalable spans) all give the scalar bits.
+TEST(Linear, Fp8OneTokenPrescaledBlocksGiveScalarBits) {
+  // Two threads: pieces of 256 rows (of 248 in the inner range), so most
+  // hold whole blocks (with many threads, pieces shrink below a block).
+  const int saved_threads = compute_threads();
+  set_compute_threads(2);
+  const int64_t rows = 2048, cols = 256;
+  RandomLinear w(WeightFormat::FP8_BLOCK128, rows, cols, 31);
+  const uint8_t scales[] = {0, 90, 119, 127, 200, 246, 247, 250, 5, 140, 119, 60};
+  for (size_t k = 0; k < w.scale.size(); ++k) w.scale[k] = scales[k % 12];
+  std::vector<float> x = normal_floats(size_t(cols), 9);
+  for (bool huge : {false, true}) {
+    SCOPED_TRACE(huge ? "an input of 1e30" : "normal inputs");
+    if (huge) x[100] = 1e30f;
+    for (auto [begin, end] : {std::pair<int64_t, int64_t>{0, rows}, {32, 2016}, {128, 1920}}) {
+      SCOPED_TRACE("rows " + std::to_string(begin) + "-" + std::to_string(end));
+      expect_simd_gives_scalar_bits(size_t(end - begin),
+                                    [&](float* y) { linear_forward(w.linear, x.data(), 1, y, begin, end); });
+    }
+  }
+  set_compute_threads(saved_threads);
+}
+
 // More tokens than one packed task takes (4092): the second token block
 // and its partial token group.
 TEST_P(LinearFormats, TokensBeyondOneTaskGiveScalarBits) {

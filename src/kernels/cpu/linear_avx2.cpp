@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "core/scratch.h"
 #include "kernels/cpu/gemm_driver.h"
 #include "kernels/cpu/linear_internal.h"
 
@@ -25,6 +26,15 @@ DSV4_AVX2 inline void e4m3x16_to_ps_via_half_avx2(const uint8_t* bytes16, __m256
   h = _mm256_and_si256(h, _mm256_set1_epi16(int16_t(0xBFFF)));
   lo = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), scale256);
   hi = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), scale256);
+}
+
+// The same without the scale: the 16 codes times 2^-8, for inputs that
+// carry the block scale (times 256) instead (see rows_one_token_avx2).
+DSV4_AVX2 inline void e4m3x16_to_ps_unscaled_avx2(const uint8_t* bytes16, __m256& lo, __m256& hi) {
+  __m256i h = _mm256_slli_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)bytes16)), 7);
+  h = _mm256_and_si256(h, _mm256_set1_epi16(int16_t(0xBFFF)));
+  lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+  hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
 }
 
 DSV4_AVX2 inline __m256 e4m3_to_ps_avx2(__m128i bytes8, __m256 scale) {
@@ -144,11 +154,16 @@ DSV4_AVX2 inline void prefetch_ahead_avx2(const void* p) {
 // R rows (first + r * stride) against T tokens (xs: [T][cols], storage
 // order): sums[r][t] in the canonical order (linear.h). Each 16 weights are
 // decoded once for all T tokens, and the FP8 and FP4 loops fetch a scale
-// once per scale block, where decode16_avx2 does it for every 16 weights. R * T <= 4: the 2 * R * T
-// accumulators leave registers for the decoding.
+// once per scale block, where decode16_avx2 does it for every 16 weights.
+// R * T <= 4: the 2 * R * T accumulators leave registers for the decoding.
+// FP8 rows of one 128-row block may pass `scaled` ([T][cols]: the inputs
+// times 256 times the block's scale, for the 128-column spans k with
+// scaled_spans[k]): those spans then multiply the unscaled codes by it, the
+// same exact products without a multiply per weight.
 template <int R, int T>
 DSV4_AVX2 void dot_rows_tokens_avx2(const Linear& w, int64_t first, int64_t stride, const float* xs,
-                                    double (&sums)[R][T]) {
+                                    double (&sums)[R][T], const float* scaled = nullptr,
+                                    const uint8_t* scaled_spans = nullptr) {
   const int64_t cols = w.cols;
   for (auto& r : sums)
     for (auto& t : r) t = 0.0;
@@ -168,6 +183,18 @@ DSV4_AVX2 void dot_rows_tokens_avx2(const Linear& w, int64_t first, int64_t stri
       for (int r = 0; r < R; ++r) p[r] = w.data + (first + r * stride) * cols;
       for (int64_t b = c0; b < c1; b += 128) {
         const int64_t end = std::min(c1, b + 128);
+        if (scaled != nullptr && scaled_spans[b / 128]) {
+          for (int64_t i = b; i < end; i += 16)
+            for (int r = 0; r < R; ++r) {
+              __m256 lo, hi;
+              e4m3x16_to_ps_unscaled_avx2(p[r] + i, lo, hi);
+              for (int t = 0; t < T; ++t) {
+                a[r][t][0] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(scaled + t * cols + i), a[r][t][0]);
+                a[r][t][1] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(scaled + t * cols + i + 8), a[r][t][1]);
+              }
+            }
+          continue;
+        }
         uint8_t sb[R];
         bool half_ok = true;
         for (int r = 0; r < R; ++r) {
@@ -261,8 +288,10 @@ DSV4_AVX2 double dot_avx2(const Linear& w, int64_t row, const float* x) {
 
 // Rows [lo, hi) against one token as four streams (see RowGroup): memory-
 // bound BF16 rows read from four places at once, like the AVX-512 kernels.
-DSV4_AVX2 void rows_one_token_avx2(const Linear& w, int64_t row_begin, int64_t lo, int64_t hi, const float* xs,
-                                   float* y) {
+namespace {
+
+DSV4_AVX2 void rows_as_four_streams_avx2(const Linear& w, int64_t row_begin, int64_t lo, int64_t hi, const float* xs,
+                                         float* y) {
   const int64_t quarter = (hi - lo) / 4;
   for (int64_t j = 0; j < quarter; ++j) {
     double sums[4][1];
@@ -270,6 +299,47 @@ DSV4_AVX2 void rows_one_token_avx2(const Linear& w, int64_t row_begin, int64_t l
     for (int q = 0; q < 4; ++q) y[lo + j + q * quarter] = float(sums[q][0]);
   }
   for (int64_t o = lo + 4 * quarter; o < hi; ++o) dot_token_group_avx2<1>(w, row_begin + o, xs, y + o, 1);
+}
+
+}  // namespace
+
+// FP8 rows that fill whole 128-row blocks go as four streams 32 rows apart
+// inside each block, as on AVX-512 (register_rows_avx512): the four rows
+// share each span's scale, which goes into a copy of the input once per
+// block instead of into every decoded weight (two multiplies per 16
+// weights, on CPUs where decoding FP8 bounds a one-token product; numbers
+// in docs/kernels.md). The other rows, and every other format, go as four
+// streams over the range.
+DSV4_AVX2 void rows_one_token_avx2(const Linear& w, int64_t row_begin, int64_t lo, int64_t hi, const float* xs,
+                                   float* y) {
+  const int64_t blocks_begin = (row_begin + lo + 127) / 128 * 128 - row_begin;
+  const int64_t blocks_end = (row_begin + hi) / 128 * 128 - row_begin;
+  if (w.format != WeightFormat::FP8_BLOCK128 || blocks_begin >= blocks_end) {
+    rows_as_four_streams_avx2(w, row_begin, lo, hi, xs, y);
+    return;
+  }
+  rows_as_four_streams_avx2(w, row_begin, lo, blocks_begin, xs, y);
+  const int64_t cols = w.cols, spans = w.scale_cols;
+  const auto [prescale_min, prescale_max] = prescalable_scales(xs, cols);
+  float* scaled = static_cast<float*>(thread_scratch(ScratchSlot::ScaledInput, size_t(cols) * 4 + size_t(spans)));
+  uint8_t* scaled_spans = reinterpret_cast<uint8_t*>(scaled + cols);
+  for (int64_t block = blocks_begin; block < blocks_end; block += 128) {
+    const uint8_t* scale_row = w.scale + (row_begin + block) / 128 * spans;
+    for (int64_t k = 0; k < spans; ++k) {
+      const int s = scale_row[k];
+      scaled_spans[k] = s >= prescale_min && s <= prescale_max;
+      if (!scaled_spans[k]) continue;
+      const __m256 f = _mm256_set1_ps(e8m0_to_float(uint8_t(s)) * 256.0f);
+      for (int64_t c = k * 128; c < std::min(cols, k * 128 + 128); c += 8)
+        _mm256_storeu_ps(scaled + c, _mm256_mul_ps(_mm256_loadu_ps(xs + c), f));
+    }
+    for (int64_t j = 0; j < 32; ++j) {
+      double sums[4][1];
+      dot_rows_tokens_avx2<4, 1>(w, row_begin + block + j, 32, xs, sums, scaled, scaled_spans);
+      for (int q = 0; q < 4; ++q) y[block + j + 32 * q] = float(sums[q][0]);
+    }
+  }
+  rows_as_four_streams_avx2(w, row_begin, blocks_end, hi, xs, y);
 }
 
 DSV4_AVX2 void dot_tokens_avx2(const Linear& w, int64_t row, const float* xs, int64_t n, float* y, int64_t y_stride) {
