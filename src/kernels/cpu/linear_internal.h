@@ -192,7 +192,8 @@ std::pair<int, int> prescalable_scales(const float* xs, int64_t count);
 // One row against one token.
 DSV4_TARGET_AVX2 double dot_avx2(const Linear& w, int64_t row, const float* x);
 // Rows [lo, hi) of rows [row_begin, ...) against one token, y[o] receiving row
-// row_begin + o (four streams, see RowGroup).
+// row_begin + o (four streams, see RowGroup; FP8 rows of whole 128-row blocks
+// 32 rows apart, with the block's scales in a copy of the input).
 DSV4_TARGET_AVX2 void rows_one_token_avx2(const Linear& w, int64_t row_begin, int64_t lo, int64_t hi, const float* xs,
                                           float* y);
 // One row against n tokens, y[t * y_stride] receiving token t.
