@@ -19,22 +19,22 @@ namespace dsv4::linear_detail {
 namespace {
 
 // e4m3 read as the top bits of an fp16 (see e4m3_to_ps_via_half, its AVX-512
-// twin): 16 codes, as two vectors of 8 floats times scale256. Less than
-// half the uops of e4m3_to_ps_avx2 (docs/kernels.md).
-DSV4_AVX2 inline void e4m3x16_to_ps_via_half_avx2(const uint8_t* bytes16, __m256 scale256, __m256& lo, __m256& hi) {
-  __m256i h = _mm256_slli_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)bytes16)), 7);
-  h = _mm256_and_si256(h, _mm256_set1_epi16(int16_t(0xBFFF)));
-  lo = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), scale256);
-  hi = _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), scale256);
-}
-
-// The same without the scale: the 16 codes times 2^-8, for inputs that
-// carry the block scale (times 256) instead (see rows_one_token_avx2).
+// twin): 16 codes as two vectors of 8 floats, each the code's value times
+// 2^-8, for inputs that carry the block scale (times 256) instead (see
+// rows_one_token_avx2). Less than half the uops of e4m3_to_ps_avx2
+// (docs/kernels.md).
 DSV4_AVX2 inline void e4m3x16_to_ps_unscaled_avx2(const uint8_t* bytes16, __m256& lo, __m256& hi) {
   __m256i h = _mm256_slli_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)bytes16)), 7);
   h = _mm256_and_si256(h, _mm256_set1_epi16(int16_t(0xBFFF)));
   lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
   hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+}
+
+// The same times scale256 (the block scale times 256): the weights' values.
+DSV4_AVX2 inline void e4m3x16_to_ps_via_half_avx2(const uint8_t* bytes16, __m256 scale256, __m256& lo, __m256& hi) {
+  e4m3x16_to_ps_unscaled_avx2(bytes16, lo, hi);
+  lo = _mm256_mul_ps(lo, scale256);
+  hi = _mm256_mul_ps(hi, scale256);
 }
 
 DSV4_AVX2 inline __m256 e4m3_to_ps_avx2(__m128i bytes8, __m256 scale) {
@@ -172,12 +172,14 @@ DSV4_AVX2 void dot_rows_tokens_avx2(const Linear& w, int64_t first, int64_t stri
     __m256 a[R][T][2];
     for (auto& r : a)
       for (auto& t : r) t[0] = t[1] = _mm256_setzero_ps();
-    auto add16 = [&](int r, int64_t i, __m256 lo, __m256 hi) DSV4_AVX2 {
+    // Weights [i, i+16) of row r times the inputs `in` ([T][cols]).
+    auto fma16 = [&](int r, const float* in, int64_t i, __m256 lo, __m256 hi) DSV4_AVX2 {
       for (int t = 0; t < T; ++t) {
-        a[r][t][0] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(xs + t * cols + i), a[r][t][0]);
-        a[r][t][1] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(xs + t * cols + i + 8), a[r][t][1]);
+        a[r][t][0] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(in + t * cols + i), a[r][t][0]);
+        a[r][t][1] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(in + t * cols + i + 8), a[r][t][1]);
       }
     };
+    auto add16 = [&](int r, int64_t i, __m256 lo, __m256 hi) DSV4_AVX2 { fma16(r, xs, i, lo, hi); };
     if (w.format == WeightFormat::FP8_BLOCK128) {
       const uint8_t* p[R];
       for (int r = 0; r < R; ++r) p[r] = w.data + (first + r * stride) * cols;
@@ -188,10 +190,7 @@ DSV4_AVX2 void dot_rows_tokens_avx2(const Linear& w, int64_t first, int64_t stri
             for (int r = 0; r < R; ++r) {
               __m256 lo, hi;
               e4m3x16_to_ps_unscaled_avx2(p[r] + i, lo, hi);
-              for (int t = 0; t < T; ++t) {
-                a[r][t][0] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(scaled + t * cols + i), a[r][t][0]);
-                a[r][t][1] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(scaled + t * cols + i + 8), a[r][t][1]);
-              }
+              fma16(r, scaled, i, lo, hi);
             }
           continue;
         }
