@@ -406,5 +406,57 @@ TEST(SpecEngine, TokensTheGrammarForcesDraftThemselves) {
   EXPECT_LE(spec[0].verifies, 6);  // the first token is drawn plainly, then 6 tokens per step
 }
 
+TEST(SpecEngine, MtpChainDraftsInsideTheGrammar) {
+  // Two tokens allowed at each of 30 positions: an unmasked MTP chain on
+  // random weights almost never proposes either (its first draft would be
+  // refused and the drafts would end), a chain drawn inside the grammar
+  // drafts its full length on every step; output bitwise plain either way.
+  class TwoChoices : public ConstraintFactory {
+   public:
+    std::unique_ptr<TokenConstraint> start() const override {
+      class Walk : public TokenConstraint {
+       public:
+        bool fill_mask(TokenMask& mask) override {
+          if (count_ < 30) mask_set(mask, 400), mask_set(mask, 401);
+          return true;
+        }
+        bool can_finish() const override { return count_ >= 30; }
+        bool accept(int32_t token) override {
+          if (count_ >= 30 || (token != 400 && token != 401)) return false;
+          ++count_;
+          return true;
+        }
+        void rollback(int64_t n) override { count_ -= int32_t(n); }
+        int64_t max_rollback() const override { return 30; }
+        std::unique_ptr<TokenConstraint> clone() const override { return std::make_unique<Walk>(*this); }
+
+       private:
+        int32_t count_ = 0;
+      };
+      return std::make_unique<Walk>();
+    }
+  };
+  std::vector<Case> batch;
+  for (int i = 0; i < 3; ++i) {
+    Case c{"two choices " + std::to_string(i), prompt_of(20 + 7 * i, 3 + i, 5), greedy(40)};
+    c.params.ignore_eos = false;
+    c.params.constraint = std::make_shared<TwoChoices>();
+    batch.push_back(c);
+  }
+  const auto plain = run("tiny-flash-fp8", plain_options(2048), batch);
+  const auto spec = run("tiny-flash-fp8", spec_options(SpeculativeAlgorithm::Eagle, 3, 2048), batch);
+  expect_same(plain, spec, "two choices");
+  for (const Outcome& o : spec) {
+    ASSERT_EQ(o.tokens.size(), 31u);  // 30 choices, then EOS
+    EXPECT_EQ(o.reason, FinishReason::Stop);
+    // Every step after the first token verified drafts (all but the last
+    // one or two a full chain of 3): without drafts inside the grammar
+    // nearly every step is a plain one.
+    const int64_t plain_steps = 30 - (o.verifies + o.accepted);
+    EXPECT_LE(plain_steps, 2) << "verifies " << o.verifies << ", accepted " << o.accepted;
+    EXPECT_GE(o.drafted, 3 * (o.verifies - 2)) << "verifies " << o.verifies;
+  }
+}
+
 }  // namespace
 }  // namespace dsv4::test

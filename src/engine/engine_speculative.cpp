@@ -22,6 +22,18 @@ int32_t only_token(const TokenMask& mask) {
   return found;
 }
 
+// The highest logit among the tokens a row allows (the lowest id on ties,
+// as argmax), or -1 when it allows none.
+int32_t masked_argmax(const float* row, const TokenMask& mask) {
+  int32_t best = -1;
+  for (size_t w = 0; w < mask.size(); ++w)
+    for (uint64_t bits = mask[w]; bits != 0; bits &= bits - 1) {
+      const int32_t token = int32_t(w * 64) + __builtin_ctzll(bits);
+      if (best < 0 || row[token] > row[best]) best = token;
+    }
+  return best;
+}
+
 }  // namespace
 
 void Engine::propose_drafts(std::vector<std::unique_ptr<Sequence>>& running, std::vector<RunningSummary>& summaries) {
@@ -104,10 +116,41 @@ void Engine::propose_mtp(const std::vector<Sequence*>& sequences, const std::vec
                      logits.data() + i * vocab, true, last_hc.data() + i * width});
   }
   model_->forward_mtp_batch(items);
+  // A constrained sequence's chain draws inside its grammar, which it walks
+  // as it goes (undone below): each draft then continues from a token the
+  // grammar allows, where an unmasked chain's first refused draft would end
+  // the drafts (fit_drafts). Only the drafts' quality depends on this;
+  // verification decides as before.
+  std::vector<int64_t> walked(active.size(), 0);
+  auto draw = [&](const std::vector<size_t>& which) {
+#pragma omp parallel for schedule(dynamic, 1) if (which.size() > 1)
+    for (size_t k = 0; k < which.size(); ++k) {
+      const size_t i = which[k];
+      Sequence& s = *active[i];
+      const float* row = logits.data() + i * vocab;
+      if (!s.constraint) {
+        s.drafts.push_back(argmax(row, vocab));
+        continue;
+      }
+      s.chain_rows.push_back(s.constraint_row(vocab));
+      const ConstrainedRow& allowed = s.chain_rows.back();
+      const int32_t token = allowed.active ? masked_argmax(row, allowed.mask) : argmax(row, vocab);
+      s.drafts.push_back(token < 0 ? argmax(row, vocab) : token);
+      // After a stop token nothing is verified; after a refused one the
+      // grammar's state is unknown: the chain ends there.
+      if (token < 0 || s.is_stop(token) || !s.constraint->accept(token)) {
+        active_limits[i] = int64_t(s.drafts.size());
+        continue;
+      }
+      ++walked[i];
+    }
+  };
+  std::vector<size_t> in_step(active.size());
+  for (size_t i = 0; i < active.size(); ++i) in_step[i] = i, active[i]->drafts.clear(), active[i]->chain_rows.clear();
+  draw(in_step);
   int64_t longest = 0;
   for (size_t i = 0; i < active.size(); ++i) {
     Sequence& s = *active[i];
-    s.drafts = {argmax(logits.data() + i * vocab, vocab)};
     s.hc.clear();  // consumed: the block has run every position before `fed`
     s.hc_start = s.fed;
     s.state.checkpoint();
@@ -116,7 +159,7 @@ void Engine::propose_mtp(const std::vector<Sequence*>& sequences, const std::vec
   }
   for (int64_t step = 1; step < longest; ++step) {
     items.clear();
-    std::vector<size_t> in_step;
+    in_step.clear();
     for (size_t i = 0; i < active.size(); ++i) {
       if (active_limits[i] <= step) continue;
       Sequence& s = *active[i];
@@ -124,9 +167,12 @@ void Engine::propose_mtp(const std::vector<Sequence*>& sequences, const std::vec
       items.push_back({&s.state, hc, &s.drafts.back(), 1, logits.data() + i * vocab, true, hc});
       in_step.push_back(i);
     }
+    if (items.empty()) break;  // every chain ended early
     model_->forward_mtp_batch(items);
-    for (size_t i : in_step) active[i]->drafts.push_back(argmax(logits.data() + i * vocab, vocab));
+    draw(in_step);
   }
+  for (size_t i = 0; i < active.size(); ++i)
+    if (walked[i] > 0) active[i]->constraint->rollback(walked[i]);
 }
 
 // DSpark: one block per sequence after the last position its rings hold,
@@ -189,11 +235,14 @@ void Engine::fit_drafts(Sequence& s, int64_t limit) const {
   const bool had_drafts = !s.drafts.empty();
   std::vector<int32_t> fitted;
   s.draft_rows.clear();
+  // The MTP chain's rows hold for as long as the fitted drafts are its own.
+  std::vector<ConstrainedRow> known = std::move(s.chain_rows);
+  s.chain_rows.clear();
   int64_t advanced = 0;
   while (true) {
-    s.draft_rows.push_back(s.constraint_row(vocab));
-    const ConstrainedRow& row = s.draft_rows.back();
     const size_t j = fitted.size();
+    s.draft_rows.push_back(j < known.size() ? std::move(known[j]) : s.constraint_row(vocab));
+    const ConstrainedRow& row = s.draft_rows.back();
     if (int64_t(j) >= limit) break;
     int32_t token = -1;
     if (j < s.drafts.size() && (!row.active || mask_has(row.mask, s.drafts[j])))
@@ -201,6 +250,7 @@ void Engine::fit_drafts(Sequence& s, int64_t limit) const {
     else if (row.active)
       token = only_token(row.mask);
     if (token < 0) break;
+    if (j >= s.drafts.size() || token != s.drafts[j]) known.clear();  // later rows followed another token
     fitted.push_back(token);
     if (s.is_stop(token)) break;  // the output would end: nothing after it is verified
     advanced += s.constraint->accept(token);
