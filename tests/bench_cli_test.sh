@@ -62,4 +62,10 @@ if grep -q "^prefill_split_" "$WORK/c.csv"; then fail "--no-split still split th
 if "$BIN" bench --model "$MODEL" --prompt 8 --decode 1 --no-split --context 4 > "$WORK/err.txt" 2>&1; then
   fail "a context shorter than the window accepted"
 fi
+# Speculative decoding against what its verify and draft steps allow (bytes
+# and decoding work), with the gate's result beside it.
+OMP_WAIT_POLICY=passive "$BIN" bench --model "$MODEL" --prompt 8 --decode 4 --no-split --batch 1 \
+  --speculative EAGLE --accept-len 2 > "$WORK/out.txt"
+grep -q "^  accept 2.0: speculative  *[0-9.]* tokens/s = [0-9.]*x plain, [0-9]*% of the [0-9.]* the model allows (verify [0-9.]* ms, draft [0-9.]* ms per step); with the bypass" \
+  "$WORK/out.txt" || fail "no speculative line"
 echo "bench CLI ok"

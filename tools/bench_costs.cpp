@@ -18,13 +18,24 @@ int64_t prefill_macs(const ModelConfig& c, const Model::TokenCost& cost, int64_t
   return macs;
 }
 
+namespace {
+
+// Multiply-adds of `tokens` rows through `layers` at `position` (each its own
+// experts and attention) and of the head for `head_rows` of them.
+double step_macs(const ModelConfig& c, const Model::TokenCost& cost, const std::vector<Model::LayerCost>& layers,
+                 int64_t tokens, int64_t head_rows, int64_t position) {
+  double macs = 0;
+  for (const Model::LayerCost& l : layers)
+    macs += double(l.linear_macs) + double(Model::attention_macs(c, l.layout, position));
+  return double(tokens) * macs + double(head_rows) * double(cost.head_macs);
+}
+
+}  // namespace
+
 // Multiply-adds of one decode step of `batch` tokens at `position`: every
 // token runs its own experts, attention and the head, whatever the batch.
 double decode_step_macs(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch, int64_t position) {
-  double macs = double(cost.head_macs);
-  for (const Model::LayerCost& l : cost.layers)
-    macs += double(l.linear_macs) + double(Model::attention_macs(c, l.layout, position));
-  return double(batch) * macs;
+  return step_macs(c, cost, cost.layers, batch, batch, position);
 }
 
 // Routed experts a step of `batch` tokens picks at least once, with uniform
@@ -65,15 +76,19 @@ double decode_step_bytes(const ModelConfig& c, const Model::TokenCost& cost, int
   return step_bytes(c, cost, cost.layers, batch);
 }
 
-// The compute floor of a decode step of `batch` tokens: each weight the step
-// reads is decoded once, at the rate its format reaches with one token from
-// L2 (`rates`, weights/s; that includes one FMA lane per weight), and every
-// other multiply-add (the other tokens', attention) runs at the fp32 FMA
-// ceiling. A kernel that decodes in registers cannot beat it; on a machine
-// with few cores per GB/s it, not the bytes, bounds a batched step.
-double decode_step_floor_seconds(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch, int64_t position,
-                                 const std::array<double, 4>& rates, double fma_macs_per_s) {
-  const double distinct = expected_distinct_experts(c, batch);
+// The compute floor of a step of `tokens` rows through `layers`, the head on
+// `head_rows` of them: each weight the step reads is decoded once, at the
+// rate its format reaches with one token from L2 (`rates`, weights/s; that
+// includes one FMA lane per weight), and every other multiply-add (the other
+// tokens', attention) runs at the fp32 FMA ceiling. A kernel that decodes in
+// registers cannot beat it; on a machine with few cores per GB/s it, not the
+// bytes, bounds a batched step.
+namespace {
+
+double step_floor_seconds(const ModelConfig& c, const Model::TokenCost& cost,
+                          const std::vector<Model::LayerCost>& layers, int64_t tokens, int64_t head_rows,
+                          int64_t position, const std::array<double, 4>& rates, double fma_macs_per_s) {
+  const double distinct = expected_distinct_experts(c, tokens);
   double seconds = 0, decoded = 0;
   auto decode = [&](WeightFormat format, double weights) {
     const double rate = rates[size_t(format)];
@@ -82,12 +97,24 @@ double decode_step_floor_seconds(const ModelConfig& c, const Model::TokenCost& c
     decoded += weights;
   };
   for (size_t f = 0; f < cost.head_weights.size(); ++f) decode(WeightFormat(f), double(cost.head_weights[f]));
-  for (const Model::LayerCost& l : cost.layers) {
+  for (const Model::LayerCost& l : layers) {
     for (size_t f = 0; f < l.dense_weights.size(); ++f) decode(WeightFormat(f), double(l.dense_weights[f]));
     decode(cost.expert_format, distinct * double(l.expert_weights));
   }
-  const double macs = decode_step_macs(c, cost, batch, position);
+  const double macs = step_macs(c, cost, layers, tokens, head_rows, position);
   return seconds + std::max(0.0, macs - decoded) / fma_macs_per_s;
+}
+
+}  // namespace
+
+double decode_step_floor_seconds(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch, int64_t position,
+                                 const std::array<double, 4>& rates, double fma_macs_per_s) {
+  return step_floor_seconds(c, cost, cost.layers, batch, batch, position, rates, fma_macs_per_s);
+}
+
+double mtp_step_floor_seconds(const ModelConfig& c, const Model::TokenCost& cost, int64_t tokens, int64_t head_rows,
+                              int64_t position, const std::array<double, 4>& rates, double fma_macs_per_s) {
+  return step_floor_seconds(c, cost, cost.mtp_layers, tokens, head_rows, position, rates, fma_macs_per_s);
 }
 
 // Costs of the official V4-Flash schedule, compress_ratios [0,0] + [4,128]*20

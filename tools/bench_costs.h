@@ -20,6 +20,10 @@ double decode_step_floor_seconds(const ModelConfig& c, const Model::TokenCost& c
 // Bytes one MTP block step of `batch` tokens reads: the block (the experts
 // its tokens pick) and the shared LM head.
 double mtp_step_bytes(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch);
+// The compute floor (as decode_step_floor_seconds) of one MTP block step of
+// `tokens` rows whose head runs on `head_rows` of them.
+double mtp_step_floor_seconds(const ModelConfig& c, const Model::TokenCost& cost, int64_t tokens, int64_t head_rows,
+                              int64_t position, const std::array<double, 4>& rates, double fma_macs_per_s);
 
 // Bytes of one DSpark draft for `batch` sequences of `block` positions: the
 // stages (the experts of batch*block tokens), the shared head, main_proj

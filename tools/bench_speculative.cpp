@@ -132,12 +132,28 @@ void run_speculative_bench(const std::shared_ptr<const Model>& model, const Spec
         decode_step_floor_seconds(c, token_cost, tokens, position, limits.one_token_rates, limits.fma_macs_per_s));
   };
   // Draft steps of the chain: the first runs the rows the last step accepted
-  // (about the accept length per sequence), the others one row each.
+  // (about the accept length per sequence; the head only on each sequence's
+  // last), the others one row each.
+  auto first_draft_rows = [&](int64_t batch, double accept_len) {
+    return std::max<int64_t>(batch, int64_t(double(batch) * accept_len + 0.5));
+  };
   auto draft_bytes = [&](const Model::TokenCost& token_cost, int64_t batch, double accept_len) {
     if (dspark) return dspark_step_bytes(c, token_cost, batch, drafts);
     if (!eagle) return 0.0;
-    const int64_t first_rows = std::max<int64_t>(batch, int64_t(double(batch) * accept_len + 0.5));
-    return mtp_step_bytes(c, token_cost, first_rows) + double(drafts - 1) * mtp_step_bytes(c, token_cost, batch);
+    return mtp_step_bytes(c, token_cost, first_draft_rows(batch, accept_len)) +
+           double(drafts - 1) * mtp_step_bytes(c, token_cost, batch);
+  };
+  // The same steps' time on this machine: each the longer of its bytes at
+  // the bandwidth and its decoding floor, as for a verify step (DSpark's
+  // draft: its bytes only).
+  auto draft_seconds = [&](const Model::TokenCost& token_cost, int64_t batch, double accept_len) {
+    if (!eagle) return draft_bytes(token_cost, batch, accept_len) / limits.bandwidth;
+    auto mtp_step = [&](int64_t rows) {
+      return std::max(mtp_step_bytes(c, token_cost, rows) / limits.bandwidth,
+                      mtp_step_floor_seconds(c, token_cost, rows, batch, position, limits.one_token_rates,
+                                             limits.fma_macs_per_s));
+    };
+    return mtp_step(first_draft_rows(batch, accept_len)) + double(drafts - 1) * mtp_step(batch);
   };
   for (int64_t batch : a.batches) {
     EngineOptions plain_options;
@@ -160,8 +176,7 @@ void run_speculative_bench(const std::shared_ptr<const Model>& model, const Spec
       options.speculative.auto_bypass = true;
       const EngineRun gated = engine_run(model, options, batch, a.decode, 4);
       const double verify_seconds = step_floor(cost, batch * (drafts + 1));
-      const double roof =
-          double(batch) * accept_len / (verify_seconds + draft_bytes(cost, batch, accept_len) / limits.bandwidth);
+      const double roof = double(batch) * accept_len / (verify_seconds + draft_seconds(cost, batch, accept_len));
       std::printf(
           "  accept %.1f: speculative %8.2f tokens/s = %.2fx plain, %.0f%% of the %.2f the model allows (verify "
           "%.1f ms, draft %.1f ms per step); with the bypass (after 4 warm-up batches) %8.2f tokens/s = %.2fx plain "
