@@ -7,6 +7,7 @@
 // grammar draft too, and tokens the grammar forces draft themselves.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -365,37 +366,52 @@ TEST(SpecEngine, ConstrainedRequestsDraftAndStayBitwisePlain) {
   }
 }
 
+// A grammar stand-in of `length` positions: position k allows the tokens
+// allowed(k), then only the stop tokens.
+class PositionsFactory : public ConstraintFactory {
+ public:
+  using Allowed = std::vector<int32_t> (*)(int32_t k);
+  PositionsFactory(int32_t length, Allowed allowed) : length_(length), allowed_(allowed) {}
+  std::unique_ptr<TokenConstraint> start() const override {
+    class Positions : public TokenConstraint {
+     public:
+      Positions(int32_t length, Allowed allowed) : length_(length), allowed_(allowed) {}
+      bool fill_mask(TokenMask& mask) override {
+        if (count_ < length_)
+          for (int32_t t : allowed_(count_)) mask_set(mask, t);
+        return true;
+      }
+      bool can_finish() const override { return count_ >= length_; }
+      bool accept(int32_t token) override {
+        if (count_ >= length_) return false;
+        const std::vector<int32_t> allowed = allowed_(count_);
+        if (std::find(allowed.begin(), allowed.end(), token) == allowed.end()) return false;
+        ++count_;
+        return true;
+      }
+      void rollback(int64_t n) override { count_ -= int32_t(n); }
+      int64_t max_rollback() const override { return length_; }
+      std::unique_ptr<TokenConstraint> clone() const override { return std::make_unique<Positions>(*this); }
+
+     private:
+      int32_t length_;
+      Allowed allowed_;
+      int32_t count_ = 0;
+    };
+    return std::make_unique<Positions>(length_, allowed_);
+  }
+
+ private:
+  int32_t length_;
+  Allowed allowed_;
+};
+
 TEST(SpecEngine, TokensTheGrammarForcesDraftThemselves) {
   // Every token forced: with nothing the n-gram drafter could match, the
   // grammar alone drafts, and every draft is accepted.
-  class Forced : public ConstraintFactory {
-   public:
-    std::unique_ptr<TokenConstraint> start() const override {
-      class Counting : public TokenConstraint {
-       public:
-        bool fill_mask(TokenMask& mask) override {
-          if (count_ < 24) mask_set(mask, 400 + count_);
-          return true;
-        }
-        bool can_finish() const override { return count_ >= 24; }
-        bool accept(int32_t token) override {
-          if (count_ >= 24 || token != 400 + count_) return false;
-          ++count_;
-          return true;
-        }
-        void rollback(int64_t n) override { count_ -= int32_t(n); }
-        int64_t max_rollback() const override { return 24; }
-        std::unique_ptr<TokenConstraint> clone() const override { return std::make_unique<Counting>(*this); }
-
-       private:
-        int32_t count_ = 0;
-      };
-      return std::make_unique<Counting>();
-    }
-  };
   Case c{"forced", prompt_of(30, 5, 4), greedy(40)};
   c.params.ignore_eos = false;
-  c.params.constraint = std::make_shared<Forced>();
+  c.params.constraint = std::make_shared<PositionsFactory>(24, [](int32_t k) { return std::vector<int32_t>{400 + k}; });
   const auto plain = run("tiny-flash-fp8", plain_options(2048), {c});
   const auto spec = run("tiny-flash-fp8", spec_options(SpeculativeAlgorithm::Ngram, 5, 2048), {c});
   expect_same(plain, spec, "forced");
@@ -411,36 +427,13 @@ TEST(SpecEngine, MtpChainDraftsInsideTheGrammar) {
   // random weights almost never proposes either (its first draft would be
   // refused and the drafts would end), a chain drawn inside the grammar
   // drafts its full length on every step; output bitwise plain either way.
-  class TwoChoices : public ConstraintFactory {
-   public:
-    std::unique_ptr<TokenConstraint> start() const override {
-      class Walk : public TokenConstraint {
-       public:
-        bool fill_mask(TokenMask& mask) override {
-          if (count_ < 30) mask_set(mask, 400), mask_set(mask, 401);
-          return true;
-        }
-        bool can_finish() const override { return count_ >= 30; }
-        bool accept(int32_t token) override {
-          if (count_ >= 30 || (token != 400 && token != 401)) return false;
-          ++count_;
-          return true;
-        }
-        void rollback(int64_t n) override { count_ -= int32_t(n); }
-        int64_t max_rollback() const override { return 30; }
-        std::unique_ptr<TokenConstraint> clone() const override { return std::make_unique<Walk>(*this); }
-
-       private:
-        int32_t count_ = 0;
-      };
-      return std::make_unique<Walk>();
-    }
-  };
   std::vector<Case> batch;
   for (int i = 0; i < 3; ++i) {
     Case c{"two choices " + std::to_string(i), prompt_of(20 + 7 * i, 3 + i, 5), greedy(40)};
     c.params.ignore_eos = false;
-    c.params.constraint = std::make_shared<TwoChoices>();
+    c.params.constraint = std::make_shared<PositionsFactory>(30, [](int32_t) {
+      return std::vector<int32_t>{400, 401};
+    });
     batch.push_back(c);
   }
   const auto plain = run("tiny-flash-fp8", plain_options(2048), batch);
