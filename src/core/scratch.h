@@ -25,6 +25,7 @@ namespace dsv4 {
 enum class ScratchSlot : int {
   LinearInput,
   LinearRow,
+  DecodedRows,
   ScaledInput,
   GemmPanel,
   GemmRows,

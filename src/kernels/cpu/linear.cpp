@@ -196,7 +196,7 @@ void linear_forward(KernelIsa isa, const Linear& w, const float* x, int64_t n, f
   const int64_t cols = w.cols;
   check_width(w);
   const bool outer = n >= kOuterMinTokens;
-  // AVX2 has the outer form only (its dot form is dot_tokens_avx2).
+  // AVX2 has the outer form only (its dot form is rows_tokens_avx2).
   const bool packed = n >= packed_min_tokens(w) && out >= kPackedMinRows &&
                       (isa == KernelIsa::Avx512 || (isa == KernelIsa::Avx2 && outer));
   float* xs = thread_scratch_array<float>(ScratchSlot::LinearInput, n * cols);
@@ -252,13 +252,15 @@ void linear_forward(KernelIsa isa, const Linear& w, const float* x, int64_t n, f
   const int64_t tile = 16;
   const int64_t n_tiles = (out + tile - 1) / tile;
 #pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t k = 0; k < n_tiles; ++k)
-    for (int64_t o = k * tile; o < std::min(out, (k + 1) * tile); ++o) {
-      if (isa == KernelIsa::Avx2)
-        dot_tokens_avx2(w, row_begin + o, xs, n, y + o, y_stride);
-      else
-        for (int64_t t = 0; t < n; ++t) y[t * y_stride + o] = float(dot(w, row_begin + o, xs + t * cols));
+  for (int64_t k = 0; k < n_tiles; ++k) {
+    const int64_t o0 = k * tile, o1 = std::min(out, (k + 1) * tile);
+    if (isa == KernelIsa::Avx2) {
+      rows_tokens_avx2(w, row_begin + o0, row_begin + o1, xs, n, y + o0, y_stride);
+      continue;
     }
+    for (int64_t o = o0; o < o1; ++o)
+      for (int64_t t = 0; t < n; ++t) y[t * y_stride + o] = float(dot(w, row_begin + o, xs + t * cols));
+  }
 }
 
 namespace {
@@ -281,7 +283,7 @@ void avx2_rows_piece(const Linear& w, const float* xs, int64_t n, float* y, int6
     rows_one_token_avx2(w, 0, lo, hi, xs, y);
     return;
   }
-  for (int64_t o = lo; o < hi; ++o) dot_tokens_avx2(w, o, xs, n, y + o, w.rows);
+  rows_tokens_avx2(w, lo, hi, xs, n, y + lo, w.rows);
 }
 
 }  // namespace

@@ -127,6 +127,7 @@ DSV4_AVX2 inline void decode16_avx2(const Linear& w, int64_t row, int64_t i, __m
       return;
     }
   }
+  lo = hi = _mm256_setzero_ps();  // not a format: unreachable
 }
 
 }  // namespace
@@ -149,6 +150,66 @@ namespace {
 constexpr int64_t kAvx2PrefetchBytes = 1024;
 DSV4_AVX2 inline void prefetch_ahead_avx2(const void* p) {
   _mm_prefetch(static_cast<const char*>(p) + kAvx2PrefetchBytes, _MM_HINT_T0);
+}
+
+// fold16 of lanes 0-7 (lo) and 8-15 (hi) in registers: the same additions
+// in double, without a store and sixteen scalar conversions per chunk.
+DSV4_AVX2 inline double fold16_avx2(__m256 lo, __m256 hi) {
+  const __m256d s8_low = _mm256_add_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(lo)),
+                                       _mm256_cvtps_pd(_mm256_castps256_ps128(hi)));
+  const __m256d s8_high = _mm256_add_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(lo, 1)),
+                                        _mm256_cvtps_pd(_mm256_extractf128_ps(hi, 1)));
+  const __m256d s4 = _mm256_add_pd(s8_low, s8_high);
+  const __m128d s2 = _mm_add_pd(_mm256_castpd256_pd128(s4), _mm256_extractf128_pd(s4, 1));
+  return _mm_cvtsd_f64(_mm_add_sd(s2, _mm_unpackhi_pd(s2, s2)));
+}
+
+// An FP8 or FP4 row decoded into floats (out: w.cols of them), each scale
+// fetched once per scale block where decode16_avx2 fetches it for every 16
+// weights. The decode-once path's decoder; dot_rows_tokens_avx2 decodes in
+// its own loops, where the values go straight into FMAs.
+DSV4_AVX2 void decode_row_avx2(const Linear& w, int64_t row, float* out) {
+  const int64_t cols = w.cols;
+  if (w.format == WeightFormat::FP8_BLOCK128) {
+    const uint8_t* p = w.data + row * cols;
+    for (int64_t b = 0; b < cols; b += 128) {
+      const int64_t end = std::min(cols, b + 128);
+      const uint8_t scale = w.scale[(row / 128) * w.scale_cols + b / 128];
+      const __m256 scale256 = _mm256_set1_ps(e8m0_to_float(scale) * 256.0f);
+      for (int64_t i = b; i < end; i += 16) {
+        __m256 lo, hi;
+        if (scale <= kMaxHalfPathScale)
+          e4m3x16_to_ps_via_half_avx2(p + i, scale256, lo, hi);
+        else
+          decode16_avx2(w, row, i, lo, hi);
+        _mm256_storeu_ps(out + i, lo);
+        _mm256_storeu_ps(out + i + 8, hi);
+      }
+    }
+    return;
+  }
+  const E2m1Tables& tables = e2m1_tables();
+  for (int64_t b = 0; b < cols; b += 32) {
+    const uint8_t* p = w.data + row * (cols / 2) + b / 2;
+    const uint8_t scale = w.scale[row * w.scale_cols + b / 32];
+    __m256 low[2], high[2];
+    if (tables.top_halves_exact[scale]) {
+      e2m1x32_top_halves_avx2(p, tables.top_half_bytes[scale], low, high);
+    } else {
+      const float* table = tables.values[scale];
+      const __m256 positive = _mm256_load_ps(table), negative = _mm256_load_ps(table + 8);
+      const __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p));
+      const __m256i b1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(p + 8)));
+      low[0] = e2m1x8_avx2(b0, false, positive, negative);
+      low[1] = e2m1x8_avx2(b1, false, positive, negative);
+      high[0] = e2m1x8_avx2(b0, true, positive, negative);
+      high[1] = e2m1x8_avx2(b1, true, positive, negative);
+    }
+    _mm256_storeu_ps(out + b, low[0]);
+    _mm256_storeu_ps(out + b + 8, low[1]);
+    _mm256_storeu_ps(out + b + 16, high[0]);
+    _mm256_storeu_ps(out + b + 24, high[1]);
+  }
 }
 
 // R rows (first + r * stride) against T tokens (xs: [T][cols], storage
@@ -259,12 +320,7 @@ DSV4_AVX2 void dot_rows_tokens_avx2(const Linear& w, int64_t first, int64_t stri
         }
     }
     for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) {
-        float lanes[16];
-        _mm256_storeu_ps(lanes, a[r][t][0]);
-        _mm256_storeu_ps(lanes + 8, a[r][t][1]);
-        sums[r][t] += fold16(lanes);
-      }
+      for (int t = 0; t < T; ++t) sums[r][t] += fold16_avx2(a[r][t][0], a[r][t][1]);
   }
 }
 
@@ -341,6 +397,92 @@ DSV4_AVX2 void rows_one_token_avx2(const Linear& w, int64_t row_begin, int64_t l
   rows_as_four_streams_avx2(w, row_begin, blocks_end, hi, xs, y);
 }
 
+namespace {
+
+// Two rows against groups of up to four tokens, with the canonical order's
+// lanes 0-7 and 8-15 of each chunk as two passes over it: 2 * T
+// accumulators instead of 4 * T stay in registers, so each weight vector
+// feeds T FMAs and each input vector two, where the one-row kernel loads an
+// input vector for every FMA. load8(r, i): row r's weights [i, i + 8) as
+// floats. Each lane still takes its columns in increasing order, and the
+// lanes fold as fold16 does: the canonical bits.
+template <int T, class Weights>
+DSV4_AVX2 void row_pair_token_group_avx2(Weights load8, int64_t cols, const float* xs, float* y, int64_t y_stride) {
+  double sums[2][T] = {};
+  for (int64_t c0 = 0; c0 < cols; c0 += kChunk) {
+    const int64_t c1 = std::min(cols, c0 + kChunk);
+    __m256 lanes[2][2][T];
+    for (int half = 0; half < 2; ++half) {
+      __m256 a[2][T];
+      for (auto& r : a)
+        for (auto& t : r) t = _mm256_setzero_ps();
+      for (int64_t i = c0 + 8 * half; i < c1; i += 16) {
+        const __m256 w0 = load8(0, i), w1 = load8(1, i);
+        for (int t = 0; t < T; ++t) {
+          const __m256 x = _mm256_loadu_ps(xs + t * cols + i);
+          a[0][t] = _mm256_fmadd_ps(w0, x, a[0][t]);
+          a[1][t] = _mm256_fmadd_ps(w1, x, a[1][t]);
+        }
+      }
+      for (int r = 0; r < 2; ++r)
+        for (int t = 0; t < T; ++t) lanes[half][r][t] = a[r][t];
+    }
+    for (int r = 0; r < 2; ++r)
+      for (int t = 0; t < T; ++t) sums[r][t] += fold16_avx2(lanes[0][r][t], lanes[1][r][t]);
+  }
+  for (int t = 0; t < T; ++t)
+    for (int r = 0; r < 2; ++r) y[t * y_stride + r] = float(sums[r][t]);
+}
+
+template <class Weights>
+DSV4_AVX2 void row_pair_tokens_avx2(Weights load8, int64_t cols, const float* xs, int64_t n, float* y,
+                                    int64_t y_stride) {
+  for (int64_t t = 0; t < n; t += 4) {
+    const float* x = xs + t * cols;
+    float* out = y + t * y_stride;
+    switch (std::min<int64_t>(4, n - t)) {
+      case 4: row_pair_token_group_avx2<4>(load8, cols, x, out, y_stride); break;
+      case 3: row_pair_token_group_avx2<3>(load8, cols, x, out, y_stride); break;
+      case 2: row_pair_token_group_avx2<2>(load8, cols, x, out, y_stride); break;
+      default: row_pair_token_group_avx2<1>(load8, cols, x, out, y_stride); break;
+    }
+  }
+}
+
+// Rows row and row + 1 against n tokens, y[t * y_stride + r] receiving row
+// row + r. F32 rows are read as they are, BF16 rows widen in registers as
+// the one-row kernel does. FP8 and FP4 rows are first decoded into fp32
+// (decode_row_avx2: the values every path's decoder gives), so that a
+// 16-token product decodes each weight once instead of four times; the
+// groups then load those floats (numbers in docs/kernels.md).
+DSV4_AVX2 void dot_row_pair_tokens_avx2(const Linear& w, int64_t row, const float* xs, int64_t n, float* y,
+                                        int64_t y_stride) {
+  const int64_t cols = w.cols;
+  if (w.format == WeightFormat::BF16) {
+    const uint16_t* rows = reinterpret_cast<const uint16_t*>(w.data) + row * cols;
+    row_pair_tokens_avx2(
+        [&](int r, int64_t i) DSV4_AVX2 {
+          return _mm256_castsi256_ps(
+              _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(rows + r * cols + i))), 16));
+        },
+        cols, xs, n, y, y_stride);
+    return;
+  }
+  if (w.format == WeightFormat::F32) {
+    const float* rows = reinterpret_cast<const float*>(w.data) + row * cols;
+    row_pair_tokens_avx2([&](int r, int64_t i) DSV4_AVX2 { return _mm256_loadu_ps(rows + r * cols + i); }, cols, xs,
+                         n, y, y_stride);
+    return;
+  }
+  float* rows = thread_scratch_array<float>(ScratchSlot::DecodedRows, 2 * cols);
+  decode_row_avx2(w, row, rows);
+  decode_row_avx2(w, row + 1, rows + cols);
+  row_pair_tokens_avx2([&](int r, int64_t i) DSV4_AVX2 { return _mm256_loadu_ps(rows + r * cols + i); }, cols, xs,
+                       n, y, y_stride);
+}
+
+// Row `row` against n tokens, y[t * y_stride] receiving token t, up to
+// four tokens at a time.
 DSV4_AVX2 void dot_tokens_avx2(const Linear& w, int64_t row, const float* xs, int64_t n, float* y, int64_t y_stride) {
   for (int64_t t = 0; t < n; t += 4) {
     const float* x = xs + t * w.cols;
@@ -352,6 +494,18 @@ DSV4_AVX2 void dot_tokens_avx2(const Linear& w, int64_t row, const float* xs, in
       default: dot_token_group_avx2<1>(w, row, x, out, y_stride); break;
     }
   }
+}
+
+}  // namespace
+
+// Below kRowPairTokens tokens one row's decoded weights feed all its
+// groups from registers; from there rows go in pairs (dot_row_pair_tokens_avx2).
+DSV4_AVX2 void rows_tokens_avx2(const Linear& w, int64_t lo, int64_t hi, const float* xs, int64_t n, float* y,
+                                int64_t y_stride) {
+  int64_t o = lo;
+  if (n >= kRowPairTokens)
+    for (; o + 2 <= hi; o += 2) dot_row_pair_tokens_avx2(w, o, xs, n, y + (o - lo), y_stride);
+  for (; o < hi; ++o) dot_tokens_avx2(w, o, xs, n, y + (o - lo), y_stride);
 }
 
 namespace {

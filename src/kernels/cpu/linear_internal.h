@@ -196,9 +196,11 @@ DSV4_TARGET_AVX2 double dot_avx2(const Linear& w, int64_t row, const float* x);
 // 32 rows apart, with the block's scales in a copy of the input).
 DSV4_TARGET_AVX2 void rows_one_token_avx2(const Linear& w, int64_t row_begin, int64_t lo, int64_t hi, const float* xs,
                                           float* y);
-// One row against n tokens, y[t * y_stride] receiving token t.
-DSV4_TARGET_AVX2 void dot_tokens_avx2(const Linear& w, int64_t row, const float* xs, int64_t n, float* y,
-                                      int64_t y_stride);
+// Rows [lo, hi) against n tokens, y[t * y_stride + o - lo] receiving row o:
+// one row at a time below kRowPairTokens tokens, pairs of rows from there.
+constexpr int64_t kRowPairTokens = 5;
+DSV4_TARGET_AVX2 void rows_tokens_avx2(const Linear& w, int64_t lo, int64_t hi, const float* xs, int64_t n, float* y,
+                                       int64_t y_stride);
 // The outer-form packed GEMM (xp packed by pack_token_outer, gemm_driver.h).
 void packed_gemm_outer_avx2(const Linear& w, int64_t row_begin, int64_t out, const float* xp, int64_t n, float* y,
                             int64_t y_stride, int threads);
