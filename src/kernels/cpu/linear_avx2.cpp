@@ -90,6 +90,25 @@ DSV4_AVX2 inline void e2m1x32_top_halves_avx2(const uint8_t* p, const uint8_t* t
   widen(_mm_and_si128(_mm_srli_epi16(bytes, 4), nibble), high);
 }
 
+// The 32 weights of the FP4 block at p with ue8m0 scale `scale`, as
+// e2m1x32_top_halves_avx2 lays them out: by byte lookups where they give
+// the exact floats, by the float table (e2m1x8_avx2) otherwise.
+DSV4_AVX2 inline void e2m1x32_avx2(const E2m1Tables& tables, const uint8_t* p, uint8_t scale, __m256 (&low)[2],
+                                   __m256 (&high)[2]) {
+  if (tables.top_halves_exact[scale]) {
+    e2m1x32_top_halves_avx2(p, tables.top_half_bytes[scale], low, high);
+    return;
+  }
+  const float* table = tables.values[scale];
+  const __m256 positive = _mm256_load_ps(table), negative = _mm256_load_ps(table + 8);
+  const __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p));
+  const __m256i b1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(p + 8)));
+  low[0] = e2m1x8_avx2(b0, false, positive, negative);
+  low[1] = e2m1x8_avx2(b1, false, positive, negative);
+  high[0] = e2m1x8_avx2(b0, true, positive, negative);
+  high[1] = e2m1x8_avx2(b1, true, positive, negative);
+}
+
 // Weights [i, i+16) of a row as two vectors of 8 floats, scale applied.
 DSV4_AVX2 inline void decode16_avx2(const Linear& w, int64_t row, int64_t i, __m256& lo, __m256& hi) {
   const int64_t n = w.cols;
@@ -132,8 +151,41 @@ DSV4_AVX2 inline void decode16_avx2(const Linear& w, int64_t row, int64_t i, __m
 
 }  // namespace
 
+// FP8 and FP4 rows fetch each scale once per scale block, where
+// decode16_avx2 fetches it for every 16 weights (the few-token kernels
+// decode whole rows with it, docs/kernels.md).
 DSV4_AVX2 void decode_row_avx2(const Linear& w, int64_t row, float* out) {
-  for (int64_t i = 0; i < w.cols; i += 16) {
+  const int64_t cols = w.cols;
+  if (w.format == WeightFormat::FP8_BLOCK128) {
+    const uint8_t* p = w.data + row * cols;
+    for (int64_t b = 0; b < cols; b += 128) {
+      const uint8_t scale = w.scale[(row / 128) * w.scale_cols + b / 128];
+      const __m256 scale256 = _mm256_set1_ps(e8m0_to_float(scale) * 256.0f);
+      for (int64_t i = b; i < std::min(cols, b + 128); i += 16) {
+        __m256 lo, hi;
+        if (scale <= kMaxHalfPathScale)
+          e4m3x16_to_ps_via_half_avx2(p + i, scale256, lo, hi);
+        else
+          decode16_avx2(w, row, i, lo, hi);
+        _mm256_storeu_ps(out + i, lo);
+        _mm256_storeu_ps(out + i + 8, hi);
+      }
+    }
+    return;
+  }
+  if (w.format == WeightFormat::FP4_BLOCK32) {
+    const E2m1Tables& tables = e2m1_tables();
+    for (int64_t b = 0; b < cols; b += 32) {
+      __m256 low[2], high[2];
+      e2m1x32_avx2(tables, w.data + row * (cols / 2) + b / 2, w.scale[row * w.scale_cols + b / 32], low, high);
+      _mm256_storeu_ps(out + b, low[0]);
+      _mm256_storeu_ps(out + b + 8, low[1]);
+      _mm256_storeu_ps(out + b + 16, high[0]);
+      _mm256_storeu_ps(out + b + 24, high[1]);
+    }
+    return;
+  }
+  for (int64_t i = 0; i < cols; i += 16) {
     __m256 lo, hi;
     decode16_avx2(w, row, i, lo, hi);
     _mm256_storeu_ps(out + i, lo);
@@ -162,54 +214,6 @@ DSV4_AVX2 inline double fold16_avx2(__m256 lo, __m256 hi) {
   const __m256d s4 = _mm256_add_pd(s8_low, s8_high);
   const __m128d s2 = _mm_add_pd(_mm256_castpd256_pd128(s4), _mm256_extractf128_pd(s4, 1));
   return _mm_cvtsd_f64(_mm_add_sd(s2, _mm_unpackhi_pd(s2, s2)));
-}
-
-// An FP8 or FP4 row decoded into floats (out: w.cols of them), each scale
-// fetched once per scale block where decode16_avx2 fetches it for every 16
-// weights. The decode-once path's decoder; dot_rows_tokens_avx2 decodes in
-// its own loops, where the values go straight into FMAs.
-DSV4_AVX2 void decode_row_avx2(const Linear& w, int64_t row, float* out) {
-  const int64_t cols = w.cols;
-  if (w.format == WeightFormat::FP8_BLOCK128) {
-    const uint8_t* p = w.data + row * cols;
-    for (int64_t b = 0; b < cols; b += 128) {
-      const int64_t end = std::min(cols, b + 128);
-      const uint8_t scale = w.scale[(row / 128) * w.scale_cols + b / 128];
-      const __m256 scale256 = _mm256_set1_ps(e8m0_to_float(scale) * 256.0f);
-      for (int64_t i = b; i < end; i += 16) {
-        __m256 lo, hi;
-        if (scale <= kMaxHalfPathScale)
-          e4m3x16_to_ps_via_half_avx2(p + i, scale256, lo, hi);
-        else
-          decode16_avx2(w, row, i, lo, hi);
-        _mm256_storeu_ps(out + i, lo);
-        _mm256_storeu_ps(out + i + 8, hi);
-      }
-    }
-    return;
-  }
-  const E2m1Tables& tables = e2m1_tables();
-  for (int64_t b = 0; b < cols; b += 32) {
-    const uint8_t* p = w.data + row * (cols / 2) + b / 2;
-    const uint8_t scale = w.scale[row * w.scale_cols + b / 32];
-    __m256 low[2], high[2];
-    if (tables.top_halves_exact[scale]) {
-      e2m1x32_top_halves_avx2(p, tables.top_half_bytes[scale], low, high);
-    } else {
-      const float* table = tables.values[scale];
-      const __m256 positive = _mm256_load_ps(table), negative = _mm256_load_ps(table + 8);
-      const __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p));
-      const __m256i b1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(p + 8)));
-      low[0] = e2m1x8_avx2(b0, false, positive, negative);
-      low[1] = e2m1x8_avx2(b1, false, positive, negative);
-      high[0] = e2m1x8_avx2(b0, true, positive, negative);
-      high[1] = e2m1x8_avx2(b1, true, positive, negative);
-    }
-    _mm256_storeu_ps(out + b, low[0]);
-    _mm256_storeu_ps(out + b + 8, low[1]);
-    _mm256_storeu_ps(out + b + 16, high[0]);
-    _mm256_storeu_ps(out + b + 24, high[1]);
-  }
 }
 
 // R rows (first + r * stride) against T tokens (xs: [T][cols], storage
@@ -284,21 +288,10 @@ DSV4_AVX2 void dot_rows_tokens_avx2(const Linear& w, int64_t first, int64_t stri
       for (int64_t b = c0; b < c1; b += 32)
         for (int r = 0; r < R; ++r) {
           const int64_t row = first + r * stride;
-          const uint8_t* p = w.data + row * (cols / 2) + b / 2;
-          const uint8_t scale = w.scale[row * w.scale_cols + b / 32];
-          if (tables.top_halves_exact[scale]) {
-            __m256 low[2], high[2];
-            e2m1x32_top_halves_avx2(p, tables.top_half_bytes[scale], low, high);
-            add16(r, b, low[0], low[1]);
-            add16(r, b + 16, high[0], high[1]);
-            continue;
-          }
-          const float* table = tables.values[scale];
-          const __m256 positive = _mm256_load_ps(table), negative = _mm256_load_ps(table + 8);
-          const __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p));
-          const __m256i b1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(p + 8)));
-          add16(r, b, e2m1x8_avx2(b0, false, positive, negative), e2m1x8_avx2(b1, false, positive, negative));
-          add16(r, b + 16, e2m1x8_avx2(b0, true, positive, negative), e2m1x8_avx2(b1, true, positive, negative));
+          __m256 low[2], high[2];
+          e2m1x32_avx2(tables, w.data + row * (cols / 2) + b / 2, w.scale[row * w.scale_cols + b / 32], low, high);
+          add16(r, b, low[0], low[1]);
+          add16(r, b + 16, high[0], high[1]);
         }
     } else if (w.format == WeightFormat::BF16) {
       const uint16_t* p[R];
@@ -434,19 +427,26 @@ DSV4_AVX2 void row_pair_token_group_avx2(Weights load8, int64_t cols, const floa
     for (int r = 0; r < 2; ++r) y[t * y_stride + r] = float(sums[r][t]);
 }
 
+// Tokens [0, n) in groups of up to four: group.operator()<T>(t) for the
+// group of T tokens from token t.
+template <class Group>
+DSV4_AVX2 inline void token_groups_avx2(int64_t n, const Group& group) {
+  for (int64_t t = 0; t < n; t += 4) {
+    switch (std::min<int64_t>(4, n - t)) {
+      case 4: group.template operator()<4>(t); break;
+      case 3: group.template operator()<3>(t); break;
+      case 2: group.template operator()<2>(t); break;
+      default: group.template operator()<1>(t); break;
+    }
+  }
+}
+
 template <class Weights>
 DSV4_AVX2 void row_pair_tokens_avx2(Weights load8, int64_t cols, const float* xs, int64_t n, float* y,
                                     int64_t y_stride) {
-  for (int64_t t = 0; t < n; t += 4) {
-    const float* x = xs + t * cols;
-    float* out = y + t * y_stride;
-    switch (std::min<int64_t>(4, n - t)) {
-      case 4: row_pair_token_group_avx2<4>(load8, cols, x, out, y_stride); break;
-      case 3: row_pair_token_group_avx2<3>(load8, cols, x, out, y_stride); break;
-      case 2: row_pair_token_group_avx2<2>(load8, cols, x, out, y_stride); break;
-      default: row_pair_token_group_avx2<1>(load8, cols, x, out, y_stride); break;
-    }
-  }
+  token_groups_avx2(n, [&]<int T>(int64_t t) DSV4_AVX2 {
+    row_pair_token_group_avx2<T>(load8, cols, xs + t * cols, y + t * y_stride, y_stride);
+  });
 }
 
 // Rows row and row + 1 against n tokens, y[t * y_stride + r] receiving row
@@ -484,16 +484,9 @@ DSV4_AVX2 void dot_row_pair_tokens_avx2(const Linear& w, int64_t row, const floa
 // Row `row` against n tokens, y[t * y_stride] receiving token t, up to
 // four tokens at a time.
 DSV4_AVX2 void dot_tokens_avx2(const Linear& w, int64_t row, const float* xs, int64_t n, float* y, int64_t y_stride) {
-  for (int64_t t = 0; t < n; t += 4) {
-    const float* x = xs + t * w.cols;
-    float* out = y + t * y_stride;
-    switch (std::min<int64_t>(4, n - t)) {
-      case 4: dot_token_group_avx2<4>(w, row, x, out, y_stride); break;
-      case 3: dot_token_group_avx2<3>(w, row, x, out, y_stride); break;
-      case 2: dot_token_group_avx2<2>(w, row, x, out, y_stride); break;
-      default: dot_token_group_avx2<1>(w, row, x, out, y_stride); break;
-    }
-  }
+  token_groups_avx2(n, [&]<int T>(int64_t t) DSV4_AVX2 {
+    dot_token_group_avx2<T>(w, row, xs + t * w.cols, y + t * y_stride, y_stride);
+  });
 }
 
 }  // namespace
