@@ -248,7 +248,7 @@ void BM_AttentionHeads(benchmark::State& state) {
   const int64_t heads = 16, n_keys = 640, dim = 512;
   std::mt19937 rng(8);
   std::normal_distribution<float> nd;
-  std::vector<float> q(size_t(heads * dim)), k(size_t(n_keys * dim)), p(size_t(heads * n_keys));
+  AlignedVector<float> q(size_t(heads * dim)), k(size_t(n_keys * dim)), p(size_t(heads * n_keys));  // as the model's Buffers
   for (auto* v : {&q, &k, &p})
     for (auto& x : *v) x = nd(rng);
   std::vector<const float*> keys;
@@ -294,6 +294,46 @@ void BM_AttentionHeads(benchmark::State& state) {
   state.SetLabel(labels[part]);
 }
 BENCHMARK(BM_AttentionHeads)->Arg(0)->Arg(1)->Arg(2)->Arg(3);
+
+// A decode row's attention at 1M tokens of context in a ratio-128 layer:
+// 8,192 compressed rows + the 128-token window, 64 heads of 512 dims, the
+// rows stored as the decode state keeps them (448 e4m3 codes with a scale
+// per 64, 64 RoPE floats). Arg 0: the FP8 rows decoded, then the sink
+// attention (what the model runs); arg 1: the attention alone. On every
+// compute thread; MAC/s counts the scores' and weighted sums' multiply-adds.
+void BM_AttentionLongRow(benchmark::State& state) {
+  const bool with_decode = state.range(0) == 0;
+  const int64_t heads = 64, dim = 512, nope = 448, block = 64, n_keys = 8192 + 128;
+  std::mt19937 rng(10);
+  std::vector<uint8_t> codes(size_t(n_keys * nope)), scales(size_t(n_keys * nope / block));
+  for (auto& c : codes) c = uint8_t(rng() % 0x7e);  // finite e4m3, positive and small
+  for (auto& c : scales) c = uint8_t(120 + rng() % 6);
+  std::normal_distribution<float> nd;
+  std::vector<float> rope(size_t(n_keys * (dim - nope))), sink(static_cast<size_t>(heads));
+  AlignedVector<float> q(size_t(heads * dim));
+  for (auto* v : {&rope, &sink})
+    for (auto& x : *v) x = nd(rng) * 0.1f;
+  for (auto& x : q) x = nd(rng) * 0.1f;
+  const Fp8RowsView view{codes.data(), scales.data(), rope.data(), dim, nope, block};
+  std::vector<int64_t> ids(static_cast<size_t>(n_keys));
+  std::iota(ids.begin(), ids.end(), 0);
+  AlignedVector<float> decoded(size_t(n_keys * dim)), out(size_t(heads * dim));  // as the model's Buffers
+  std::vector<const float*> keys;
+  for (int64_t j = 0; j < n_keys; ++j) keys.push_back(decoded.data() + j * dim);
+  const int64_t key_begin[2] = {0, n_keys};
+  const KernelBackend& kb = default_backend();
+  kb.decode_fp8_rows(view, ids.data(), n_keys, decoded.data());
+  for (auto _ : state) {
+    if (with_decode) kb.decode_fp8_rows(view, ids.data(), n_keys, decoded.data());
+    kb.sink_attention({q.data(), 1, heads, dim, keys.data(), key_begin, sink.data(), 1.0f / std::sqrt(float(dim)),
+                       out.data()});
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.counters["MAC/s"] =
+      benchmark::Counter(2.0 * double(heads * n_keys * dim) * double(state.iterations()), benchmark::Counter::kIsRate);
+  state.SetLabel(with_decode ? "FP8 rows decoded + attention" : "attention over decoded rows");
+}
+BENCHMARK(BM_AttentionLongRow)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // The lightning indexer scoring one decode row against 4096 FP4 keys (64
 // heads x 128 dims, V4-Flash), on one thread: arg 0 the integer FP4 scores

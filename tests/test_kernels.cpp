@@ -15,6 +15,7 @@
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/random_linear.h"
+#include "kernels/cpu/softmax.h"
 #include "kernels/cpu/vector_ops.h"
 #include "kernels/rope.h"
 #include "random_floats.h"
@@ -451,6 +452,63 @@ TEST(Ops, AttentionRowsMatchPerPairFunctions) {
             add_scaled(want.data() + h * dim, p[size_t(h * n_keys + j)], keys[size_t(j)], dim);
         EXPECT_EQ(0, std::memcmp(out.data(), want.data(), out.size() * 4));
       }
+}
+
+// The backend's sink attention gives, on every path and thread count, the
+// bits of its definition per (row, head): dot_fixed scores, softmax_with_sink,
+// then add_scaled of each key in order into zeros. Rows long enough for the
+// key-tiled path (more than 256 keys, tiles of 64 with a remainder) and short
+// ones, in one call and alone; many long rows (a thread each); 64 heads (as V4-Flash) and 5; a dim that
+// leaves a 16-value remainder after 32-wide blocks.
+TEST(Ops, SinkAttentionGivesPerHeadBitsOnEveryPathAndSplit) {
+  struct Case {
+    int64_t heads, dim;
+    std::vector<int64_t> row_keys;
+  };
+  for (const Case& c : {Case{64, 512, {1000}}, Case{5, 48, {300, 7, 1000, 257}}, Case{8, 64, {70, 3}},
+                        Case{3, 40, {600, 600}},
+                        Case{16, 64, std::vector<int64_t>(10, 300)}}) {
+    const int64_t rows = int64_t(c.row_keys.size()), heads = c.heads, dim = c.dim;
+    std::vector<int64_t> key_begin = {0};
+    for (int64_t n : c.row_keys) key_begin.push_back(key_begin.back() + n);
+    const std::vector<float> q = normal_floats(size_t(rows * heads * dim), 21),
+                             k = normal_floats(size_t(key_begin.back() * dim), 22),
+                             sink = normal_floats(size_t(heads), 23);
+    std::vector<const float*> keys;
+    // Rows share keys in a shuffled order, as gathered rows do.
+    for (int64_t j = 0; j < key_begin.back(); ++j) keys.push_back(k.data() + (j * 7919 % key_begin.back()) * dim);
+    const float scale = 1.0f / std::sqrt(float(dim));
+    std::vector<float> want(size_t(rows * heads * dim), 0.0f);
+    for (int64_t t = 0; t < rows; ++t)
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t n = c.row_keys[size_t(t)];
+        std::vector<float> p(static_cast<size_t>(n));
+        for (int64_t j = 0; j < n; ++j)
+          p[size_t(j)] = dot_fixed(q.data() + (t * heads + h) * dim, keys[size_t(key_begin[t] + j)], dim, KernelIsa::Scalar);
+        softmax_with_sink(p.data(), n, scale, sink[size_t(h)], KernelIsa::Scalar);
+        for (int64_t j = 0; j < n; ++j)
+          add_scaled(want.data() + (t * heads + h) * dim, p[size_t(j)], keys[size_t(key_begin[t] + j)], dim,
+                     KernelIsa::Scalar);
+      }
+    const int saved = compute_threads();
+    for (int threads : {1, 2, 3})
+      for (KernelIsa isa : {KernelIsa::Scalar, KernelIsa::Avx2, KernelIsa::Avx512}) {
+        if (!kernel_isa_supported(isa)) continue;
+        SCOPED_TRACE(std::string(kernel_isa_name(isa)) + ", " + std::to_string(heads) + " heads, dim " +
+                     std::to_string(dim) + ", " + std::to_string(threads) + " threads");
+        set_compute_threads(threads);
+        std::vector<float> got(want.size(), NAN);
+        backend_by_name(kernel_isa_name(isa))
+            .sink_attention({q.data(), rows, heads, dim, keys.data(), key_begin.data(), sink.data(), scale, got.data()});
+        EXPECT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * 4));
+        // One row alone (a decode step's lone sequence).
+        std::vector<float> alone(size_t(heads * dim), NAN);
+        backend_by_name(kernel_isa_name(isa))
+            .sink_attention({q.data(), 1, heads, dim, keys.data(), key_begin.data(), sink.data(), scale, alone.data()});
+        EXPECT_EQ(0, std::memcmp(alone.data(), want.data(), alone.size() * 4));
+      }
+    set_compute_threads(saved);
+  }
 }
 
 // hc_post: x[k][i] = post[k] * y[i] + sum_j comb[j][k] * old x[j][i], the

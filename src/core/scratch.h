@@ -33,6 +33,7 @@ enum class ScratchSlot : int {
   GemmSums,
   IndexerKeys,
   IndexerDots,
+  AttentionScores,
   Count
 };
 

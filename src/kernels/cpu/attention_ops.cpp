@@ -103,19 +103,94 @@ void decode_fp8_rows(KernelIsa isa, const Fp8RowsView& v, const int64_t* ids, in
   }
 }
 
+namespace {
+
+// Long rows of keys (a decode row at long context: 8,192 compressed rows of
+// 512 floats, 16 MB, in a ratio-128 layer at 1M tokens) are taken a tile of
+// keys at a time by all heads, so that each key is read from memory once
+// for the scores and once for the weighted sums. Work split by (row, block of
+// heads), each block read every key again from memory: 8 times per row for
+// 64 heads, about 200 MB a row at 1M tokens.
+constexpr int64_t kAttentionKeyTile = 64;  // 64 keys of 512 floats: 128 KB, in L2
+constexpr int64_t kAttentionDimChunk = 64;  // the weighted sums' split over threads
+
+// Runs body(i) for i in [0, n) on `threads` threads (the caller's alone when
+// 1: no parallel region, so that it can run inside one).
+template <class Body>
+void for_each_item(int threads, int64_t n, const Body& body) {
+  if (threads <= 1) {
+    for (int64_t i = 0; i < n; ++i) body(i);
+    return;
+  }
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+  for (int64_t i = 0; i < n; ++i) body(i);
+}
+
+// Row t, all heads: the scores tile by tile, the softmax of each head, then
+// the weighted sums over the dims in chunks, each chunk going through the
+// key tiles in order. Every score is dot_fixed's and every output value
+// gets its FMAs in key order, so the bits are those of the per-head path.
+void attend_row(KernelIsa isa, const SinkAttention& a, int64_t t, int threads, float* probs) {
+  const int64_t H = a.heads, hd = a.dim;
+  const float* const* keys = a.keys + a.key_begin[t];
+  const int64_t n_keys = a.key_begin[t + 1] - a.key_begin[t];
+  const float* q = a.q + t * H * hd;
+  const int64_t tiles = (n_keys + kAttentionKeyTile - 1) / kAttentionKeyTile;
+  for_each_item(threads, tiles, [&](int64_t tile) {
+    const int64_t j0 = tile * kAttentionKeyTile, count = std::min(kAttentionKeyTile, n_keys - j0);
+    dot_fixed_rows_strided(q, H, keys + j0, count, hd, probs + j0, n_keys, isa);
+  });
+  for_each_item(threads, H, [&](int64_t h) {
+    softmax_with_sink(probs + h * n_keys, n_keys, a.scale, a.sink[h], isa);
+  });
+  float* out = a.out + t * H * hd;
+  // One contiguous range of dims per thread (whole 32-value blocks), so that
+  // each thread streams its part of every key row in order.
+  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(threads, hd / 32));
+  for_each_item(int(parts), parts, [&](int64_t part) {
+    const int64_t d0 = hd * part / parts / 32 * 32, d1 = part + 1 == parts ? hd : hd * (part + 1) / parts / 32 * 32;
+    for (int64_t h = 0; h < H; ++h) std::fill(out + h * hd + d0, out + h * hd + d1, 0.0f);
+    for (int64_t j0 = 0; j0 < n_keys; j0 += kAttentionKeyTile)
+      add_scaled_rows_range(out, hd, H, probs + j0, n_keys, keys + j0, std::min(kAttentionKeyTile, n_keys - j0),
+                            d0, d1, isa);
+  });
+}
+
+}  // namespace
+
 void sink_attention(KernelIsa isa, const SinkAttention& a, bool exact) {
   const int64_t H = a.heads, hd = a.dim;
-  int64_t work = 0;
-  for (int64_t r = 0; r < a.rows; ++r) work += 2 * H * hd * (a.key_begin[r + 1] - a.key_begin[r]);
+  int64_t work = 0, longest = 0;
+  for (int64_t r = 0; r < a.rows; ++r) {
+    work += 2 * H * hd * (a.key_begin[r + 1] - a.key_begin[r]);
+    longest = std::max(longest, a.key_begin[r + 1] - a.key_begin[r]);
+  }
   if (exact) {
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads_for(work * 4))
     for (int64_t item = 0; item < a.rows * H; ++item) sink_attention_exact(isa, a, item / H, item % H);
     return;
   }
-  // Work items: a row and a block of heads, which share the row's keys (the
-  // blocked kernels load each key once for up to 16 heads).
+  const int threads = threads_for(work);
+  if (longest > 4 * kAttentionKeyTile) {
+    // Long rows: whole rows, on a thread each where there are plenty of
+    // rows, else one row at a time split over the threads.
+    if (a.rows >= 4 * threads) {
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+      for (int64_t t = 0; t < a.rows; ++t)
+        attend_row(isa, a, t, 1,
+                   thread_scratch_array<float>(ScratchSlot::AttentionScores,
+                                               H * (a.key_begin[t + 1] - a.key_begin[t])));
+    } else {
+      float* probs = thread_scratch_array<float>(ScratchSlot::AttentionScores, H * longest);
+      for (int64_t t = 0; t < a.rows; ++t) attend_row(isa, a, t, threads, probs);
+    }
+    return;
+  }
+  // Short rows (a prefill's window and selected rows; decoding at short
+  // context): work items are a row and a block of heads, which share the
+  // row's keys (the blocked kernels load each key once for up to 16 heads).
   const int64_t head_block = std::min<int64_t>(H, 16), blocks = (H + head_block - 1) / head_block;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads_for(work))
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
   for (int64_t item = 0; item < a.rows * blocks; ++item) {
     const int64_t t = item / blocks, h0 = item % blocks * head_block, heads = std::min(head_block, H - h0);
     const float* const* keys = a.keys + a.key_begin[t];
@@ -304,15 +379,24 @@ void indexer_select(KernelIsa isa, const IndexerSelect& p, bool exact) {
   p.selected->assign(size_t(p.rows), {});
   if (p.candidates) p.candidates->assign(size_t(p.rows), {});
   // Rows in parallel when there are enough of them (prefill); otherwise
-  // each row's key tiles (decode). Either way each score has one order.
+  // each row's key tiles (decode), one row after another. Either way each
+  // score has one order. The two are separate loops, not one loop whose
+  // parallel region is switched off by an `if`: a parallel region inside
+  // that inactive one is a nested region, for which the OpenMP runtime
+  // starts fresh, unpinned threads on every call instead of using the
+  // pool's (at 1M tokens of context that doubled the indexer's time).
   const int threads = threads_for(work);
-  const bool by_row = p.rows >= threads;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (by_row)
-  for (int64_t r = 0; r < p.rows; ++r) {
+  auto select = [&](int64_t r, int row_threads) {
     if (exact)
-      select_row<double>(isa, p, r, true, by_row ? 1 : threads);
+      select_row<double>(isa, p, r, true, row_threads);
     else
-      select_row<float>(isa, p, r, false, by_row ? 1 : threads);
+      select_row<float>(isa, p, r, false, row_threads);
+  };
+  if (p.rows >= threads) {
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+    for (int64_t r = 0; r < p.rows; ++r) select(r, 1);
+  } else {
+    for (int64_t r = 0; r < p.rows; ++r) select(r, threads);
   }
 }
 

@@ -188,8 +188,8 @@ DSV4_TARGET_AVX512 void add_scaled_heads(int64_t heads, float* out, int64_t out_
 // docs/kernels.md; not separately.)
 constexpr int64_t kDotKeyTile = 64;
 
-void dot_fixed_rows(const float* q, int64_t heads, const float* const* keys, int64_t n_keys, int64_t dim, float* scores,
-                    KernelIsa isa) {
+void dot_fixed_rows_strided(const float* q, int64_t heads, const float* const* keys, int64_t n_keys, int64_t dim,
+                            float* scores, int64_t score_stride, KernelIsa isa) {
   int64_t h0 = 0, j0 = 0;
   if (isa == KernelIsa::Avx512 && dim % 16 == 0) {
     h0 = heads / 4 * 4;
@@ -197,13 +197,37 @@ void dot_fixed_rows(const float* q, int64_t heads, const float* const* keys, int
     for (int64_t tile = 0; tile < j0; tile += kDotKeyTile)
       for (int64_t h = 0; h < h0; h += 4)
         for (int64_t j = tile; j < std::min(j0, tile + kDotKeyTile); j += 4)
-          dot_fixed_4x4(q + h * dim, dim, keys + j, dim, scores + h * n_keys + j, n_keys);
+          dot_fixed_4x4(q + h * dim, dim, keys + j, dim, scores + h * score_stride + j, score_stride);
   }
   // What the blocks left: the last keys of the blocked heads, then the
   // remaining heads.
   for (int64_t h = 0; h < heads; ++h)
     for (int64_t j = h < h0 ? j0 : 0; j < n_keys; ++j)
-      scores[h * n_keys + j] = dot_fixed(q + h * dim, keys[j], dim, isa);
+      scores[h * score_stride + j] = dot_fixed(q + h * dim, keys[j], dim, isa);
+}
+
+void dot_fixed_rows(const float* q, int64_t heads, const float* const* keys, int64_t n_keys, int64_t dim, float* scores,
+                    KernelIsa isa) {
+  dot_fixed_rows_strided(q, heads, keys, n_keys, dim, scores, n_keys, isa);
+}
+
+void add_scaled_rows_range(float* out, int64_t out_stride, int64_t heads, const float* p, int64_t p_stride,
+                           const float* const* keys, int64_t n_keys, int64_t d_begin, int64_t d_end,
+                           KernelIsa isa) {
+  if (isa != KernelIsa::Avx512 || (d_end - d_begin) % 16) {
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t j = 0; j < n_keys; ++j)
+        add_scaled(out + h * out_stride + d_begin, p[h * p_stride + j], keys[j] + d_begin, d_end - d_begin, isa);
+    return;
+  }
+  for (int64_t h0 = 0; h0 < heads; h0 += 8) {
+    const int64_t hb = std::min<int64_t>(8, heads - h0);
+    float* o = out + h0 * out_stride;
+    const float* ph = p + h0 * p_stride;
+    int64_t d = d_begin;
+    for (; d + 32 <= d_end; d += 32) add_scaled_heads<2>(hb, o, out_stride, ph, p_stride, keys, n_keys, d);
+    if (d < d_end) add_scaled_heads<1>(hb, o, out_stride, ph, p_stride, keys, n_keys, d);
+  }
 }
 
 void add_scaled_rows(float* out, int64_t heads, const float* p, const float* const* keys, int64_t n_keys, int64_t dim,
@@ -213,14 +237,7 @@ void add_scaled_rows(float* out, int64_t heads, const float* p, const float* con
       for (int64_t j = 0; j < n_keys; ++j) add_scaled(out + h * dim, p[h * n_keys + j], keys[j], dim, isa);
     return;
   }
-  for (int64_t h0 = 0; h0 < heads; h0 += 8) {
-    const int64_t hb = std::min<int64_t>(8, heads - h0);
-    float* o = out + h0 * dim;
-    const float* ph = p + h0 * n_keys;
-    int64_t d = 0;
-    for (; d + 32 <= dim; d += 32) add_scaled_heads<2>(hb, o, dim, ph, n_keys, keys, n_keys, d);
-    if (d < dim) add_scaled_heads<1>(hb, o, dim, ph, n_keys, keys, n_keys, d);
-  }
+  add_scaled_rows_range(out, dim, heads, p, n_keys, keys, n_keys, 0, dim, isa);
 }
 
 void hadamard_transform(float* x, int64_t n) {

@@ -29,6 +29,16 @@ void dot_fixed_rows(const float* q, int64_t heads, const float* const* keys, int
                     KernelIsa isa = active_kernel_isa());
 void add_scaled_rows(float* out, int64_t heads, const float* p, const float* const* keys, int64_t n_keys, int64_t dim,
                      KernelIsa isa = active_kernel_isa());
+// The same for part of a longer row of keys, so that a caller can take the
+// keys a tile at a time: scores[h * score_stride + j] for the n_keys keys
+// given; and out[h * out_stride + d] for d in [d_begin, d_end) only, with
+// p[h * p_stride + j]. Each output still gets its FMAs in increasing j, so
+// tiles taken in order give add_scaled_rows' bits.
+void dot_fixed_rows_strided(const float* q, int64_t heads, const float* const* keys, int64_t n_keys, int64_t dim,
+                            float* scores, int64_t score_stride, KernelIsa isa = active_kernel_isa());
+void add_scaled_rows_range(float* out, int64_t out_stride, int64_t heads, const float* p, int64_t p_stride,
+                           const float* const* keys, int64_t n_keys, int64_t d_begin, int64_t d_end,
+                           KernelIsa isa = active_kernel_isa());
 // x <- w * x / sqrt(mean(x^2) + eps); w may be null (unweighted norm).
 void rms_norm(float* x, const float* w, int64_t n, float eps, KernelIsa isa = active_kernel_isa());
 inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
