@@ -72,38 +72,41 @@ constexpr int kHeadGroup = 8;
 
 // Heads [h0, h0 + HN) of 16 keys whose codes are transposed in `tile`
 // ([dword group][key]; `half`: [block][key]), added to `score` in head
-// order. HN is a constant so that the accumulators stay in registers.
+// order. HN and the eight dword groups of a block are constants, so that
+// the accumulators stay in registers and each VPDPBUSD takes the query's
+// word as a broadcast memory operand (with a run-time trip count GCC kept
+// register copies of every accumulator and spilled one: half the speed).
 template <int HN>
 DSV4_TARGET_VNNI inline __m512 add_head_group(const Fp4Query& q, const float* weights, int64_t h0,
-                                              const int32_t (*tile)[16], const float (*half)[16], __m512 score) {
-  const int64_t dim = q.dim, blocks = dim / kBlock;
+                                              const __m512i* tile, const float (*half)[16], __m512 score) {
+  constexpr int kGroups = kBlock / 4;  // dword groups per 32-dim block
+  const int64_t blocks = q.dim / kBlock, heads = q.heads;
   const __m512 zero = _mm512_setzero_ps();
   __m512 dot[HN];
-  for (auto& d : dot) d = zero;
-  const int8_t* codes = q.codes.data() + h0 * dim;
+#pragma GCC unroll 8
+  for (int h = 0; h < HN; ++h) dot[h] = zero;
   for (int64_t b = 0; b < blocks; ++b) {
+    const int32_t* offset = q.offset_by_block.data() + b * heads + h0;
     __m512i acc[HN];
 #pragma GCC unroll 8
-    for (int h = 0; h < HN; ++h) acc[h] = _mm512_set1_epi32(q.offset[size_t((h0 + h) * blocks + b)]);
+    for (int h = 0; h < HN; ++h) acc[h] = _mm512_set1_epi32(offset[h]);
+    const __m512i* keys = tile + b * kGroups;
 #pragma GCC unroll 8
-    for (int64_t g = b * kBlock / 4; g < (b + 1) * kBlock / 4; ++g) {
-      const __m512i k = _mm512_load_si512(tile[g]);
+    for (int g = 0; g < kGroups; ++g) {
+      const __m512i k = _mm512_load_si512(keys + g);
+      const int32_t* words = q.words_by_group.data() + (b * kGroups + g) * heads + h0;
 #pragma GCC unroll 8
-      for (int h = 0; h < HN; ++h) {
-        // The query's four codes of dims [4g, 4g + 4), as one int32.
-        int32_t word;
-        std::memcpy(&word, codes + h * dim + g * 4, 4);
-        acc[h] = _mm512_dpbusd_epi32(acc[h], k, _mm512_set1_epi32(word));
-      }
+      for (int h = 0; h < HN; ++h) acc[h] = _mm512_dpbusd_epi32(acc[h], k, _mm512_set1_epi32(words[h]));
     }
     const __m512 kh = _mm512_load_ps(half[b]);
+    const float* half_scale = q.half_by_block.data() + b * heads + h0;
+#pragma GCC unroll 8
     for (int h = 0; h < HN; ++h)
       dot[h] = _mm512_add_ps(
-          dot[h], _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc[h]),
-                                              _mm512_set1_ps(q.half_scale[size_t((h0 + h) * blocks + b)])),
-                                kh));
+          dot[h], _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc[h]), _mm512_set1_ps(half_scale[h])), kh));
   }
   // max(0, d) keeps d when d is NaN or -0, as std::max(d, 0.0f) does.
+#pragma GCC unroll 8
   for (int h = 0; h < HN; ++h)
     score = _mm512_add_ps(score, _mm512_mul_ps(_mm512_max_ps(zero, dot[h]), _mm512_set1_ps(weights[h0 + h])));
   return score;
@@ -144,8 +147,8 @@ DSV4_TARGET_VNNI void scores_vnni(const Fp4Query& q, const float* weights, const
     __m512 score = zero;
     int64_t h0 = 0;
     for (; h0 + kHeadGroup <= q.heads; h0 += kHeadGroup)
-      score = add_head_group<kHeadGroup>(q, weights, h0, tile, half, score);
-    for (; h0 < q.heads; ++h0) score = add_head_group<1>(q, weights, h0, tile, half, score);
+      score = add_head_group<kHeadGroup>(q, weights, h0, reinterpret_cast<const __m512i*>(tile), half, score);
+    for (; h0 < q.heads; ++h0) score = add_head_group<1>(q, weights, h0, reinterpret_cast<const __m512i*>(tile), half, score);
     alignas(64) float out[16];
     _mm512_store_ps(out, score);
     std::copy_n(out, n, scores + k0);
@@ -195,6 +198,18 @@ bool fp4_query(const float* q, int64_t heads, int64_t dim, Fp4Query& out) {
       out.half_scale[size_t(h * blocks + b)] = std::ldexp(1.0f, exponent - 1);
       out.offset[size_t(h * blocks + b)] = -12 * sum;
     }
+  const int64_t words = dim / 4;
+  out.words_by_group.assign(size_t(words * heads), 0);
+  out.offset_by_block.assign(size_t(blocks * heads), 0);
+  out.half_by_block.assign(size_t(blocks * heads), 0.0f);
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t g = 0; g < words; ++g)
+      std::memcpy(&out.words_by_group[size_t(g * heads + h)], out.codes.data() + h * dim + g * 4, 4);
+    for (int64_t b = 0; b < blocks; ++b) {
+      out.offset_by_block[size_t(b * heads + h)] = out.offset[size_t(h * blocks + b)];
+      out.half_by_block[size_t(b * heads + h)] = out.half_scale[size_t(h * blocks + b)];
+    }
+  }
   return true;
 }
 

@@ -37,6 +37,12 @@ struct Fp4Query {
   // [heads][dim / 32]: -12 * the block's sum of codes: the keys' codes are
   // stored as 2 k + 12 (unsigned, for VPDPBUSD), and this offset undoes the 12.
   std::vector<int32_t> offset;
+  // The same laid out for the VNNI kernel, heads innermost, so that a group
+  // of heads reads consecutive values from one pointer: [dim / 4][heads]
+  // words of four codes (VPDPBUSD's broadcast operand), [dim / 32][heads]
+  // offsets and half scales.
+  std::vector<int32_t> words_by_group, offset_by_block;
+  std::vector<float> half_by_block;
 };
 
 // The integer form of `heads` query rows of `dim` values, or false when a
