@@ -299,10 +299,11 @@ BENCHMARK(BM_AttentionHeads)->Arg(0)->Arg(1)->Arg(2)->Arg(3);
 // 8,192 compressed rows + the 128-token window, 64 heads of 512 dims, the
 // rows stored as the decode state keeps them (448 e4m3 codes with a scale
 // per 64, 64 RoPE floats). Arg 0: the FP8 rows decoded, then the sink
-// attention (what the model runs); arg 1: the attention alone. On every
+// attention (what the model runs); arg 1: the attention alone; arg 2: the
+// decoding alone. On every
 // compute thread; MAC/s counts the scores' and weighted sums' multiply-adds.
 void BM_AttentionLongRow(benchmark::State& state) {
-  const bool with_decode = state.range(0) == 0;
+  const bool with_decode = state.range(0) != 1, with_attention = state.range(0) != 2;
   const int64_t heads = 64, dim = 512, nope = 448, block = 64, n_keys = 8192 + 128;
   std::mt19937 rng(10);
   std::vector<uint8_t> codes(size_t(n_keys * nope)), scales(size_t(n_keys * nope / block));
@@ -325,15 +326,23 @@ void BM_AttentionLongRow(benchmark::State& state) {
   kb.decode_fp8_rows(view, ids.data(), n_keys, decoded.data());
   for (auto _ : state) {
     if (with_decode) kb.decode_fp8_rows(view, ids.data(), n_keys, decoded.data());
-    kb.sink_attention({q.data(), 1, heads, dim, keys.data(), key_begin, sink.data(), 1.0f / std::sqrt(float(dim)),
-                       out.data()});
+    if (with_attention)
+      kb.sink_attention({q.data(), 1, heads, dim, keys.data(), key_begin, sink.data(), 1.0f / std::sqrt(float(dim)),
+                         out.data()});
     benchmark::DoNotOptimize(out.data());
   }
-  state.counters["MAC/s"] =
-      benchmark::Counter(2.0 * double(heads * n_keys * dim) * double(state.iterations()), benchmark::Counter::kIsRate);
-  state.SetLabel(with_decode ? "FP8 rows decoded + attention" : "attention over decoded rows");
+  if (with_attention)
+    state.counters["MAC/s"] =
+        benchmark::Counter(2.0 * double(heads * n_keys * dim) * double(state.iterations()), benchmark::Counter::kIsRate);
+  // Bytes the decode writes (the floats) and reads (codes, scales, RoPE floats).
+  if (with_decode)
+    state.counters["decode B/s"] = benchmark::Counter(
+        double(n_keys * (dim * 4 + nope + nope / block + (dim - nope) * 4)) * double(state.iterations()),
+        benchmark::Counter::kIsRate);
+  const char* labels[] = {"FP8 rows decoded + attention", "attention over decoded rows", "FP8 rows decoded alone"};
+  state.SetLabel(labels[state.range(0)]);
 }
-BENCHMARK(BM_AttentionLongRow)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_AttentionLongRow)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // The lightning indexer scoring one decode row against 4096 FP4 keys (64
 // heads x 128 dims, V4-Flash), on one thread: arg 0 the integer FP4 scores
