@@ -38,7 +38,7 @@ TEST(IndexerFp4, QueryCodesGiveBackTheQuery) {
     for (int64_t d = 0; d < dim; ++d) {
       const int64_t b = d / 32, j = d % 32;
       const int64_t stored = b * 32 + (j % 2 ? 16 + j / 2 : j / 2);  // even dims first, then odd
-      const float value = float(form.codes[size_t(h * dim + stored)]) * form.half_scale[size_t(h * 4 + b)];
+      const float value = float(form.codes[size_t(h * dim + stored)]) * form.half_scale[size_t(b * heads + h)];
       ASSERT_EQ(value, q[size_t(h * dim + d)]) << "head " << h << " dim " << d;
     }
   // The offset undoes the keys' +12: -12 times each block's sum of codes.

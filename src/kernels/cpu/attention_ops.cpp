@@ -108,11 +108,10 @@ namespace {
 // Long rows of keys (a decode row at long context: 8,192 compressed rows of
 // 512 floats, 16 MB, in a ratio-128 layer at 1M tokens) are taken a tile of
 // keys at a time by all heads, so that each key is read from memory once
-// for the scores and once for the weighted sums. Work split by (row, block of
-// heads), each block read every key again from memory: 8 times per row for
-// 64 heads, about 200 MB a row at 1M tokens.
+// for the scores and once for the weighted sums. Split by (row, block of
+// heads), as short rows are, every block read every key again: about 200 MB
+// a row at 1M tokens.
 constexpr int64_t kAttentionKeyTile = 64;  // 64 keys of 512 floats: 128 KB, in L2
-constexpr int64_t kAttentionDimChunk = 64;  // the weighted sums' split over threads
 
 // Runs body(i) for i in [0, n) on `threads` threads (the caller's alone when
 // 1: no parallel region, so that it can run inside one).
@@ -127,7 +126,7 @@ void for_each_item(int threads, int64_t n, const Body& body) {
 }
 
 // Row t, all heads: the scores tile by tile, the softmax of each head, then
-// the weighted sums over the dims in chunks, each chunk going through the
+// the weighted sums, one range of dims per thread, each going through the
 // key tiles in order. Every score is dot_fixed's and every output value
 // gets its FMAs in key order, so the bits are those of the per-head path.
 void attend_row(KernelIsa isa, const SinkAttention& a, int64_t t, int threads, float* probs) {

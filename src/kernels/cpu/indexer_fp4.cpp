@@ -57,7 +57,7 @@ void scores_portable(const Fp4Query& q, const float* weights, const Fp4RowsView&
       for (int64_t b = 0; b < blocks; ++b) {
         int32_t sum = 0;
         for (int64_t j = b * kBlock; j < (b + 1) * kBlock; ++j) sum += int32_t(qc[j]) * codes[size_t(j)];
-        dot += (float(sum) * q.half_scale[size_t(h * blocks + b)]) * half[size_t(b)];
+        dot += (float(sum) * q.half_scale[size_t(b * q.heads + h)]) * half[size_t(b)];
       }
       score += std::max(dot, 0.0f) * weights[h];
     }
@@ -86,7 +86,7 @@ DSV4_TARGET_VNNI inline __m512 add_head_group(const Fp4Query& q, const float* we
 #pragma GCC unroll 8
   for (int h = 0; h < HN; ++h) dot[h] = zero;
   for (int64_t b = 0; b < blocks; ++b) {
-    const int32_t* offset = q.offset_by_block.data() + b * heads + h0;
+    const int32_t* offset = q.offset.data() + b * heads + h0;
     __m512i acc[HN];
 #pragma GCC unroll 8
     for (int h = 0; h < HN; ++h) acc[h] = _mm512_set1_epi32(offset[h]);
@@ -99,7 +99,7 @@ DSV4_TARGET_VNNI inline __m512 add_head_group(const Fp4Query& q, const float* we
       for (int h = 0; h < HN; ++h) acc[h] = _mm512_dpbusd_epi32(acc[h], k, _mm512_set1_epi32(words[h]));
     }
     const __m512 kh = _mm512_load_ps(half[b]);
-    const float* half_scale = q.half_by_block.data() + b * heads + h0;
+    const float* half_scale = q.half_scale.data() + b * heads + h0;
 #pragma GCC unroll 8
     for (int h = 0; h < HN; ++h)
       dot[h] = _mm512_add_ps(
@@ -195,21 +195,14 @@ bool fp4_query(const float* q, int64_t heads, int64_t dim, Fp4Query& out) {
         codes[j % 2 ? kBlock / 2 + j / 2 : j / 2] = int8_t(t);
         sum += int32_t(t);
       }
-      out.half_scale[size_t(h * blocks + b)] = std::ldexp(1.0f, exponent - 1);
-      out.offset[size_t(h * blocks + b)] = -12 * sum;
+      out.half_scale[size_t(b * heads + h)] = std::ldexp(1.0f, exponent - 1);
+      out.offset[size_t(b * heads + h)] = -12 * sum;
     }
   const int64_t words = dim / 4;
   out.words_by_group.assign(size_t(words * heads), 0);
-  out.offset_by_block.assign(size_t(blocks * heads), 0);
-  out.half_by_block.assign(size_t(blocks * heads), 0.0f);
-  for (int64_t h = 0; h < heads; ++h) {
+  for (int64_t h = 0; h < heads; ++h)
     for (int64_t g = 0; g < words; ++g)
       std::memcpy(&out.words_by_group[size_t(g * heads + h)], out.codes.data() + h * dim + g * 4, 4);
-    for (int64_t b = 0; b < blocks; ++b) {
-      out.offset_by_block[size_t(b * heads + h)] = out.offset[size_t(h * blocks + b)];
-      out.half_by_block[size_t(b * heads + h)] = out.half_scale[size_t(h * blocks + b)];
-    }
-  }
   return true;
 }
 

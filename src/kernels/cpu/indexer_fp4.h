@@ -33,16 +33,15 @@ struct Fp4Query {
   // [heads][dim]: 2 q / scale, dims of each 32-block in the keys' storage
   // order (the low nibbles' dims 0, 2, .., 30, then the high nibbles' 1, .., 31).
   std::vector<int8_t> codes;
-  std::vector<float> half_scale;  // [heads][dim / 32]: scale / 2
-  // [heads][dim / 32]: -12 * the block's sum of codes: the keys' codes are
+  // The per-block values and the VNNI kernel's words are stored heads
+  // innermost, so that a group of heads reads consecutive values from one
+  // pointer.
+  std::vector<float> half_scale;  // [dim / 32][heads]: scale / 2
+  // [dim / 32][heads]: -12 * the block's sum of codes: the keys' codes are
   // stored as 2 k + 12 (unsigned, for VPDPBUSD), and this offset undoes the 12.
   std::vector<int32_t> offset;
-  // The same laid out for the VNNI kernel, heads innermost, so that a group
-  // of heads reads consecutive values from one pointer: [dim / 4][heads]
-  // words of four codes (VPDPBUSD's broadcast operand), [dim / 32][heads]
-  // offsets and half scales.
-  std::vector<int32_t> words_by_group, offset_by_block;
-  std::vector<float> half_by_block;
+  // [dim / 4][heads]: `codes` four to a word (VPDPBUSD's broadcast operand).
+  std::vector<int32_t> words_by_group;
 };
 
 // The integer form of `heads` query rows of `dim` values, or false when a

@@ -232,11 +232,6 @@ void add_scaled_rows_range(float* out, int64_t out_stride, int64_t heads, const 
 
 void add_scaled_rows(float* out, int64_t heads, const float* p, const float* const* keys, int64_t n_keys, int64_t dim,
                      KernelIsa isa) {
-  if (isa != KernelIsa::Avx512 || dim % 16) {
-    for (int64_t h = 0; h < heads; ++h)
-      for (int64_t j = 0; j < n_keys; ++j) add_scaled(out + h * dim, p[h * n_keys + j], keys[j], dim, isa);
-    return;
-  }
   add_scaled_rows_range(out, dim, heads, p, n_keys, keys, n_keys, 0, dim, isa);
 }
 
