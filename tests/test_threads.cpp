@@ -6,6 +6,7 @@
 #include <sched.h>
 
 #include <unistd.h>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -147,4 +148,60 @@ TEST(Threads, PinningPutsEachTeamThreadOnItsOwnCpu) {
     ::setenv("OMP_PROC_BIND", saved_value.c_str(), 1);
   else
     ::unsetenv("OMP_PROC_BIND");
+}
+
+namespace {
+
+// Threads of this process (/proc/self/task).
+int process_threads() {
+  int n = 0;
+  for ([[maybe_unused]] const auto& entry : fs::directory_iterator("/proc/self/task")) ++n;
+  return n;
+}
+
+// Polls until the process has `want` threads (a worker that was told to
+// exit may take a moment); returns the last count seen.
+int wait_for_threads(int want) {
+  int n = process_threads();
+  for (int i = 0; i < 200 && n != want; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    n = process_threads();
+  }
+  return n;
+}
+
+}  // namespace
+
+// A thread's released team: its workers exit (so that they stop counting
+// against another thread's team, docs/engine.md), and its next parallel
+// region starts a working team again. On a thread of its own, so that no
+// other test's team is involved.
+TEST(Threads, ReleasedTeamsWorkersExitAndTheNextRegionStartsANewTeam) {
+  std::thread([] {
+    const int before = process_threads();
+    int team = 0;
+#pragma omp parallel num_threads(3)
+    {
+#pragma omp single
+      team = omp_get_num_threads();
+    }
+    ASSERT_EQ(team, 3);
+    EXPECT_EQ(wait_for_threads(before + 2), before + 2);  // two workers wait for the next region
+    bool inside = true;
+#pragma omp parallel num_threads(3)
+    {
+#pragma omp single
+      inside = release_thread_team();
+    }
+    EXPECT_FALSE(inside) << "inside a parallel region nothing is released";
+    EXPECT_EQ(process_threads(), before + 2);
+    EXPECT_TRUE(release_thread_team());
+    EXPECT_EQ(wait_for_threads(before), before);
+    int sum = 0;
+#pragma omp parallel num_threads(3) reduction(+ : sum)
+    sum += omp_get_thread_num() + 1;
+    EXPECT_EQ(sum, 1 + 2 + 3);
+    EXPECT_TRUE(release_thread_team());
+    EXPECT_EQ(wait_for_threads(before), before);
+  }).join();
 }

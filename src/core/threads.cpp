@@ -170,6 +170,13 @@ bool pin_compute_threads() {
   return pinned.load() == threads;
 }
 
+bool release_thread_team() {
+  if (omp_in_parallel()) return false;
+  // GNU OpenMP frees only the calling thread's pool (its workers exit);
+  // other threads' teams are untouched.
+  return omp_pause_resource_all(omp_pause_hard) == 0;
+}
+
 }  // namespace dsv4
 
 namespace dsv4 {

@@ -52,6 +52,18 @@ bool pin_compute_threads();
 // it pins them.
 std::string pinning_refusal();
 
+// Ends the calling thread's OpenMP team: its worker threads exit, and the
+// thread's next parallel region starts a new team. A thread that is done
+// with compute calls it before another thread takes over the model (the
+// engine's constructor does, for the thread that loaded the model): GNU
+// OpenMP counts every team's workers, idle ones included, and once the
+// process holds more of them than it has CPUs, a worker waiting for the
+// next region spins 100 times instead of 300,000 and then sleeps, so
+// each of a decode step's several hundred regions has to wake its workers
+// through the kernel (docs/engine.md, "The engine's OpenMP team"). Returns
+// false inside a parallel region (then nothing changes).
+bool release_thread_team();
+
 // Loops with less work than this (multiply-adds or comparable element
 // operations) stay on the calling thread. A fork/join costs a few
 // microseconds while OpenMP threads spin and 30-100 us once they sleep

@@ -34,6 +34,10 @@ Engine::Engine(std::shared_ptr<const Model> model, EngineOptions options)
   if (options_.bounded_replay && model_->replay_layer() < 0)
     throw Error("--enable-decoder-swa-bounded-replay needs a DeepSeek-V4.1 checkpoint (a ratio-1 KV source whose "
                 "compressed rows the late layers share); this model has none");
+  // From here the engine's thread runs the model: the team of workers the
+  // constructing thread used (loading the model, measuring) would only
+  // count against the engine's and cut how long its workers spin.
+  release_thread_team();
   thread_ = std::thread([this] { loop(); });
 }
 
