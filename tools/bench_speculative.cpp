@@ -7,8 +7,10 @@
 #include "bench_speculative.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <random>
+#include <thread>
 
 #include "bench_costs.h"
 #include "core/error.h"
@@ -30,7 +32,9 @@ struct EngineRun {
 // after their first tokens (one prefill step) to the last token. `warm_up`
 // batches run first on the same engine, unmeasured: the bypass gate learns
 // once per server, so its exploration belongs to a warm-up, not to every
-// measurement.
+// measurement; plain and forced runs take one too, so that no run pays a
+// fresh engine's first steps (its thread's first scratch buffers and team)
+// that the others do not.
 EngineRun engine_run(const std::shared_ptr<const Model>& model, const EngineOptions& options, int64_t batch,
                      int64_t decode, int warm_up = 0) {
   Engine engine(model, options);
@@ -84,14 +88,25 @@ EngineRun engine_run(const std::shared_ptr<const Model>& model, const EngineOpti
   for (size_t i = 0; i < handles.size(); ++i)
     while (!finished[i]) pump(i);
   const double seconds = now_seconds() - t0;
-  const EngineMetrics after = engine.metrics();
+  // A step's events reach the handles before the engine adds the step to
+  // its totals: wait for the last step's (the engine is idle after it).
+  EngineMetrics after = engine.metrics();
+  for (double settled = now_seconds(), give_up = settled + 2.0; now_seconds() < give_up;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    const EngineMetrics again = engine.metrics();
+    if (again.steps_total != after.steps_total) settled = now_seconds();
+    after = again;
+    if (now_seconds() - settled > 0.02) break;
+  }
   int64_t total = 0;
   for (int64_t c : counts) total += c;
   EngineRun run;
   run.tokens_per_second = double(total - first) / seconds;
-  run.steps = after.steps_total - before.steps_total;
+  // Decode steps only: the prompts' step may or may not be in `before` (its
+  // totals land just after its first tokens), and it drafts nothing.
+  run.steps = after.decode_steps_total - before.decode_steps_total;
   if (run.steps > 0) {
-    run.forward_ms_per_step = 1e3 * (after.forward_seconds - before.forward_seconds) / double(run.steps);
+    run.forward_ms_per_step = 1e3 * (after.decode_forward_seconds - before.decode_forward_seconds) / double(run.steps);
     run.draft_ms_per_step = 1e3 * (after.draft_seconds - before.draft_seconds) / double(run.steps);
   }
   const int64_t verifies = after.spec_verify_total - before.spec_verify_total;
@@ -160,7 +175,7 @@ void run_speculative_bench(const std::shared_ptr<const Model>& model, const Spec
     plain_options.prefix_cache_bytes = 0;
     plain_options.decode_log_interval = 0;
     plain_options.pin_threads = true;  // as dsv4 serve runs its engine
-    const EngineRun plain = engine_run(model, plain_options, batch, a.decode);
+    const EngineRun plain = engine_run(model, plain_options, batch, a.decode, 1);
     const double plain_roof = double(batch) / step_floor(cost, batch);
     std::printf("batch %3lld plain: %8.2f tokens/s (%.1f ms per step; the model allows %.2f tokens/s)\n",
                 (long long)batch, plain.tokens_per_second, plain.forward_ms_per_step, plain_roof);
@@ -172,7 +187,7 @@ void run_speculative_bench(const std::shared_ptr<const Model>& model, const Spec
       options.speculative = spec;
       options.speculative.simulate_accept_len = accept_len;
       options.speculative.auto_bypass = false;
-      const EngineRun forced = engine_run(model, options, batch, a.decode);
+      const EngineRun forced = engine_run(model, options, batch, a.decode, 1);
       options.speculative.auto_bypass = true;
       const EngineRun gated = engine_run(model, options, batch, a.decode, 4);
       const double verify_seconds = step_floor(cost, batch * (drafts + 1));
