@@ -40,7 +40,7 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 # latency, which ASan changes).
 (cd "$ROOT/build-asan" &&
  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 ctest --output-on-failure -j"$JOBS" --timeout 1200 \
-       -R '^(Engine|EngineScheduler|EngineValidate|Sampler|Golden/GoldenModel\.(LogitsMatch|MtpLogitsMatch)|Golden/GoldenModel\.BatchingDoesNotChangeBits/tiny_flash_fp8|Golden/GoldenModel\.Snapshot.*/tiny_flash_bf16|Golden/Rollback\..*/tiny_pro_fp8|Ngram|SpecAccept|SpecGate|SpecEngine\.(NgramSampled|EagleDrafts|SimulatedAcceptance|StopToken|TokensTheGrammarForces|MtpChainDrafts)|(server_make_model|server_npm_install|server_api|server_lifecycle|server_speculative|server_curl)$)')
+       -R '^(Engine|EngineScheduler|EngineValidate|Sampler|Golden/GoldenModel\.(LogitsMatch|MtpLogitsMatch)|Golden/GoldenModel\.BatchingDoesNotChangeBits/tiny_flash_fp8|Golden/GoldenModel\.Snapshot.*/tiny_flash_bf16|Golden/Rollback\..*/tiny_pro_fp8|Ngram|SpecAccept|SpecGate|SpecEngine\.(NgramSampled|EagleDrafts|SimulatedAcceptance|StopToken|TokensTheGrammarForces|MtpChainDrafts)|DsparkCheckpoint\.MarkovChainDrafts|(server_make_model|server_npm_install|server_api|server_lifecycle|server_speculative|server_curl)$)')
 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 DSV4_BIN="$ROOT/build-asan/dsv4" \
   DSV4_TEST_MODEL="$ROOT/build-asan/test-smoke-model" \
   bash "$ROOT/tests/probe/run_probe.sh" --short --only '^(deep_json|types|framing|refused|dup_rid|cors|leak|max_tokens)' 

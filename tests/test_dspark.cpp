@@ -16,6 +16,7 @@
 #include "engine/engine.h"
 #include "model/model.h"
 #include "model/synthetic.h"
+#include "positions_constraint.h"
 #include "striped_constraint.h"
 
 namespace dsv4::test {
@@ -155,7 +156,7 @@ std::vector<Drafted> draft(const Model& model, std::vector<SequenceState*> state
     out[i].ids.resize(size_t(block + 1));
     out[i].logits.resize(size_t(block * c.vocab_size));
     out[i].confidence.resize(size_t(block));
-    items.push_back({states[i], first[i], block, out[i].ids.data(), out[i].logits.data(), out[i].confidence.data()});
+    items.push_back({states[i], first[i], block, out[i].ids.data(), out[i].logits.data(), out[i].confidence.data(), {}});
   }
   model.dspark_draft(items);
   return out;
@@ -236,6 +237,74 @@ TEST_F(DsparkCheckpoint, SpeculationGivesPlainDecodingsTokens) {
     return out;
   };
   for (bool sampling : {false, true}) EXPECT_EQ(run(true, sampling), run(false, sampling)) << sampling;
+}
+
+TEST_F(DsparkCheckpoint, MarkovChainDraftsInsideTheGrammar) {
+  // Two tokens allowed at each of 30 positions: an unconstrained Markov
+  // chain on random weights almost never proposes either (the first draft
+  // is refused and the drafts end), a chain drawn inside the grammar keeps
+  // its block; output bitwise plain either way.
+  std::shared_ptr<const Model> model(Model::load(dspark_dir_.string()).release());
+  const int64_t block = model->config().dspark_block_size;
+  struct Run {
+    std::vector<int32_t> tokens;
+    std::vector<float> logprobs;
+    FinishReason reason = FinishReason::None;
+    int64_t verifies = 0, drafted = 0, accepted = 0;
+  };
+  auto run = [&](bool speculate) {
+    EngineOptions o;
+    o.prefix_cache_bytes = 0;
+    if (speculate) {
+      o.speculative.algorithm = SpeculativeAlgorithm::Dspark;
+      o.speculative.dspark_block = block;
+      o.speculative.num_draft_tokens = block + 1;
+      o.speculative.auto_bypass = false;
+    }
+    Engine engine(model, o);
+    std::vector<std::shared_ptr<RequestHandle>> handles;
+    for (int r = 0; r < 3; ++r) {
+      std::vector<int32_t> prompt;
+      for (int i = 0; i < 20 + 7 * r; ++i) prompt.push_back(int32_t((i * 7919 + 31 * r) % 120000 + 3));
+      SamplingParams p;
+      p.temperature = 0.0f;
+      p.max_new_tokens = 40;
+      p.constraint = std::make_shared<PositionsFactory>(30, [](int32_t) { return std::vector<int32_t>{400, 401}; });
+      handles.push_back(engine.submit("r" + std::to_string(r), prompt, p));
+    }
+    std::vector<Run> out;
+    for (auto& h : handles) {
+      Run result;
+      std::vector<TokenEvent> events;
+      for (bool done = false; !done;) {
+        events.clear();
+        h->wait(events, 5.0);
+        for (auto& e : events) {
+          if (e.has_token) result.tokens.push_back(e.sampled.token), result.logprobs.push_back(e.sampled.logprob);
+          if (e.finished) done = true, result.reason = e.reason;
+        }
+      }
+      result.verifies = h->spec_verify_ct();
+      result.drafted = h->spec_draft_tokens();
+      result.accepted = h->spec_accepted_tokens();
+      out.push_back(result);
+    }
+    return out;
+  };
+  const std::vector<Run> plain = run(false), spec = run(true);
+  ASSERT_EQ(plain.size(), spec.size());
+  for (size_t i = 0; i < spec.size(); ++i) {
+    EXPECT_EQ(spec[i].tokens, plain[i].tokens) << i;
+    EXPECT_EQ(spec[i].logprobs, plain[i].logprobs) << i;
+    ASSERT_EQ(spec[i].tokens.size(), 31u) << i;  // 30 choices, then EOS
+    EXPECT_EQ(spec[i].reason, FinishReason::Stop) << i;
+    // Every step after the first token verified drafts, all but the last
+    // one or two a full block: without drafts inside the grammar nearly
+    // every step is a plain one.
+    const int64_t plain_steps = 30 - (spec[i].verifies + spec[i].accepted);
+    EXPECT_LE(plain_steps, 2) << "verifies " << spec[i].verifies << ", accepted " << spec[i].accepted;
+    EXPECT_GE(spec[i].drafted, block * (spec[i].verifies - 2)) << "verifies " << spec[i].verifies;
+  }
 }
 
 TEST(DsparkConfig, RefreshedPresetsHaveTheOfficialLayout) {

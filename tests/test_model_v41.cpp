@@ -68,7 +68,7 @@ Draft draft_after(const Model& model, const std::vector<int32_t>& tokens, const 
   const int64_t first = std::max<int64_t>(0, p + 1 - c.window);
   model.dspark_extend(state, hidden.data() + first * width, first, p + 1 - first);
   model.dspark_draft({DsparkDraftItem{&state, tokens[size_t(p + 1)], block, d.ids.data(), d.logits.data(),
-                                      d.confidence.data()}});
+                                      d.confidence.data(), {}}});
   return d;
 }
 

@@ -105,7 +105,7 @@ void write_dspark_drafts(const Model& model, const std::vector<int32_t>& tokens,
     const int64_t first = std::max<int64_t>(0, p + 1 - c.window);
     model.dspark_extend(state, hidden.data() + first * width, first, p + 1 - first);
     DsparkDraftItem item{&state, tokens[size_t(p + 1)], block, ids.data() + i * (block + 1),
-                         logits.data() + i * block * V, confidence.data() + i * block};
+                         logits.data() + i * block * V, confidence.data() + i * block, {}};
     model.dspark_draft({item});
   }
   outputs.push_back({"dspark_logits", DType::F32, {P, block, V}, logits.data()});

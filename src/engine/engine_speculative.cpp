@@ -210,12 +210,47 @@ void Engine::propose_dspark(const std::vector<Sequence*>& sequences, const std::
     keep.push_back(std::min(block, limits[i]));
   }
   ids.resize(drafting.size(), std::vector<int32_t>(size_t(block + 1)));
-  for (size_t i = 0; i < drafting.size(); ++i)
-    items.push_back({&drafting[i]->state, drafting[i]->output.back(), block, ids[i].data()});
+  // A constrained sequence's Markov chain draws inside its grammar, as
+  // EAGLE's chain does (propose_mtp): each kept draft is the highest logit
+  // the grammar allows there, walked through the grammar (undone below), so
+  // that the next position's Markov bias follows a token that can be
+  // accepted. The block's own pass does not depend on the drafts (its
+  // inputs are y and noise tokens), so only the chain changes.
+  const int64_t vocab = model_->config().vocab_size;
+  std::vector<int64_t> walked(drafting.size(), 0);
+  for (size_t i = 0; i < drafting.size(); ++i) {
+    Sequence& s = *drafting[i];
+    DsparkDraftItem item;
+    item.state = &s.state;
+    item.first_token = s.output.back();
+    item.block = block;
+    item.ids = ids[i].data();
+    items.push_back(std::move(item));
+    s.chain_rows.clear();
+    if (!s.constraint) continue;
+    items.back().choose = [&, i](int64_t step, const float* row) {
+      Sequence& seq = *drafting[i];
+      // Past the drafts it keeps (or after its chain ended) the block only
+      // needs some token to go on with.
+      if (step >= keep[i]) return argmax(row, vocab);
+      seq.chain_rows.push_back(seq.constraint_row(vocab));
+      const ConstrainedRow& allowed = seq.chain_rows.back();
+      const int32_t token = allowed.active ? masked_argmax(row, allowed.mask) : argmax(row, vocab);
+      // After a stop token nothing is verified; after a refused one the
+      // grammar's state is unknown: the kept drafts end there.
+      if (token < 0 || seq.is_stop(token) || !seq.constraint->accept(token)) {
+        keep[i] = step + 1;
+        return token < 0 ? argmax(row, vocab) : token;
+      }
+      ++walked[i];
+      return token;
+    };
+  }
   if (items.empty()) return;
   model_->dspark_draft(items);
   for (size_t i = 0; i < drafting.size(); ++i) {
     Sequence& s = *drafting[i];
+    if (walked[i] > 0) s.constraint->rollback(walked[i]);
     s.drafts.assign(ids[i].begin() + 1, ids[i].begin() + 1 + keep[i]);
     s.state.checkpoint();
     s.mtp_checkpoint = -1;

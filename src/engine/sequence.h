@@ -48,9 +48,10 @@ struct Engine::Sequence {
   // (Engine::fit_drafts). Rows after a drafted stop token are not kept:
   // verification ends there.
   std::vector<ConstrainedRow> draft_rows;
-  // EAGLE on a constrained sequence: the rows the MTP chain computed while it
-  // drew each draft inside the grammar (Engine::propose_mtp), handed to
-  // fit_drafts so that it does not compute them again.
+  // A constrained sequence's grammar rows that EAGLE's MTP chain or DSpark's
+  // Markov chain computed while drawing each draft inside the grammar
+  // (Engine::propose_mtp, propose_dspark), handed to fit_drafts so that it
+  // does not compute them again.
   std::vector<ConstrainedRow> chain_rows;
   // NGRAM: the tokens so far and their n-gram index.
   std::vector<int32_t> history;

@@ -135,7 +135,8 @@ void Model::dspark_draft(const std::vector<DsparkDraftItem>& items) const {
   kb.linear(weights_.head, normed.data(), n, logits.data());
 
   // The Markov chain, position by position for all items at once:
-  // logits_i += W2 . W1[out_i]; out_{i+1} = argmax (first index on ties).
+  // logits_i += W2 . W1[out_i]; out_{i+1} = argmax (first index on ties),
+  // or the item's own choice.
   std::vector<int64_t> row_of(items.size());
   for (size_t i = 0, r = 0; i < items.size(); r += size_t(items[i].block), ++i) {
     row_of[i] = int64_t(r);
@@ -156,7 +157,8 @@ void Model::dspark_draft(const std::vector<DsparkDraftItem>& items) const {
       const int64_t row = row_of[active[size_t(a)]] + step;
       float* out = logits.data() + row * V;
       kb.add(out, bias.data() + a * V, V);
-      it.ids[step + 1] = int32_t(std::max_element(out, out + V) - out);
+      it.ids[step + 1] = it.choose ? it.choose(step, out) : int32_t(std::max_element(out, out + V) - out);
+      check_token_ids(V, &it.ids[step + 1], 1);
       if (it.logits) std::copy_n(out, V, it.logits + step * V);
       std::copy_n(x.data() + row * D, D, joined.data() + a * (D + rank));
       std::copy_n(embedded.data() + a * rank, rank, joined.data() + a * (D + rank) + D);

@@ -63,6 +63,11 @@ struct DsparkDraftItem {
   int32_t* ids;                 // [block + 1]: y, then the drafts (ids[i+1] predicts p+2+i)
   float* logits = nullptr;      // [block, vocab] with the Markov bias, or null
   float* confidence = nullptr;  // [block], or null
+  // Picks draft i (ids[i + 1]) from position i's logits (Markov bias
+  // included), which the next position's Markov bias then follows; null:
+  // the highest logit (the lowest id on ties). The engine draws a
+  // constrained sequence's drafts inside its grammar this way.
+  std::function<int32_t(int64_t i, const float* logits)> choose;
 };
 
 // One sequence's share of a batched MTP call (see forward_mtp).
