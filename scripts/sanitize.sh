@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The sanitizer job (CI runs it after scripts/test.sh):
 #  - AddressSanitizer + UndefinedBehaviorSanitizer: the engine, scheduler,
-#    model (golden, rollback) tests and the server API / lifecycle / curl
-#    tests against an instrumented `dsv4 serve`;
+#    model (golden, rollback) and speculative tests (DSpark's drafts inside
+#    a grammar among them) and the server API / lifecycle / curl tests
+#    against an instrumented `dsv4 serve`;
 #  - ThreadSanitizer: the engine and scheduler tests (the engine's scheduler
 #    thread, request handles and their locks). OpenMP's runtime is not
 #    instrumented, so these run with one compute thread (OMP_NUM_THREADS=1):
@@ -22,7 +23,7 @@ configure() {  # dir sanitizer
 echo "== ASan + UBSan"
 configure build-asan address
 cmake --build "$ROOT/build-asan" -j"$JOBS" --target dsv4 test_engine test_scheduler test_model_golden \
-      test_model_rollback test_sampler test_speculative
+      test_model_rollback test_sampler test_speculative test_dspark
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 # Unit tests with leak checking. The golden tests that compare bits across
 # SIMD paths, thread counts and chunkings repeat the same code many times
