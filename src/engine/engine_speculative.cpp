@@ -36,6 +36,16 @@ int32_t masked_argmax(const float* row, const TokenMask& mask) {
 
 }  // namespace
 
+bool Engine::Sequence::draw_in_grammar(const float* row, int64_t vocab, int32_t* token) {
+  chain_rows.push_back(constraint_row(vocab));
+  const ConstrainedRow& allowed = chain_rows.back();
+  const int32_t pick = allowed.active ? masked_argmax(row, allowed.mask) : argmax(row, vocab);
+  *token = pick < 0 ? argmax(row, vocab) : pick;
+  // After a stop token nothing is verified; after a refused one the
+  // grammar's state is unknown: the chain ends there.
+  return pick >= 0 && !is_stop(pick) && constraint->accept(pick);
+}
+
 void Engine::propose_drafts(std::vector<std::unique_ptr<Sequence>>& running, std::vector<RunningSummary>& summaries) {
   const SpeculativeOptions& spec = options_.speculative;
   std::vector<Sequence*> mtp_sequences, constrained;
@@ -132,13 +142,10 @@ void Engine::propose_mtp(const std::vector<Sequence*>& sequences, const std::vec
         s.drafts.push_back(argmax(row, vocab));
         continue;
       }
-      s.chain_rows.push_back(s.constraint_row(vocab));
-      const ConstrainedRow& allowed = s.chain_rows.back();
-      const int32_t token = allowed.active ? masked_argmax(row, allowed.mask) : argmax(row, vocab);
-      s.drafts.push_back(token < 0 ? argmax(row, vocab) : token);
-      // After a stop token nothing is verified; after a refused one the
-      // grammar's state is unknown: the chain ends there.
-      if (token < 0 || s.is_stop(token) || !s.constraint->accept(token)) {
+      int32_t token = 0;
+      const bool goes_on = s.draw_in_grammar(row, vocab, &token);
+      s.drafts.push_back(token);
+      if (!goes_on) {
         active_limits[i] = int64_t(s.drafts.size());
         continue;
       }
@@ -233,16 +240,11 @@ void Engine::propose_dspark(const std::vector<Sequence*>& sequences, const std::
       // Past the drafts it keeps (or after its chain ended) the block only
       // needs some token to go on with.
       if (step >= keep[i]) return argmax(row, vocab);
-      seq.chain_rows.push_back(seq.constraint_row(vocab));
-      const ConstrainedRow& allowed = seq.chain_rows.back();
-      const int32_t token = allowed.active ? masked_argmax(row, allowed.mask) : argmax(row, vocab);
-      // After a stop token nothing is verified; after a refused one the
-      // grammar's state is unknown: the kept drafts end there.
-      if (token < 0 || seq.is_stop(token) || !seq.constraint->accept(token)) {
-        keep[i] = step + 1;
-        return token < 0 ? argmax(row, vocab) : token;
-      }
-      ++walked[i];
+      int32_t token = 0;
+      if (seq.draw_in_grammar(row, vocab, &token))
+        ++walked[i];
+      else
+        keep[i] = step + 1;  // the kept drafts end with this one
       return token;
     };
   }

@@ -53,6 +53,13 @@ struct Engine::Sequence {
   // (Engine::propose_mtp, propose_dspark), handed to fit_drafts so that it
   // does not compute them again.
   std::vector<ConstrainedRow> chain_rows;
+  // One step of such a chain (constraint set): the highest logit of `row`
+  // among the tokens the grammar allows at its current state (that row is
+  // appended to chain_rows), walked through the grammar; the caller rolls
+  // the walked tokens back after the chain. Returns whether the chain goes
+  // on: false after a stop token, a token the grammar refuses, or a row
+  // that allows none (then *token is the plain argmax).
+  bool draw_in_grammar(const float* row, int64_t vocab, int32_t* token);
   // NGRAM: the tokens so far and their n-gram index.
   std::vector<int32_t> history;
   NgramIndex ngram;
