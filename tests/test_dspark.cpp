@@ -17,6 +17,7 @@
 #include "model/model.h"
 #include "model/synthetic.h"
 #include "positions_constraint.h"
+#include "request_outcome.h"
 #include "striped_constraint.h"
 
 namespace dsv4::test {
@@ -246,12 +247,6 @@ TEST_F(DsparkCheckpoint, MarkovChainDraftsInsideTheGrammar) {
   // its block; output bitwise plain either way.
   std::shared_ptr<const Model> model(Model::load(dspark_dir_.string()).release());
   const int64_t block = model->config().dspark_block_size;
-  struct Run {
-    std::vector<int32_t> tokens;
-    std::vector<float> logprobs;
-    FinishReason reason = FinishReason::None;
-    int64_t verifies = 0, drafted = 0, accepted = 0;
-  };
   auto run = [&](bool speculate) {
     EngineOptions o;
     o.prefix_cache_bytes = 0;
@@ -272,26 +267,11 @@ TEST_F(DsparkCheckpoint, MarkovChainDraftsInsideTheGrammar) {
       p.constraint = std::make_shared<PositionsFactory>(30, [](int32_t) { return std::vector<int32_t>{400, 401}; });
       handles.push_back(engine.submit("r" + std::to_string(r), prompt, p));
     }
-    std::vector<Run> out;
-    for (auto& h : handles) {
-      Run result;
-      std::vector<TokenEvent> events;
-      for (bool done = false; !done;) {
-        events.clear();
-        h->wait(events, 5.0);
-        for (auto& e : events) {
-          if (e.has_token) result.tokens.push_back(e.sampled.token), result.logprobs.push_back(e.sampled.logprob);
-          if (e.finished) done = true, result.reason = e.reason;
-        }
-      }
-      result.verifies = h->spec_verify_ct();
-      result.drafted = h->spec_draft_tokens();
-      result.accepted = h->spec_accepted_tokens();
-      out.push_back(result);
-    }
+    std::vector<Outcome> out;
+    for (auto& h : handles) out.push_back(drain(h));
     return out;
   };
-  const std::vector<Run> plain = run(false), spec = run(true);
+  const std::vector<Outcome> plain = run(false), spec = run(true);
   ASSERT_EQ(plain.size(), spec.size());
   for (size_t i = 0; i < spec.size(); ++i) {
     EXPECT_EQ(spec[i].tokens, plain[i].tokens) << i;

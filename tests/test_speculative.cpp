@@ -16,6 +16,7 @@
 #include "engine/speculative.h"
 #include "golden_util.h"
 #include "positions_constraint.h"
+#include "request_outcome.h"
 #include "striped_constraint.h"
 
 namespace dsv4::test {
@@ -34,35 +35,6 @@ std::vector<int32_t> prompt_of(int64_t n, int32_t salt, int64_t period) {
   std::vector<int32_t> p = {0};
   for (int64_t i = 1; i < n; ++i) p.push_back(int32_t(((i % period) * 131 + salt * 17) % 511 + 1));
   return p;
-}
-
-struct Outcome {
-  std::vector<int32_t> tokens;
-  std::vector<float> logprobs;
-  std::vector<std::vector<std::pair<int32_t, float>>> tops;
-  FinishReason reason = FinishReason::None;
-  int64_t verifies = 0, drafted = 0, accepted = 0;
-};
-
-Outcome drain(const std::shared_ptr<RequestHandle>& h) {
-  Outcome o;
-  std::vector<TokenEvent> ev;
-  for (bool done = false; !done;) {
-    h->wait(ev, 5.0);
-    for (auto& e : ev) {
-      if (e.has_token) {
-        o.tokens.push_back(e.sampled.token);
-        o.logprobs.push_back(e.sampled.logprob);
-        o.tops.push_back(e.sampled.top);
-      }
-      if (e.finished) done = true, o.reason = e.reason;
-    }
-    ev.clear();
-  }
-  o.verifies = h->spec_verify_ct();
-  o.drafted = h->spec_draft_tokens();
-  o.accepted = h->spec_accepted_tokens();
-  return o;
 }
 
 SamplingParams greedy(int64_t max_new) {
