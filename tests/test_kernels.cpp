@@ -13,6 +13,7 @@
 #include "core/threads.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/linear.h"
+#include "kernels/cpu/linear_internal.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/random_linear.h"
 #include "kernels/cpu/softmax.h"
@@ -299,6 +300,31 @@ TEST(Linear, Fp8OneTokenPrescaledBlocksGiveScalarBits) {
     }
   }
   set_compute_threads(saved_threads);
+}
+
+// The range of scales a one-token FP8 product may put into its inputs,
+// computed per piece of rows: the AVX-512 version gives the scalar one's
+// range for inputs whose smallest and largest nonzero values sit anywhere
+// in the float range (subnormals among them), zeros of either sign, and
+// infinities or NaN (no range).
+TEST(Linear, PrescalableScalesAreTheSameOnEveryPath) {
+  if (!kernel_isa_supported(KernelIsa::Avx512)) GTEST_SKIP() << "no AVX-512";
+  std::mt19937 rng(5);
+  for (int round = 0; round < 200; ++round) {
+    std::vector<float> x = normal_floats(size_t(16 * (1 + round % 9)), uint32_t(round));
+    for (auto& v : x) {
+      const unsigned pick = rng() % 16;
+      if (pick == 0) v = 0.0f;
+      if (pick == 1) v = -0.0f;
+      if (pick == 2) v = std::ldexp(v, int(rng() % 250) - 125);  // from subnormal to near the top
+    }
+    if (round % 20 == 7) x[rng() % x.size()] = INFINITY;
+    if (round % 20 == 13) x[rng() % x.size()] = NAN;
+    if (round % 20 == 17) std::fill(x.begin(), x.end(), 0.0f);
+    const auto scalar = linear_detail::prescalable_scales(x.data(), int64_t(x.size()));
+    const auto avx512 = linear_detail::prescalable_scales_avx512(x.data(), int64_t(x.size()));
+    EXPECT_EQ(scalar, avx512) << "round " << round;
+  }
 }
 
 // More tokens than one packed task takes (4092): the second token block

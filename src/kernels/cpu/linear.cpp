@@ -48,25 +48,19 @@ double dot_scalar(const Linear& w, int64_t row, const float* x) {
 
 // The FP8 scale bytes s for which the inputs xs[0 .. count) times
 // 2^(s - 119) (the block scale times the 256 of the fp16 decoding) are all
-// exact: scaling up is exact until a value overflows, scaling down until a
-// nonzero one leaves the normal floats. None ([1, 0]) when an input is not
-// finite. Inputs rounded through FP8 span a few dozen binades, so every
-// realistic scale qualifies.
+// exact (see prescalable_scale_range). Inputs rounded through FP8 span a
+// few dozen binades, so every realistic scale qualifies.
 std::pair<int, int> prescalable_scales(const float* xs, int64_t count) {
   int min_field = 255, max_field = 0;  // exponent fields of the nonzero |x|
   for (int64_t i = 0; i < count; ++i) {
     uint32_t bits;
     std::memcpy(&bits, xs + i, 4);
     const int field = int(bits >> 23 & 0xff);
-    if (field == 255) return {1, 0};
     if ((bits & 0x7fffffffu) == 0) continue;
     min_field = std::min(min_field, field);
     max_field = std::max(max_field, field);
   }
-  // Down: the smallest value, 2^(min_field - 127) or less for a subnormal,
-  // needs min_field - 127 + s - 119 >= -126. Up: the largest, below
-  // 2^(max_field - 126), needs max_field - 127 + s - 119 <= 127.
-  return {std::max(0, 120 - min_field), std::min<int>(kMaxHalfPathScale, 373 - max_field)};
+  return prescalable_scale_range(min_field, max_field);
 }
 
 }  // namespace linear_detail

@@ -540,6 +540,19 @@ void rows_as_four_streams(const Linear& w, int64_t row_begin, int64_t lo, int64_
 // instead of into every decoded weight. With 2-4 tokens that prescaling was
 // slower, the grouping alone as fast (docs/kernels.md). The other rows go
 // as four streams over the range.
+DSV4_AVX512 std::pair<int, int> prescalable_scales_avx512(const float* xs, int64_t count) {
+  const __m512i field_mask = _mm512_set1_epi32(0xff), magnitude_mask = _mm512_set1_epi32(0x7fffffff);
+  __m512i lo = _mm512_set1_epi32(255), hi = _mm512_setzero_si512();
+  for (int64_t i = 0; i < count; i += 16) {
+    const __m512i bits = _mm512_loadu_si512(xs + i);
+    const __m512i field = _mm512_and_si512(_mm512_srli_epi32(bits, 23), field_mask);
+    const __mmask16 nonzero = _mm512_test_epi32_mask(bits, magnitude_mask);
+    lo = _mm512_mask_min_epi32(lo, nonzero, lo, field);
+    hi = _mm512_mask_max_epi32(hi, nonzero, hi, field);
+  }
+  return prescalable_scale_range(_mm512_reduce_min_epi32(lo), _mm512_reduce_max_epi32(hi));
+}
+
 DSV4_AVX512 void register_rows_avx512(const Linear& w, int64_t row_begin, int64_t o0, int64_t o1, const float* xs,
                                       int64_t n, float* y, int64_t y_stride) {
   const int64_t blocks_begin = (row_begin + o0 + 127) / 128 * 128 - row_begin;
@@ -551,7 +564,8 @@ DSV4_AVX512 void register_rows_avx512(const Linear& w, int64_t row_begin, int64_
   rows_as_four_streams(w, row_begin, o0, blocks_begin, xs, n, y, y_stride);
   const int64_t cols = w.cols, spans = w.scale_cols;
   const bool prescale = n == 1;
-  const auto [prescale_min, prescale_max] = prescale ? prescalable_scales(xs, n * cols) : std::pair<int, int>{1, 0};
+  const auto [prescale_min, prescale_max] =
+      prescale ? prescalable_scales_avx512(xs, n * cols) : std::pair<int, int>{1, 0};
   float* scaled = nullptr;  // the scaled inputs, then a flag per span, in one scratch block
   uint8_t* scaled_spans = nullptr;
   if (prescale) {

@@ -184,9 +184,24 @@ struct RowGroup {
 // All take inputs in storage order (linear.cpp prepares them) and give the
 // scalar path's bits.
 
-// linear.cpp: the FP8 scale bytes for which a token's inputs can carry the
-// block scale exactly (see register_rows_avx512).
+// The FP8 scale bytes s (a range; none is [1, 0]) for which inputs whose
+// nonzero values have exponent fields in [min_field, max_field] stay exact
+// when multiplied by 2^(s - 119) (the block scale times the 256 of the fp16
+// decoding): scaling up is exact until a value overflows, scaling down
+// until a nonzero one leaves the normal floats. None when an input is not
+// finite (field 255).
+inline std::pair<int, int> prescalable_scale_range(int min_field, int max_field) {
+  if (max_field == 255) return {1, 0};
+  // Down: the smallest value, 2^(min_field - 127) or less for a subnormal,
+  // needs min_field - 127 + s - 119 >= -126. Up: the largest, below
+  // 2^(max_field - 126), needs max_field - 127 + s - 119 <= 127.
+  return {std::max(0, 120 - min_field), std::min<int>(kMaxHalfPathScale, 373 - max_field)};
+}
+// The range for the inputs xs[0 .. count): linear.cpp (scalar, for AVX2)
+// and linear_avx512.cpp (count a multiple of 16). It runs once per piece of
+// rows of a one-token FP8 product, so it must cost little beside the rows.
 std::pair<int, int> prescalable_scales(const float* xs, int64_t count);
+DSV4_TARGET_AVX512 std::pair<int, int> prescalable_scales_avx512(const float* xs, int64_t count);
 
 // linear_avx2.cpp
 // One row against one token.
