@@ -138,7 +138,10 @@ int run_bench(const BenchArgs& a) {
     // Page faults belong to loading, not to the first timed steps.
     const double t0 = now_seconds();
     model->prefault_weights();
-    std::printf("weights paged in: %.1f s\n", now_seconds() - t0);
+    std::printf("weights paged in: %.1f s (%s)\n", now_seconds() - t0,
+                a.no_mmap ? "copied into huge-page memory (--no-mmap)"
+                          : "mapped from the checkpoint files, 4 KiB pages: decode can be much slower than with "
+                            "--no-mmap, docs/kernels.md");
   }
   const ModelConfig& c = model->config();
   std::printf("model: %s  (%lld layers, hidden %lld, %lld experts top-%lld, vocab %lld)\n", a.model.c_str(),
