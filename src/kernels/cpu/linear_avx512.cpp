@@ -533,13 +533,6 @@ void rows_as_four_streams(const Linear& w, int64_t row_begin, int64_t lo, int64_
 
 }  // namespace
 
-// Rows [o0, o1) against n register-path tokens. FP8 rows that fill whole
-// 128-row blocks go as four streams 32 rows apart inside each block: the
-// four rows of a group then share their scales, and for one token each
-// block's scales go into a copy of the input once, for its 32 groups,
-// instead of into every decoded weight. With 2-4 tokens that prescaling was
-// slower, the grouping alone as fast (docs/kernels.md). The other rows go
-// as four streams over the range.
 DSV4_AVX512 std::pair<int, int> prescalable_scales_avx512(const float* xs, int64_t count) {
   const __m512i field_mask = _mm512_set1_epi32(0xff), magnitude_mask = _mm512_set1_epi32(0x7fffffff);
   __m512i lo = _mm512_set1_epi32(255), hi = _mm512_setzero_si512();
@@ -553,6 +546,13 @@ DSV4_AVX512 std::pair<int, int> prescalable_scales_avx512(const float* xs, int64
   return prescalable_scale_range(_mm512_reduce_min_epi32(lo), _mm512_reduce_max_epi32(hi));
 }
 
+// Rows [o0, o1) against n register-path tokens. FP8 rows that fill whole
+// 128-row blocks go as four streams 32 rows apart inside each block: the
+// four rows of a group then share their scales, and for one token each
+// block's scales go into a copy of the input once, for its 32 groups,
+// instead of into every decoded weight. With 2-4 tokens that prescaling was
+// slower, the grouping alone as fast (docs/kernels.md). The other rows go
+// as four streams over the range.
 DSV4_AVX512 void register_rows_avx512(const Linear& w, int64_t row_begin, int64_t o0, int64_t o1, const float* xs,
                                       int64_t n, float* y, int64_t y_stride) {
   const int64_t blocks_begin = (row_begin + o0 + 127) / 128 * 128 - row_begin;
