@@ -15,6 +15,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/cgroup.h"
+
 namespace dsv4 {
 namespace {
 
@@ -76,54 +78,19 @@ std::atomic<int> g_threads{0};  // 0: not chosen yet
 
 }  // namespace
 
-// Inside a container /proc/self/cgroup often names a path that only exists
-// on the host, so every ancestor, down to the mount's root, is tried.
 double cgroup_cpu_limit(const std::string& root, const std::string& proc_self_cgroup) {
   double limit = std::numeric_limits<double>::infinity();
-  std::stringstream lines(proc_self_cgroup);
-  std::string line;
-  while (std::getline(lines, line)) {
-    const size_t a = line.find(':'), b = line.find(':', a + 1);
-    if (a == std::string::npos || b == std::string::npos) continue;
-    const std::string controllers = line.substr(a + 1, b - a - 1);
-    const std::string path = line.substr(b + 1);
-    std::vector<std::string> mounts;
-    const bool v2 = controllers.empty();
-    if (v2) {
-      mounts = {root, root + "/unified"};
-    } else {
-      std::stringstream ss(controllers);
-      std::string c;
-      bool has_cpu = false;
-      while (std::getline(ss, c, ',')) has_cpu |= c == "cpu";
-      if (!has_cpu) continue;
-      mounts = {root + "/cpu", root + "/cpu,cpuacct", root + "/cpuacct,cpu"};
-    }
-    for (const std::string& mount : mounts) {
-      std::string p = path;
-      while (true) {
-        const std::string dir = p == "/" || p.empty() ? mount : mount + (p[0] == '/' ? "" : "/") + p;
-        limit = std::min(limit, v2 ? read_v2_limit(dir) : read_v1_limit(dir));
-        const size_t slash = p.find_last_of('/');
-        if (slash == std::string::npos || slash == 0) {
-          if (p == "/") break;
-          p = "/";  // a relative or one-level path: the mount's root is next
-        } else {
-          p.resize(slash);
-        }
-      }
-    }
-  }
+  for_each_cgroup_dir(root, proc_self_cgroup, "cpu", {"cpu", "cpu,cpuacct", "cpuacct,cpu"},
+                      [&](const std::string& dir, bool v2) {
+                        limit = std::min(limit, v2 ? read_v2_limit(dir) : read_v1_limit(dir));
+                      });
   return limit;
 }
 
 int usable_cpu_count() {
   static const int count = [] {
     const int cpus = affinity_cpu_count();
-    std::ifstream f("/proc/self/cgroup");
-    std::stringstream text;
-    text << f.rdbuf();
-    const double limit = cgroup_cpu_limit("/sys/fs/cgroup", text.str());
+    const double limit = cgroup_cpu_limit("/sys/fs/cgroup", read_proc_self_cgroup());
     if (!(limit < double(cpus))) return cpus;  // no quota, or one above the CPU count
     // Rounded down: with 1.5 CPUs of quota a second spinning thread would
     // only get the process throttled.
