@@ -48,6 +48,12 @@ best=$(awk -F, '$1 == "prefill" { print $4 }' "$WORK/b.csv")
 awk -v r="$runs" -v b="$best" 'BEGIN { split(r, t, " "); m = t[1] < t[2] ? t[1] : t[2]; exit !(b <= m + 0.0005 && b >= m - 0.0005) }' \
   || fail "prefill time $best is not the best of the runs $runs"
 if "$BIN" bench --model "$MODEL" --repeat 0 > "$WORK/err.txt" 2>&1; then fail "--repeat 0 accepted"; fi
+# How the weights are held: auto copies a checkpoint this small and says why.
+grep -q "^weights paged in: [0-9.]* s, copied into huge-page memory (--load-mode auto: the [0-9.]* GB checkpoint fits in the [0-9.]* GB available)$" \
+  "$WORK/out.txt" || fail "no residency line"
+if "$BIN" bench --model "$MODEL" --load-mode mlock > "$WORK/err.txt" 2>&1; then fail "--load-mode mlock accepted"; fi
+if "$BIN" bench --model "$MODEL" --load-mode mmap --no-mmap > "$WORK/err.txt" 2>&1; then fail "--no-mmap with mmap accepted"; fi
+grep -q "contradicts" "$WORK/err.txt" || fail "contradiction message: $(cat "$WORK/err.txt")"
 grep -q "<svg" "$WORK/b.svg" && grep -q "batch 2" "$WORK/b.svg" || fail "SVG chart"
 if "$BIN" bench --model "$MODEL" --batch 1,x > "$WORK/err.txt" 2>&1; then fail "bad --batch accepted"; fi
 grep -q "invalid batch list" "$WORK/err.txt" || fail "bad --batch message: $(cat "$WORK/err.txt")"

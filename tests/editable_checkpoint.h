@@ -64,10 +64,10 @@ class EditableCheckpoint : public ::testing::Test {
   }
 
   // Loads and returns the error message ("" if the load succeeded).
-  std::string load_error(bool no_mmap = false) {
+  std::string load_error(LoadMode mode = LoadMode::Mmap) {
     try {
       LoadOptions options;
-      options.no_mmap = no_mmap;
+      options.load_mode = mode;
       Model::load(dir_.string(), options);
     } catch (const Error& e) {
       return e.what();

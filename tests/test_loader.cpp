@@ -84,15 +84,47 @@ TEST_F(BrokenCheckpoint, TruncatedFileIsReported) {
 TEST_F(BrokenCheckpoint, TruncatedFileIsReportedWhenCopied) {
   data_.resize(data_.size() / 2);
   write_checkpoint();
-  std::string e = load_error(/*no_mmap=*/true);
+  std::string e = load_error(LoadMode::Copy);
   EXPECT_NE(e.find("truncated"), std::string::npos) << e;
 }
 
-// --no-mmap copies the files into anonymous (huge-page) memory: same logits.
+// --load-mode none (--no-mmap) copies the files into anonymous (huge-page)
+// memory: same logits. Auto copies a checkpoint this small.
 TEST(Residency, CopiedWeightsGiveTheMappedBits) {
   LoadOptions copied;
-  copied.no_mmap = true;
-  expect_same_bits_as_golden_checkpoint(*Model::load(model_dir("tiny-flash-fp8"), copied));
+  copied.load_mode = LoadMode::Copy;
+  auto model = Model::load(model_dir("tiny-flash-fp8"), copied);
+  EXPECT_EQ(model->residency().residency, FileResidency::Copied);
+  expect_same_bits_as_golden_checkpoint(*model);
+  LoadOptions automatic;
+  automatic.load_mode = LoadMode::Auto;
+  model = Model::load(model_dir("tiny-flash-fp8"), automatic);
+  EXPECT_EQ(model->residency().residency, FileResidency::Copied) << model->residency().why;
+  EXPECT_NE(model->residency().why.find("--load-mode auto"), std::string::npos) << model->residency().why;
+}
+
+// Auto copies while the checkpoint and the caches fit in 90% of the memory
+// available, maps beyond that or when the memory available is unknown; the
+// explicit modes do what they say whatever the memory. Each gives a reason.
+TEST(Residency, AutoCopiesWhatFitsAndMapsTheRest) {
+  const int64_t gb = 1000000000;
+  EXPECT_EQ(choose_residency(LoadMode::Auto, 12 * gb, 1 * gb, 20 * gb).residency, FileResidency::Copied);
+  EXPECT_EQ(choose_residency(LoadMode::Auto, 17 * gb, 1 * gb, 20 * gb).residency, FileResidency::Copied);
+  EXPECT_EQ(choose_residency(LoadMode::Auto, 18 * gb, 1 * gb, 20 * gb).residency, FileResidency::Mapped);
+  EXPECT_EQ(choose_residency(LoadMode::Auto, 150 * gb, 0, 120 * gb).residency, FileResidency::Mapped);
+  EXPECT_EQ(choose_residency(LoadMode::Auto, 1 * gb, 0, -1).residency, FileResidency::Mapped);
+  EXPECT_EQ(choose_residency(LoadMode::Copy, 150 * gb, 0, 1 * gb).residency, FileResidency::Copied);
+  EXPECT_EQ(choose_residency(LoadMode::Mmap, 1 * gb, 0, 150 * gb).residency, FileResidency::Mapped);
+  const ResidencyChoice mapped = choose_residency(LoadMode::Auto, 150 * gb, 2 * gb, 120 * gb);
+  EXPECT_NE(mapped.why.find("150.0 GB checkpoint and 2.0 GB of caches do not fit"), std::string::npos) << mapped.why;
+  LoadMode mode = LoadMode::Auto;
+  EXPECT_TRUE(parse_load_mode("none", &mode));
+  EXPECT_EQ(mode, LoadMode::Copy);
+  EXPECT_TRUE(parse_load_mode("mmap", &mode));
+  EXPECT_EQ(mode, LoadMode::Mmap);
+  EXPECT_FALSE(parse_load_mode("mlock", &mode));
+  EXPECT_EQ(checkpoint_file_bytes(model_dir("tiny-flash-fp8")),
+            int64_t(std::filesystem::file_size(model_dir("tiny-flash-fp8") + "/model.safetensors")));
 }
 
 TEST_F(BrokenCheckpoint, TruncatedHeaderIsReported) {

@@ -20,6 +20,7 @@
 #include "bench_speculative.h"
 #include "commands.h"
 #include "engram_setup.h"
+#include "load_mode_flags.h"
 #include "core/error.h"
 #include "core/machine.h"
 #include "core/threads.h"
@@ -47,7 +48,7 @@ struct BenchArgs {
   uint32_t seed = 1;
   std::string speculative;  // EAGLE or NGRAM: also bench speculative decoding
   std::vector<double> accept_lens = {2, 3, 4};
-  bool no_mmap = false;
+  LoadModeFlags load_mode;
   std::string numerics = "auto";  // auto (the model's default), exact or fast
   bool bounded_replay = false;    // V4.1: also time a prefill with bounded replay
   bool split = true;              // time one more prefill and decode run per operation (TimedBackend)
@@ -126,7 +127,7 @@ int run_bench(const BenchArgs& a) {
   const bool pinned = pin_compute_threads();
   LoadOptions load_options;
   load_options.progress = load_progress;
-  load_options.no_mmap = a.no_mmap;
+  load_options.load_mode = resolve_load_mode(a.load_mode);
   load_options.engram_token_map = engram_token_map_for(a.model);
   if (a.numerics != "auto")
     load_options.backend = a.numerics == "exact" ? &exact_backend() : &default_backend();
@@ -138,10 +139,7 @@ int run_bench(const BenchArgs& a) {
     // Page faults belong to loading, not to the first timed steps.
     const double t0 = now_seconds();
     model->prefault_weights();
-    std::printf("weights paged in: %.1f s (%s)\n", now_seconds() - t0,
-                a.no_mmap ? "copied into huge-page memory (--no-mmap)"
-                          : "mapped from the checkpoint files, 4 KiB pages: decode can be much slower than with "
-                            "--no-mmap, docs/kernels.md");
+    std::printf("weights paged in: %.1f s, %s\n", now_seconds() - t0, describe_residency(model->residency()).c_str());
   }
   const ModelConfig& c = model->config();
   std::printf("model: %s  (%lld layers, hidden %lld, %lld experts top-%lld, vocab %lld)\n", a.model.c_str(),
@@ -492,7 +490,7 @@ void register_bench_command(CLI::App& app, int& exit_code) {
                   "Compute threads (default: the CPUs this process may use, cgroup quota included)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--csv", a->csv, "Also write the results as CSV");
-  cmd->add_flag("--no-mmap", a->no_mmap, "Copy the weights into huge-page memory instead of mapping the files");
+  add_load_mode_flags(cmd, &a->load_mode);
   cmd->add_flag("!--no-split", a->split, "Skip the extra prefill and decode runs that time each operation (the splits)");
   cmd->add_flag("--bounded-replay", a->bounded_replay,
                 "V4.1: also time the prompt with bounded replay (--enable-decoder-swa-bounded-replay)");

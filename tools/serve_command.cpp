@@ -15,6 +15,7 @@
 
 #include "commands.h"
 #include "engram_setup.h"
+#include "load_mode_flags.h"
 #include "kernels/backend.h"
 #include "core/error.h"
 #include "core/machine.h"
@@ -47,7 +48,8 @@ struct ServeArgs {
   int64_t context_length = 0, max_running_requests = 64, max_total_tokens = 0, chunked_prefill_size = 2048;
   int64_t max_prefill_tokens = 0, max_queued_requests = 1024;
   std::string reasoning_parser, tool_call_parser, log_level = "info", schedule_policy = "fcfs";
-  bool deterministic = false, disable_radix_cache = false, hierarchical_cache = false, no_mmap = false;
+  bool deterministic = false, disable_radix_cache = false, hierarchical_cache = false;
+  LoadModeFlags load_mode;
   bool enable_cache_report = false, clamp_max_tokens = false, bounded_replay = false;
   std::string numerics = "auto";
   int64_t grammar_max_string_chars = 0;
@@ -158,8 +160,7 @@ void print_startup_summary(const Model& model, const Engine& engine, const Serve
       c.fp8_weights ? std::string("fp8 linears, ") + (c.expert_dtype.empty() ? "fp8" : c.expert_dtype) + " experts"
                     : std::string("bf16");
   std::fprintf(stderr, "weights: %s (%s), %s\n", gib(model.weights().total_bytes).c_str(), formats.c_str(),
-               a.no_mmap ? "copied into huge-page memory (--no-mmap)"
-                         : "mapped from the checkpoint files (page cache; --no-mmap copies them)");
+               describe_residency(model.residency()).c_str());
   if (model.weights().converted_bytes > 0)
     std::fprintf(stderr,
                  "weights: %s of 32x32-block FP8 matrices expanded to BF16 in memory (exact; the FP8 kernels read "
@@ -388,9 +389,15 @@ int run_serve(ServeArgs& a) {
     std::fprintf(stderr,
                  "serving the embedded SMOKE-TEST model: random weights, output is gibberish; "
                  "pass --model-path for a real checkpoint\n");
+  // The caches' memory counts beside the weights when --load-mode auto
+  // decides whether to copy them.
+  const int64_t prefix_cache_bytes =
+      a.disable_radix_cache ? 0 : int64_t(a.prefix_cache_gb * double(int64_t(1) << 30));
+  HiCacheOptions hicache = hicache_options(a, model_dir, prefix_cache_bytes);
   LoadOptions load_options;
   load_options.progress = load_progress;
-  load_options.no_mmap = a.no_mmap;
+  load_options.load_mode = resolve_load_mode(a.load_mode);
+  load_options.reserved_bytes = prefix_cache_bytes + hicache.host_bytes;
   load_options.engram_token_map = engram_token_map_for(model_dir, a.tokenizer_path);
   if (a.numerics != "auto") load_options.backend = a.numerics == "exact" ? &exact_backend() : &default_backend();
   auto model = std::shared_ptr<Model>(Model::load(model_dir, load_options));
@@ -415,8 +422,8 @@ int run_serve(ServeArgs& a) {
     eo.chunked_prefill_size = a.max_prefill_tokens;
   eo.context_length = a.context_length;
   eo.max_total_tokens = a.max_total_tokens;
-  eo.prefix_cache_bytes = a.disable_radix_cache ? 0 : int64_t(a.prefix_cache_gb * double(int64_t(1) << 30));
-  eo.hicache = hicache_options(a, model_dir, eo.prefix_cache_bytes);
+  eo.prefix_cache_bytes = prefix_cache_bytes;
+  eo.hicache = std::move(hicache);
   eo.pin_threads = true;
   eo.speculative = speculative_options(a, *model);
   eo.bounded_replay = a.bounded_replay;
@@ -549,8 +556,7 @@ void register_serve_command(CLI::App& app, int& exit_code) {
                 "DeepSeek-V4.1: prefill runs the late layers (from the ratio-1 KV source on) on each prompt's last "
                 "128 tokens only, sharing that source's compressed rows: faster prefill, logits not identical to a "
                 "full prefill, no prompt logprobs (docs/v41.md)");
-  cmd->add_flag("--no-mmap", a->no_mmap,
-                "Copy the weights into huge-page memory instead of mapping the files (llama.cpp's --no-mmap)");
+  add_load_mode_flags(cmd, &a->load_mode);
   // The prefix cache (docs/hicache.md).
   cmd->add_option("--prefix-cache-gb", a->prefix_cache_gb,
                   "The prefix cache's L1 tier in GB (the engine's working memory; default 1; 0: no cache)");

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/memory.h"
 #include "core/numpy_random.h"
 #include "model/layers.h"
 
@@ -56,7 +57,10 @@ std::unique_ptr<Model> Model::load(const std::string& path, const LoadOptions& o
   // V4.1's reference data hold roundings a few units of the last place from
   // their midpoints; only the exact numerics agree with them (docs/v41.md).
   model->backend_ = options.backend ? options.backend : c.v41 ? &exact_backend() : &default_backend();
-  model->store_ = TensorStore::open(path, options.no_mmap ? FileResidency::Copied : FileResidency::Mapped);
+  model->residency_ =
+      choose_residency(options.load_mode, checkpoint_file_bytes(path), options.reserved_bytes,
+                       options.load_mode == LoadMode::Auto ? available_memory_bytes() : -1);
+  model->store_ = TensorStore::open(path, model->residency_.residency);
   model->weights_ = bind_weights(model->config_, model->store_, options.progress);
   if (c.has_engram()) model->engram_ = load_engram_hasher(c, path, options.engram_token_map);
   for (int64_t l : c.kv_source_layer_ids)

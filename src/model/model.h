@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "io/config.h"
+#include "io/residency.h"
 #include "io/safetensors.h"
 #include "kernels/backend.h"
 #include "model/engram.h"
@@ -86,8 +87,11 @@ struct MtpBatchItem {
 struct LoadOptions {
   // progress(done, total) while tensors are validated and bound.
   std::function<void(int64_t, int64_t)> progress;
-  // Copy the weights into huge-page memory instead of mapping the files.
-  bool no_mmap = false;
+  // Map the checkpoint files or copy the weights into huge-page memory
+  // (io/residency.h); Auto decides by the memory available, counting
+  // reserved_bytes (the caches the caller will allocate) beside them.
+  LoadMode load_mode = LoadMode::Mmap;
+  int64_t reserved_bytes = 0;
   // V4.1 Engram: the compressed id of every token id, derived from the
   // tokenizer (text/engram_token_map.h). Empty: read the token_map of an
   // engram_tokenizer.json beside config.json (the tiny test checkpoints).
@@ -101,6 +105,8 @@ class Model {
   static std::unique_ptr<Model> load(const std::string& path, const LoadOptions& options = {});
 
   const ModelConfig& config() const { return config_; }
+  // Whether the weights are mapped or copied, and why (for startup logs).
+  const ResidencyChoice& residency() const { return residency_; }
   const ModelWeights& weights() const { return weights_; }
   // Layer kinds of the main layers, then the MTP layers.
   const std::vector<LayerLayout>& layouts() const { return layouts_; }
@@ -234,6 +240,7 @@ class Model {
   std::vector<LayerLayout> layouts_;
   const KernelBackend* backend_ = nullptr;
   TensorStore store_;
+  ResidencyChoice residency_;
   ModelWeights weights_;
   RopeTable rope_window_, rope_compressed_;
   HcObserver hc_observer_, engram_observer_;
