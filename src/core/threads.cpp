@@ -80,10 +80,9 @@ std::atomic<int> g_threads{0};  // 0: not chosen yet
 
 double cgroup_cpu_limit(const std::string& root, const std::string& proc_self_cgroup) {
   double limit = std::numeric_limits<double>::infinity();
-  for_each_cgroup_dir(root, proc_self_cgroup, "cpu", {"cpu", "cpu,cpuacct", "cpuacct,cpu"},
-                      [&](const std::string& dir, bool v2) {
-                        limit = std::min(limit, v2 ? read_v2_limit(dir) : read_v1_limit(dir));
-                      });
+  for_each_cgroup_dir(
+      root, proc_self_cgroup, "cpu", {"cpu", "cpu,cpuacct", "cpuacct,cpu"},
+      [&](const std::string& dir, bool v2) { limit = std::min(limit, v2 ? read_v2_limit(dir) : read_v1_limit(dir)); });
   return limit;
 }
 

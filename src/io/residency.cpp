@@ -17,10 +17,14 @@ std::string gb(int64_t bytes) {
 }  // namespace
 
 bool parse_load_mode(const std::string& name, LoadMode* mode) {
-  if (name == "auto") *mode = LoadMode::Auto;
-  else if (name == "mmap") *mode = LoadMode::Mmap;
-  else if (name == "none") *mode = LoadMode::Copy;
-  else return false;
+  if (name == "auto")
+    *mode = LoadMode::Auto;
+  else if (name == "mmap")
+    *mode = LoadMode::Mmap;
+  else if (name == "none")
+    *mode = LoadMode::Copy;
+  else
+    return false;
   return true;
 }
 
