@@ -348,13 +348,24 @@ DSV4_AVX512 void dot4_fp4_avx512(const Linear& w, RowGroup g, const float* xs, i
                     [&]<int T>(int64_t c0, int64_t c1, const float* const* x, __m512(*a)[T], int group, int)
                         DSV4_AVX512 {
                           const bool prefetch = g.has_next && group == 0;
+                          // Row pointers in locals, advanced per block: indexing the captured
+                          // arrays with b / 2 and b / 32 cost scalar uops per row and block
+                          // beside the six vector ones.
+                          const uint8_t* bytes[4];
+                          const uint8_t* scales[4];
+                          for (int r = 0; r < 4; ++r) {
+                            bytes[r] = p[r] + c0 / 2;
+                            scales[r] = s[r] + c0 / 32;
+                          }
                           for (int64_t b = c0; b < c1; b += 32) {
                             if (prefetch && b % 128 == 0)  // one cache line per row
                               for (int r = 0; r < 4; ++r)
-                                _mm_prefetch((const char*)(p[r] + b / 2) + kPrefetchBytesAhead, _MM_HINT_T0);
+                                _mm_prefetch((const char*)bytes[r] + kPrefetchBytesAhead, _MM_HINT_T0);
                             for (int r = 0; r < 4; ++r) {
                               __m512 even, odd;
-                              e2m1_block_avx512(p[r] + b / 2, e2m1_table_avx512(tables, s[r][b / 32]), even, odd);
+                              e2m1_block_avx512(bytes[r], e2m1_table_avx512(tables, *scales[r]), even, odd);
+                              bytes[r] += 16;
+                              ++scales[r];
                               fma16_tokens<T>(even, x, b, a[r]);
                               fma16_tokens<T>(odd, x, b + 16, a[r]);
                             }
