@@ -3,33 +3,16 @@
 // container's cgroup memory limit minus its usage.
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-#include <filesystem>
-#include <fstream>
 #include <limits>
 #include <string>
 
 #include "core/memory.h"
+#include "fake_cgroup_tree.h"
 
-namespace fs = std::filesystem;
 using namespace dsv4;
+using test::FakeCgroupTree;
 
 namespace {
-
-struct FakeCgroupTree {
-  fs::path root;
-  FakeCgroupTree() {
-    root = fs::temp_directory_path() / ("dsv4-memcg-" + std::to_string(::getpid()) + "-" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(root);
-  }
-  ~FakeCgroupTree() { fs::remove_all(root); }
-  void write(const std::string& rel, const std::string& text) {
-    fs::path p = root / rel;
-    fs::create_directories(p.parent_path());
-    std::ofstream(p) << text;
-  }
-};
 
 constexpr int64_t kUnlimited = std::numeric_limits<int64_t>::max();
 

@@ -5,38 +5,19 @@
 #include <omp.h>
 #include <sched.h>
 
-#include <unistd.h>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "core/threads.h"
+#include "fake_cgroup_tree.h"
 
 namespace fs = std::filesystem;
 using namespace dsv4;
-
-namespace {
-
-struct FakeCgroupTree {
-  fs::path root;
-  FakeCgroupTree() {
-    root = fs::temp_directory_path() / ("dsv4-cgroup-" + std::to_string(::getpid()) + "-" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(root);
-  }
-  ~FakeCgroupTree() { fs::remove_all(root); }
-  void write(const std::string& rel, const std::string& text) {
-    fs::path p = root / rel;
-    fs::create_directories(p.parent_path());
-    std::ofstream(p) << text;
-  }
-};
-
-}  // namespace
+using test::FakeCgroupTree;
 
 TEST(Threads, CgroupV2QuotaIsRoundedCpus) {
   FakeCgroupTree t;

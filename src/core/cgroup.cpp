@@ -43,8 +43,8 @@ void for_each_cgroup_dir(const std::string& root, const std::string& proc_self_c
   }
 }
 
-std::string read_proc_self_cgroup() {
-  std::ifstream f("/proc/self/cgroup");
+std::string read_proc_file(const std::string& path) {
+  std::ifstream f(path);
   std::stringstream text;
   text << f.rdbuf();
   return text.str();

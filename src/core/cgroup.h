@@ -19,7 +19,8 @@ void for_each_cgroup_dir(const std::string& cgroup_root, const std::string& proc
                          const std::string& controller, const std::vector<std::string>& v1_mounts,
                          const std::function<void(const std::string& dir, bool v2)>& visit);
 
-// The text of /proc/self/cgroup (empty where it cannot be read).
-std::string read_proc_self_cgroup();
+// The whole text of a small file such as /proc/self/cgroup or /proc/meminfo
+// (empty where it cannot be read).
+std::string read_proc_file(const std::string& path);
 
 }  // namespace dsv4

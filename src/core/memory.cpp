@@ -51,11 +51,8 @@ int64_t cgroup_memory_room(const std::string& root, const std::string& proc_self
 }
 
 int64_t available_memory_bytes() {
-  std::ifstream f("/proc/meminfo");
-  std::stringstream text;
-  text << f.rdbuf();
-  const int64_t available = meminfo_available_bytes(text.str());
-  const int64_t room = cgroup_memory_room("/sys/fs/cgroup", read_proc_self_cgroup());
+  const int64_t available = meminfo_available_bytes(read_proc_file("/proc/meminfo"));
+  const int64_t room = cgroup_memory_room("/sys/fs/cgroup", read_proc_file("/proc/self/cgroup"));
   if (available < 0) return room == kUnlimited ? -1 : room;
   return std::min(available, room);
 }

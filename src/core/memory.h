@@ -1,5 +1,5 @@
 // How much memory this process may still take: what decides whether the
-// weights are copied into huge pages or mapped (model/residency.h).
+// weights are copied into huge pages or mapped (io/residency.h).
 #pragma once
 #include <cstdint>
 #include <string>

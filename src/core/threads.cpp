@@ -89,7 +89,7 @@ double cgroup_cpu_limit(const std::string& root, const std::string& proc_self_cg
 int usable_cpu_count() {
   static const int count = [] {
     const int cpus = affinity_cpu_count();
-    const double limit = cgroup_cpu_limit("/sys/fs/cgroup", read_proc_self_cgroup());
+    const double limit = cgroup_cpu_limit("/sys/fs/cgroup", read_proc_file("/proc/self/cgroup"));
     if (!(limit < double(cpus))) return cpus;  // no quota, or one above the CPU count
     // Rounded down: with 1.5 CPUs of quota a second spinning thread would
     // only get the process throttled.

@@ -28,15 +28,6 @@ bool parse_load_mode(const std::string& name, LoadMode* mode) {
   return true;
 }
 
-const char* load_mode_name(LoadMode mode) {
-  switch (mode) {
-    case LoadMode::Auto: return "auto";
-    case LoadMode::Mmap: return "mmap";
-    case LoadMode::Copy: return "none";
-  }
-  return "?";
-}
-
 ResidencyChoice choose_residency(LoadMode mode, int64_t checkpoint_bytes, int64_t reserved_bytes,
                                  int64_t available_bytes) {
   if (mode == LoadMode::Mmap) return {FileResidency::Mapped, "--load-mode mmap"};
@@ -49,7 +40,8 @@ ResidencyChoice choose_residency(LoadMode mode, int64_t checkpoint_bytes, int64_
   if (double(checkpoint_bytes + reserved_bytes) <= kAutoCopyShare * double(available_bytes))
     return {FileResidency::Copied, "--load-mode auto: " + need + (plural ? " fit" : " fits") + " in the " +
                                        gb(available_bytes) + " available"};
-  return {FileResidency::Mapped, "--load-mode auto: " + need + (plural ? " do" : " does") + " not fit in 90% of the " +
+  return {FileResidency::Mapped, "--load-mode auto: " + need + (plural ? " do" : " does") + " not fit in " +
+                                     std::to_string(int(kAutoCopyShare * 100 + 0.5)) + "% of the " +
                                      gb(available_bytes) +
                                      " available; decode streams 4 KiB pages, slower than copied weights"};
 }

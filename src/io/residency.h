@@ -21,7 +21,6 @@ enum class LoadMode { Auto, Mmap, Copy };
 // "auto" | "mmap" | "none" (copy: no mapping, as llama.cpp's --load-mode
 // none and --no-mmap); false for anything else.
 bool parse_load_mode(const std::string& name, LoadMode* mode);
-const char* load_mode_name(LoadMode mode);
 
 struct ResidencyChoice {
   FileResidency residency = FileResidency::Mapped;
