@@ -125,6 +125,9 @@ TEST(Residency, AutoCopiesWhatFitsAndMapsTheRest) {
   EXPECT_FALSE(parse_load_mode("mlock", &mode));
   EXPECT_EQ(checkpoint_file_bytes(model_dir("tiny-flash-fp8")),
             int64_t(std::filesystem::file_size(model_dir("tiny-flash-fp8") + "/model.safetensors")));
+  EXPECT_TRUE(is_weight_file("model-00001-of-00004.safetensors"));
+  EXPECT_FALSE(is_weight_file("golden.safetensors"));
+  EXPECT_FALSE(is_weight_file("model.safetensors.index.json"));
 }
 
 TEST_F(BrokenCheckpoint, TruncatedHeaderIsReported) {

@@ -54,8 +54,7 @@ int64_t checkpoint_file_bytes(const std::string& path) {
   }
   int64_t total = 0;
   for (const auto& entry : fs::directory_iterator(path, ec)) {
-    // golden.safetensors: the test checkpoints' reference outputs, never loaded as weights.
-    if (entry.path().extension() != ".safetensors" || entry.path().filename() == "golden.safetensors") continue;
+    if (!is_weight_file(entry.path().filename().string())) continue;
     const auto size = entry.file_size(ec);
     if (!ec) total += int64_t(size);
   }

@@ -226,12 +226,16 @@ TensorStore TensorStore::open(const std::string& path, FileResidency residency) 
   }
   std::vector<std::string> files;
   for (auto& entry : fs::directory_iterator(dir))
-    if (entry.path().extension() == ".safetensors" && entry.path().filename() != "golden.safetensors")
-      files.push_back(entry.path().string());
+    if (is_weight_file(entry.path().filename().string())) files.push_back(entry.path().string());
   std::sort(files.begin(), files.end());
   if (files.empty()) throw Error("no .safetensors files in " + path);
   for (size_t i = 0; i < files.size(); ++i) store.add_file(files[i], i == 0);
   return store;
+}
+
+bool is_weight_file(const std::string& filename) {
+  const fs::path name(filename);
+  return name.extension() == ".safetensors" && name.filename() != "golden.safetensors";
 }
 
 const TensorInfo* TensorStore::find(const std::string& name) const {

@@ -59,6 +59,11 @@ class MappedFile {
   size_t mapped_bytes_ = 0;
 };
 
+// Whether a file in an unindexed checkpoint directory holds weights: every
+// *.safetensors except golden.safetensors, the test checkpoints' reference
+// outputs. TensorStore::open and the residency choice's size both use it.
+bool is_weight_file(const std::string& filename);
+
 // All tensors of a checkpoint directory (or a single .safetensors file).
 class TensorStore {
  public:
