@@ -14,9 +14,9 @@ head -1 "$WORK/b.csv" | grep -qx 'phase,batch,tokens,seconds,tokens_per_second,w
 for phase in 'prefill,1,40' 'decode,1,3' 'decode,2,6' 'decode_43_layers_estimate,1' 'prefill_43_layers_estimate,1,40'; do
   grep -q "^$phase," "$WORK/b.csv" || fail "no CSV row $phase"
 done
-# tokens_per_second (column 5) is positive on every row but the splits' (seconds per
+# tokens_per_second (column 5) is positive on every row but the splits' and products' (seconds per
 # operation); the prefill row has FLOP/s and a peak.
-awk -F, 'NR > 1 && $1 !~ /_split_/ && !($5 > 0) { exit 1 }' "$WORK/b.csv" || fail "non-positive tokens/s"
+awk -F, 'NR > 1 && $1 !~ /_split_|_product_/ && !($5 > 0) { exit 1 }' "$WORK/b.csv" || fail "non-positive tokens/s"
 # The prefill split: one row per timed operation, the weight products among them, seconds >= 0.
 grep -q "^prefill_split_linear,1,40," "$WORK/b.csv" || fail "no prefill split rows"
 awk -F, '$1 ~ /^prefill_split_/ && !($4 >= 0) { exit 1 }' "$WORK/b.csv" || fail "prefill split seconds"
@@ -26,6 +26,13 @@ grep -q "^decode_split_linear,2,6," "$WORK/b.csv" || fail "no decode split rows"
 awk -F, '$1 ~ /^decode_split_/ && !($4 >= 0) { exit 1 }' "$WORK/b.csv" || fail "decode split seconds"
 [ "$(grep -c "^  split (one more run, each operation timed; [0-9.]* ms/step): weight products + experts [0-9.]* ms = [0-9.]* GB/s of the step's bytes" "$WORK/out.txt")" = 2 ] \
   || fail "not one decode split line per batch"
+# Each split names its weight products by kind, with time, bytes and rate; CSV rows carry them.
+[ "$(grep -c "^  by product (per step, slowest first): [A-Z].* [0-9.]* ms, [0-9.]* GB at [0-9.]* GB/s" "$WORK/out.txt")" = 2 ] \
+  || fail "not one by-product line per decode batch"
+grep -q "^  by product (the whole prefill, slowest first): .*experts .* (.* tokens per matrix)" "$WORK/out.txt" \
+  || fail "no by-product line for the prefill"
+grep -q "^decode_product_experts_[a-z0-9]*,2,6," "$WORK/b.csv" || fail "no decode product rows"
+awk -F, '$1 ~ /_product_/ && !($4 > 0 && $6 > 0 && $7 > 0) { exit 1 }' "$WORK/b.csv" || fail "product rows' seconds, bytes or rate"
 # Each decode batch against the bandwidth read around its run; batch 1 with its decoding floor.
 grep -q "^decode batch   1: .*\[read bandwidth around this run [0-9.]* GB/s\] .* of the bandwidth around this run (.* of the run-wide best); decoding the weights at the one-token rates + the FMAs: [0-9.]* ms .*, so the roofline is [0-9.]* tokens/s (bound by \(the bytes\|decoding the weights\)) and the step is at [0-9]*% of it$" \
   "$WORK/out.txt" || fail "no batch-1 roofline line"

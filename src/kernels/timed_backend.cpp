@@ -1,6 +1,7 @@
 #include "kernels/timed_backend.h"
 
 #include <chrono>
+#include <string>
 
 namespace dsv4 {
 
@@ -32,6 +33,24 @@ double TimedBackend::total_seconds() const {
   return s;
 }
 
+namespace {
+
+const char* short_format_name(WeightFormat format) {
+  switch (format) {
+    case WeightFormat::F32: return "F32";
+    case WeightFormat::BF16: return "BF16";
+    case WeightFormat::FP8_BLOCK128: return "FP8";
+    case WeightFormat::FP4_BLOCK32: return "FP4";
+  }
+  return "?";
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
 template <class F>
 decltype(auto) TimedBackend::timed(OpAccount a, F&& f) const {
   struct Stop {
@@ -47,10 +66,27 @@ decltype(auto) TimedBackend::timed(OpAccount a, F&& f) const {
 
 void TimedBackend::linear(const Linear& w, const float* x, int64_t n, float* y, int64_t row_begin, int64_t row_end,
                           int64_t y_stride) const {
+  const auto t0 = std::chrono::steady_clock::now();
   timed(OpAccount::Linear, [&] { inner_.linear(w, x, n, y, row_begin, row_end, y_stride); });
+  const int64_t rows = (row_end < 0 ? w.rows : row_end) - row_begin;
+  ProductAccount& p = products_[std::string(short_format_name(w.format)) + " x" + std::to_string(n)];
+  p.seconds += seconds_since(t0);
+  p.bytes += w.rows > 0 ? double(w.weight_bytes()) * double(rows) / double(w.rows) : 0.0;
+  ++p.calls;
+  ++p.passes;
+  p.tokens += n;
 }
 void TimedBackend::linear_many(const LinearProduct* products, size_t count) const {
+  const auto t0 = std::chrono::steady_clock::now();
   timed(OpAccount::Linear, [&] { inner_.linear_many(products, count); });
+  ProductAccount& p = products_["several products"];
+  p.seconds += seconds_since(t0);
+  ++p.calls;
+  for (size_t i = 0; i < count; ++i) {
+    p.bytes += double(products[i].w->weight_bytes());
+    ++p.passes;
+    p.tokens += products[i].n;
+  }
 }
 void TimedBackend::embed(const Linear& table, const int32_t* ids, int64_t n, int64_t copies, float* out) const {
   timed(OpAccount::Linear, [&] { inner_.embed(table, ids, n, copies, out); });
@@ -128,7 +164,26 @@ void TimedBackend::moe_route(float* scores, int64_t n, int64_t experts, int64_t 
 }
 void TimedBackend::experts(const float* x, int64_t rows, int64_t dim, int64_t inter, const ExpertTask* tasks,
                            size_t count, float swiglu_limit, float* out) const {
+  const auto t0 = std::chrono::steady_clock::now();
   timed(OpAccount::Experts, [&] { inner_.experts(x, rows, dim, inter, tasks, count, swiglu_limit, out); });
+  // Named by the routed experts' format (tasks with weights); the shared
+  // expert (no weights) is only named when it runs alone.
+  const ExpertTask* named = nullptr;
+  for (size_t i = 0; i < count && !named; ++i)
+    if (tasks[i].weights && tasks[i].count > 0) named = &tasks[i];
+  for (size_t i = 0; i < count && !named; ++i)
+    if (tasks[i].count > 0) named = &tasks[i];
+  if (!named) return;
+  ProductAccount& p = products_[std::string("experts ") + short_format_name(named->w1->format)];
+  p.seconds += seconds_since(t0);
+  ++p.calls;
+  for (size_t i = 0; i < count; ++i) {
+    const ExpertTask& t = tasks[i];
+    if (t.count == 0) continue;
+    p.bytes += double(t.w1->weight_bytes() + t.w2->weight_bytes() + t.w3->weight_bytes());
+    p.passes += 3;
+    p.tokens += 3 * t.count;
+  }
 }
 
 }  // namespace dsv4

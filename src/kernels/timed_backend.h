@@ -10,6 +10,7 @@
 // code between operations.
 #pragma once
 #include <array>
+#include <map>
 #include <string>
 
 #include "kernels/backend.h"
@@ -43,7 +44,26 @@ class TimedBackend : public KernelBackend {
   };
   const Account& account(OpAccount a) const { return accounts_[size_t(a)]; }
   double total_seconds() const;
-  void reset() { accounts_ = {}; }
+  void reset() {
+    accounts_ = {};
+    products_.clear();
+  }
+
+  // The weight products again, by kind, to show which of them keeps a step
+  // from its roofline: a product is named by its weight format and token
+  // count ("FP8 x4"), the experts of a MoE call by their routed matrices'
+  // format ("experts FP4"; their shared expert's bytes are counted with
+  // them). Bytes are one pass over the rows used, scales included; `tokens`
+  // adds up the tokens of every matrix pass, so tokens / passes is the mean
+  // number of tokens an expert matrix was read for.
+  struct ProductAccount {
+    double seconds = 0;
+    double bytes = 0;
+    int64_t calls = 0;
+    int64_t passes = 0;
+    int64_t tokens = 0;
+  };
+  const std::map<std::string, ProductAccount>& products() const { return products_; }
 
   std::string name() const override { return inner_.name(); }
   bool exact() const override { return inner_.exact(); }
@@ -85,6 +105,7 @@ class TimedBackend : public KernelBackend {
  private:
   const KernelBackend& inner_;
   mutable std::array<Account, kOpAccounts> accounts_{};
+  mutable std::map<std::string, ProductAccount> products_;
   template <class F>
   decltype(auto) timed(OpAccount a, F&& f) const;
 };
