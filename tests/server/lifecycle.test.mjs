@@ -134,7 +134,10 @@ test('/abort_request of a non-streaming request returns its partial output', asy
 test('a full waiting queue answers 503 with Retry-After', async () => {
   const small = await startServer(['--max-running-requests', '1', '--max-queued-requests', '1']);
   try {
-    const body = { prompt: 'busy', max_tokens: 3000, ignore_eos: true, stream: true };
+    // Far more tokens than the test lasts (the smoke model writes 3000 in a
+    // second or two, so a loaded machine could see the first one end before
+    // the second was queued); abort_all ends them.
+    const body = { prompt: 'busy', max_tokens: 100000, ignore_eos: true, stream: true };
     const first = sse(small.origin, '/v1/completions', body);
     await waitFor(async () => (await runningRequests(small.origin)) === 1, { timeoutMs: 10000, what: 'one running' });
     const second = sse(small.origin, '/v1/completions', body);
@@ -148,6 +151,8 @@ test('a full waiting queue answers 503 with Retry-After', async () => {
     await postJSON(small.origin, '/abort_request', { abort_all: true });
     for (const s of await Promise.all([first, second])) assert.ok(s.done);
   } finally {
+    // The server drains in-flight requests on SIGTERM: abort them first.
+    await postJSON(small.origin, '/abort_request', { abort_all: true }).catch(() => {});
     await small.stop();
   }
 });
