@@ -12,6 +12,7 @@
 #include "core/numeric.h"
 #include "core/threads.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/avx512_common.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/linear_internal.h"
 #include "kernels/cpu/ops.h"
@@ -307,6 +308,43 @@ TEST(Linear, Fp8OneTokenPrescaledBlocksGiveScalarBits) {
 // range for inputs whose smallest and largest nonzero values sit anywhere
 // in the float range (subnormals among them), zeros of either sign, and
 // infinities or NaN (no range).
+DSV4_TARGET_AVX512 void folds_avx512(const float* lanes, double* one_by_one, double* four_at_once) {
+  __m512 a[4];
+  for (int k = 0; k < 4; ++k) {
+    a[k] = _mm512_loadu_ps(lanes + 16 * k);
+    one_by_one[k] = linear_detail::fold16_avx512(a[k]);
+  }
+  _mm256_storeu_pd(four_at_once, linear_detail::fold16x4_avx512(a[0], a[1], a[2], a[3]));
+}
+
+// The folds in registers against fold16 (the canonical tree), on lanes whose
+// exponents are far enough apart that the double sums round: with lanes of
+// one magnitude every sum of 16 floats is exact in double, and any tree
+// would pass.
+TEST(Linear, FoldsInRegistersFollowTheCanonicalTree) {
+  if (!kernel_isa_supported(KernelIsa::Avx512)) GTEST_SKIP() << "no AVX-512";
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> exponent(-70, 70), sign(0, 1);
+  std::uniform_real_distribution<float> mantissa(1.0f, 2.0f);
+  int64_t rounded = 0;
+  for (int trial = 0; trial < 20000; ++trial) {
+    float lanes[64];
+    for (float& v : lanes) v = std::ldexp(mantissa(rng), exponent(rng)) * (sign(rng) ? -1.0f : 1.0f);
+    double one_by_one[4], four_at_once[4];
+    folds_avx512(lanes, one_by_one, four_at_once);
+    for (int k = 0; k < 4; ++k) {
+      const double expected = linear_detail::fold16(lanes + 16 * k);
+      ASSERT_EQ(std::memcmp(&one_by_one[k], &expected, 8), 0) << "trial " << trial << " register " << k;
+      ASSERT_EQ(std::memcmp(&four_at_once[k], &expected, 8), 0) << "trial " << trial << " register " << k;
+      // How often another tree (lanes in order) would give other bits here.
+      double in_order = 0;
+      for (int l = 0; l < 16; ++l) in_order += double(lanes[16 * k + l]);
+      rounded += in_order != expected;
+    }
+  }
+  EXPECT_GT(rounded, 1000) << "the lanes should make the tree matter";
+}
+
 TEST(Linear, PrescalableScalesAreTheSameOnEveryPath) {
   if (!kernel_isa_supported(KernelIsa::Avx512)) GTEST_SKIP() << "no AVX-512";
   std::mt19937 rng(5);

@@ -8,14 +8,53 @@
 
 namespace dsv4::linear_detail {
 
+// fold16's first level, in double: lane l plus lane l + 8.
+DSV4_TARGET_AVX512 inline __m512d fold16_first_level_avx512(__m512 lanes) {
+  return _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(lanes)),
+                       _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(lanes), 1))));
+}
+
 // fold16 of the 16 lanes of a register, in registers (the same additions).
 DSV4_TARGET_AVX512 inline double fold16_avx512(__m512 lanes) {
-  const __m512d s8 =
-      _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(lanes)),
-                    _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(lanes), 1))));
+  const __m512d s8 = fold16_first_level_avx512(lanes);
   const __m256d s4 = _mm256_add_pd(_mm512_castpd512_pd256(s8), _mm512_extractf64x4_pd(s8, 1));
   const __m128d s2 = _mm_add_pd(_mm256_castpd256_pd128(s4), _mm256_extractf128_pd(s4, 1));
   return _mm_cvtsd_f64(_mm_add_sd(s2, _mm_unpackhi_pd(s2, s2)));
+}
+
+// fold16_avx512 of four registers at once, returned as {a, b, c, d}: each
+// register's lanes go through the same additions in the same order (lane l
+// plus lane l + 8, then those eight pairs four apart, then (0 + 2) + (1 + 3)),
+// so the same bits, but the second and later levels of the tree act on two
+// or four registers per instruction: about 9.5 uops per register against
+// about 13 for a fold16_avx512 and its scalar add.
+DSV4_TARGET_AVX512 inline __m256d fold16x4_avx512(__m512 a, __m512 b, __m512 c, __m512 d) {
+  const __m512d sa = fold16_first_level_avx512(a), sb = fold16_first_level_avx512(b);
+  const __m512d sc = fold16_first_level_avx512(c), sd = fold16_first_level_avx512(d);
+  // s4[l] = s8[l] + s8[l + 4]: {a's four | b's four}, {c's four | d's four}.
+  const __m512d ab = _mm512_add_pd(_mm512_shuffle_f64x2(sa, sb, 0x44), _mm512_shuffle_f64x2(sa, sb, 0xEE));
+  const __m512d cd = _mm512_add_pd(_mm512_shuffle_f64x2(sc, sd, 0x44), _mm512_shuffle_f64x2(sc, sd, 0xEE));
+  // s4[0] + s4[2] and s4[1] + s4[3] in elements 0 and 1 of each half.
+  const __m512d ab2 = _mm512_add_pd(ab, _mm512_permutex_pd(ab, 0x4E));
+  const __m512d cd2 = _mm512_add_pd(cd, _mm512_permutex_pd(cd, 0x4E));
+  // (s4[0] + s4[2]) + (s4[1] + s4[3]): {a, c, a, c, b, d, b, d}.
+  const __m512d folded = _mm512_add_pd(_mm512_unpacklo_pd(ab2, cd2), _mm512_unpackhi_pd(ab2, cd2));
+  return _mm512_castpd512_pd256(_mm512_permutexvar_pd(_mm512_setr_epi64(0, 4, 1, 5, 0, 4, 1, 5), folded));
+}
+
+// sum[r * stride + t] += fold16_avx512(a[r][t]) for every row and token: four
+// tokens of a row at a time with fold16x4_avx512 (the same sums), the rest
+// one by one.
+template <int R, int T>
+DSV4_TARGET_AVX512 inline void add_folds_avx512(const __m512 (&a)[R][T], double* sum, int64_t stride) {
+  for (int r = 0; r < R; ++r) {
+    double* row = sum + r * stride;
+    int t = 0;
+    for (; t + 4 <= T; t += 4)
+      _mm256_storeu_pd(row + t, _mm256_add_pd(_mm256_loadu_pd(row + t),
+                                              fold16x4_avx512(a[r][t], a[r][t + 1], a[r][t + 2], a[r][t + 3])));
+    for (; t < T; ++t) row[t] += fold16_avx512(a[r][t]);
+  }
 }
 
 // r[i][j] -> r[j][i] for a 16 x 16 block of floats.

@@ -168,8 +168,7 @@ DSV4_AVX512 inline void dot4_group_chunk(const AddChunk& add_chunk, int64_t c0, 
   for (auto& r : a)
     for (auto& t : r) t = _mm512_setzero_ps();
   add_chunk(c0, c1, x, a, group, groups);
-  for (int r = 0; r < 4; ++r)
-    for (int t = 0; t < T; ++t) sums[r * kMaxRegisterTokens + t] += fold16_avx512(a[r][t]);
+  add_folds_avx512<4, T>(a, sums, kMaxRegisterTokens);
 }
 
 // n <= kMaxRegisterTokens tokens (xs: [n][cols], storage order); out[t *
@@ -513,8 +512,7 @@ DSV4_AVX512 void micro_kernel_avx512(const float* w, const float* x, int64_t ste
       for (int t = 0; t < T; ++t) a[r][t] = _mm512_fmadd_ps(wv, xv[t], a[r][t]);
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) sum[r * sum_stride + t] += fold16_avx512(a[r][t]);
+  add_folds_avx512<R, T>(a, sum, sum_stride);
 }
 
 DSV4_AVX512 void micro_kernel_any_avx512(int rows, int tokens, const float* w, const float* x, int64_t steps,

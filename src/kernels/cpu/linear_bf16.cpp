@@ -90,8 +90,7 @@ DSV4_BF16 void micro_kernel_bf16(const uint32_t* w, const uint32_t* x, int64_t p
       for (int t = 0; t < T; ++t) a[r][t] = _mm512_dpbf16_ps(a[r][t], wv, xv[t]);
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) sum[r * sum_stride + t] += fold16_avx512(a[r][t]);
+  add_folds_avx512<R, T>(a, sum, sum_stride);
 }
 
 DSV4_BF16 void micro_kernel_any_bf16(int rows, int tokens, const float* w, const float* x, int64_t steps, double* sum,
