@@ -78,7 +78,7 @@ void prefill(Model& model, const std::vector<int32_t>& tokens, int64_t chunk, fl
 void print_products(const TimedBackend& timed, const char* phase, int64_t batch, int64_t tokens, double steps,
                     const char* per, std::ofstream& csv) {
   std::vector<std::pair<std::string, TimedBackend::ProductAccount>> kinds(timed.products().begin(),
-                                                                           timed.products().end());
+                                                                          timed.products().end());
   std::sort(kinds.begin(), kinds.end(),
             [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
   std::printf("  by product (%s, slowest first):", per);
@@ -122,7 +122,8 @@ void print_prefill_split(Model& model, const std::vector<int32_t>& tokens, int64
   const double outside = total - timed.total_seconds();
   std::printf("  %-42s %8.3f s  %5.1f%%\n", "model code between operations", outside, 100 * outside / total);
   std::printf("  not weight products: %.1f%% of the prefill (target: at most 15%% at 4096 tokens)\n",
-              100 * (total - products) / total);  print_products(timed, "prefill", 1, n, 1.0, "the whole prefill", csv);
+              100 * (total - products) / total);
+  print_products(timed, "prefill", 1, n, 1.0, "the whole prefill", csv);
 }
 
 // One more decode run of `batch` sequences through a TimedBackend: each
