@@ -303,11 +303,6 @@ TEST(Linear, Fp8OneTokenPrescaledBlocksGiveScalarBits) {
   set_compute_threads(saved_threads);
 }
 
-// The range of scales a one-token FP8 product may put into its inputs,
-// computed per piece of rows: the AVX-512 version gives the scalar one's
-// range for inputs whose smallest and largest nonzero values sit anywhere
-// in the float range (subnormals among them), zeros of either sign, and
-// infinities or NaN (no range).
 DSV4_TARGET_AVX512 void folds_avx512(const float* lanes, double* one_by_one, double* four_at_once) {
   __m512 a[4];
   for (int k = 0; k < 4; ++k) {
@@ -345,6 +340,11 @@ TEST(Linear, FoldsInRegistersFollowTheCanonicalTree) {
   EXPECT_GT(rounded, 1000) << "the lanes should make the tree matter";
 }
 
+// The range of scales a one-token FP8 product may put into its inputs,
+// computed per piece of rows: the AVX-512 version gives the scalar one's
+// range for inputs whose smallest and largest nonzero values sit anywhere
+// in the float range (subnormals among them), zeros of either sign, and
+// infinities or NaN (no range).
 TEST(Linear, PrescalableScalesAreTheSameOnEveryPath) {
   if (!kernel_isa_supported(KernelIsa::Avx512)) GTEST_SKIP() << "no AVX-512";
   std::mt19937 rng(5);

@@ -45,10 +45,6 @@ const char* short_format_name(WeightFormat format) {
   return "?";
 }
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 }  // namespace
 
 template <class F>
@@ -66,21 +62,21 @@ decltype(auto) TimedBackend::timed(OpAccount a, F&& f) const {
 
 void TimedBackend::linear(const Linear& w, const float* x, int64_t n, float* y, int64_t row_begin, int64_t row_end,
                           int64_t y_stride) const {
-  const auto t0 = std::chrono::steady_clock::now();
+  const double before = accounts_[size_t(OpAccount::Linear)].seconds;
   timed(OpAccount::Linear, [&] { inner_.linear(w, x, n, y, row_begin, row_end, y_stride); });
   const int64_t rows = (row_end < 0 ? w.rows : row_end) - row_begin;
   ProductAccount& p = products_[std::string(short_format_name(w.format)) + " x" + std::to_string(n)];
-  p.seconds += seconds_since(t0);
+  p.seconds += accounts_[size_t(OpAccount::Linear)].seconds - before;
   p.bytes += w.rows > 0 ? double(w.weight_bytes()) * double(rows) / double(w.rows) : 0.0;
   ++p.calls;
   ++p.passes;
   p.tokens += n;
 }
 void TimedBackend::linear_many(const LinearProduct* products, size_t count) const {
-  const auto t0 = std::chrono::steady_clock::now();
+  const double before = accounts_[size_t(OpAccount::Linear)].seconds;
   timed(OpAccount::Linear, [&] { inner_.linear_many(products, count); });
   ProductAccount& p = products_["several products"];
-  p.seconds += seconds_since(t0);
+  p.seconds += accounts_[size_t(OpAccount::Linear)].seconds - before;
   ++p.calls;
   for (size_t i = 0; i < count; ++i) {
     p.bytes += double(products[i].w->weight_bytes());
@@ -164,7 +160,7 @@ void TimedBackend::moe_route(float* scores, int64_t n, int64_t experts, int64_t 
 }
 void TimedBackend::experts(const float* x, int64_t rows, int64_t dim, int64_t inter, const ExpertTask* tasks,
                            size_t count, float swiglu_limit, float* out) const {
-  const auto t0 = std::chrono::steady_clock::now();
+  const double before = accounts_[size_t(OpAccount::Experts)].seconds;
   timed(OpAccount::Experts, [&] { inner_.experts(x, rows, dim, inter, tasks, count, swiglu_limit, out); });
   // Named by the routed experts' format (tasks with weights); the shared
   // expert (no weights) is only named when it runs alone.
@@ -175,7 +171,7 @@ void TimedBackend::experts(const float* x, int64_t rows, int64_t dim, int64_t in
     if (tasks[i].count > 0) named = &tasks[i];
   if (!named) return;
   ProductAccount& p = products_[std::string("experts ") + short_format_name(named->w1->format)];
-  p.seconds += seconds_since(t0);
+  p.seconds += accounts_[size_t(OpAccount::Experts)].seconds - before;
   ++p.calls;
   for (size_t i = 0; i < count; ++i) {
     const ExpertTask& t = tasks[i];
