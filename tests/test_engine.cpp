@@ -82,6 +82,43 @@ TEST(Engine, SeededRequestIsIdenticalAloneAndUnderLoad) {
   EXPECT_EQ(crowded.logprobs, alone.logprobs);  // bitwise
 }
 
+// The profiling hook sees every step enter its three phases in order, on
+// the scheduler thread, and changes no token.
+TEST(Engine, PhaseHookSeesEveryStepInOrderAndChangesNothing) {
+  EngineOptions opt;
+  opt.prefix_cache_bytes = 0;
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  greedy.max_new_tokens = 6;
+  greedy.ignore_eos = true;
+  Outcome plain;
+  {
+    Engine e(shared_model(), opt);
+    plain = drain(e.submit("plain", prompt_of(40, 3), greedy));
+  }
+  std::vector<StepPhase> phases;
+  std::thread::id caller;
+  bool one_thread = true;
+  opt.on_phase = [&](StepPhase phase) {
+    if (phases.empty()) caller = std::this_thread::get_id();
+    one_thread = one_thread && std::this_thread::get_id() == caller;
+    phases.push_back(phase);
+  };
+  Outcome hooked;
+  {
+    Engine e(shared_model(), opt);
+    hooked = drain(e.submit("hooked", prompt_of(40, 3), greedy));
+  }  // joined: the hook's writes are visible here
+  EXPECT_EQ(hooked.tokens, plain.tokens);
+  EXPECT_EQ(hooked.logprobs, plain.logprobs);
+  EXPECT_TRUE(one_thread);
+  EXPECT_NE(caller, std::this_thread::get_id());
+  // A step per token (the prompt's gives the first), each in three phases.
+  ASSERT_EQ(phases.size() % 3, 0u);
+  EXPECT_GE(phases.size() / 3, 6u);
+  for (size_t i = 0; i < phases.size(); ++i) EXPECT_EQ(int(phases[i]), int(i % 3)) << "call " << i;
+}
+
 TEST(Engine, PrefixCacheHitGivesTheSameBits) {
   EngineOptions opt;
   opt.chunked_prefill_size = 50;

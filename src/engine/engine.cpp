@@ -272,6 +272,7 @@ void Engine::step(std::vector<std::unique_ptr<Sequence>>& running) {
     decoding += summaries.back().phase == Phase::Decoding && !summaries.back().cancelled;
   }
   // Drafts first: the scheduler widens a decoding item by its drafts.
+  if (options_.on_phase) options_.on_phase(StepPhase::Draft);
   const double t_draft = now_seconds();
   bool speculating = false;
   if (spec.algorithm != SpeculativeAlgorithm::None && decoding > 0) {
@@ -316,9 +317,11 @@ void Engine::step(std::vector<std::unique_ptr<Sequence>>& running) {
     }
     has_prefill |= item.prefill;
   }
+  if (options_.on_phase) options_.on_phase(StepPhase::Forward);
   const double t_forward = now_seconds();
   const StepLogits logits = executor_.run(exec);
   const double t_sample = now_seconds();
+  if (options_.on_phase) options_.on_phase(StepPhase::Sample);
 
   // Sampling is a pure function of (logits, params, history, step), so the
   // sequences sample in parallel; events are emitted in order afterwards.

@@ -28,6 +28,11 @@
 
 namespace dsv4 {
 
+// The parts of a scheduler step, in order: drafting (speculative decoding),
+// the model's forward pass over the batch (the verify step when drafts ran),
+// then sampling and events.
+enum class StepPhase { Draft, Forward, Sample };
+
 struct EngineOptions {
   int64_t max_running_requests = 64;
   int64_t max_queued_requests = 1024;
@@ -45,6 +50,10 @@ struct EngineOptions {
   // "Decode batch" line, with the acceptance of speculation); 0 or no log: none.
   int64_t decode_log_interval = 40;
   std::function<void(const std::string&)> log;
+  // Profiling: called on the scheduler thread as each step enters a phase
+  // (every step, drafting or not). `dsv4 bench --speculative` times each
+  // phase's kernel operations with it; it must not touch the engine.
+  std::function<void(StepPhase)> on_phase;
 };
 
 // The scheduler thread's name; its compute threads inherit it.
