@@ -76,9 +76,18 @@ if "$BIN" bench --model "$MODEL" --prompt 8 --decode 1 --no-split --context 4 > 
   fail "a context shorter than the window accepted"
 fi
 # Speculative decoding against what its verify and draft steps allow (bytes
-# and decoding work), with the gate's result beside it.
-OMP_WAIT_POLICY=passive "$BIN" bench --model "$MODEL" --prompt 8 --decode 4 --no-split --batch 1 \
-  --speculative EAGLE --accept-len 2 > "$WORK/out.txt"
+# and decoding work), with the gate's result beside it, then one more run
+# with each phase's kernels timed (the draft's and the verify's products).
+OMP_WAIT_POLICY=passive "$BIN" bench --model "$MODEL" --prompt 8 --decode 4 --batch 1 \
+  --speculative EAGLE --accept-len 2 --csv "$WORK/s.csv" > "$WORK/out.txt"
 grep -q "^  accept 2.0: speculative  *[0-9.]* tokens/s = [0-9.]*x plain, [0-9]*% of the [0-9.]* the model allows (verify [0-9.]* ms, draft [0-9.]* ms per step); with the bypass" \
   "$WORK/out.txt" || fail "no speculative line"
+grep -q "^    the model, per step: verify [0-9.]* ms, draft [0-9.]* ms, the MTP block over the 16-token prompts [0-9.]* ms" \
+  "$WORK/out.txt" || fail "no speculative model line"
+for phase in draft verify; do
+  grep -A1 "^    $phase, per step: [0-9.]* ms; kernels: weight products [0-9.]* ms, .*; outside the kernels -\?[0-9.]* ms$" \
+    "$WORK/out.txt" | grep -q "^    by product (per step, slowest first): BF16 x[0-9]* [0-9.]* ms" || fail "no $phase split"
+  grep -q "^speculative_2_${phase}_product_bf16_x[0-9]*,1,[0-9]*,[0-9.e-]*,,[0-9.e+]*,[0-9.e+-]*,,,$" "$WORK/s.csv" \
+    || fail "no $phase product CSV rows"
+done
 echo "bench CLI ok"

@@ -6,7 +6,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -18,18 +17,19 @@
 
 #include "bench_context.h"
 #include "bench_costs.h"
+#include "bench_products.h"
 #include "bench_speculative.h"
 #include "commands.h"
-#include "engram_setup.h"
-#include "load_mode_flags.h"
 #include "core/error.h"
 #include "core/machine.h"
 #include "core/threads.h"
 #include "decode_rate.h"
+#include "engram_setup.h"
 #include "gemm_peak.h"
 #include "kernels/cpu/indexer_fp4.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/timed_backend.h"
+#include "load_mode_flags.h"
 #include "model/model.h"
 #include "svg_plot.h"
 
@@ -70,37 +70,6 @@ void prefill(Model& model, const std::vector<int32_t>& tokens, int64_t chunk, fl
   model.forward(s, tokens.data() + n - 1, 1, logits);
 }
 
-// The splits' second line: the weight products by kind (TimedBackend::
-// products), slowest first, each with its time and bytes per step and the
-// rate it read them at, so that the product keeping a step from its
-// roofline shows by name. CSV rows `<phase>_product_<kind>` carry the
-// seconds, the bytes per token and the rate.
-void print_products(const TimedBackend& timed, const char* phase, int64_t batch, int64_t tokens, double steps,
-                    const char* per, std::ofstream& csv) {
-  std::vector<std::pair<std::string, TimedBackend::ProductAccount>> kinds(timed.products().begin(),
-                                                                          timed.products().end());
-  std::sort(kinds.begin(), kinds.end(),
-            [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
-  std::printf("  by product (%s, slowest first):", per);
-  const char* separator = " ";
-  for (const auto& [kind, p] : kinds) {
-    std::printf("%s%s", separator, kind.c_str());
-    if (kind.rfind("experts", 0) == 0 && p.passes > 0)
-      std::printf(" (%.1f tokens per matrix)", double(p.tokens) / double(p.passes));
-    std::printf(" %.2f ms, %.3f GB at %.1f GB/s", 1e3 * p.seconds / steps, p.bytes / steps / 1e9,
-                p.seconds > 0 ? p.bytes / p.seconds / 1e9 : 0.0);
-    separator = "; ";
-  }
-  std::printf("\n");
-  if (!csv) return;
-  for (const auto& [kind, p] : kinds) {
-    std::string key = kind;
-    for (char& ch : key) ch = ch == ' ' ? '_' : char(std::tolower(static_cast<unsigned char>(ch)));
-    csv << phase << "_product_" << key << "," << batch << "," << tokens << "," << p.seconds << ",,"
-        << p.bytes / double(tokens) << "," << (p.seconds > 0 ? p.bytes / p.seconds / 1e9 : 0.0) << ",,,\n";
-  }
-}
-
 // One more prefill of the same tokens through a TimedBackend: where its time
 // goes, the weight products against everything else.
 void print_prefill_split(Model& model, const std::vector<int32_t>& tokens, int64_t chunk, std::ofstream& csv) {
@@ -123,7 +92,7 @@ void print_prefill_split(Model& model, const std::vector<int32_t>& tokens, int64
   std::printf("  %-42s %8.3f s  %5.1f%%\n", "model code between operations", outside, 100 * outside / total);
   std::printf("  not weight products: %.1f%% of the prefill (target: at most 15%% at 4096 tokens)\n",
               100 * (total - products) / total);
-  print_products(timed, "prefill", 1, n, 1.0, "the whole prefill", csv);
+  print_products(timed, "prefill", 1, n, 1.0, "the whole prefill", csv ? &csv : nullptr);
 }
 
 // One more decode run of `batch` sequences through a TimedBackend: each
@@ -146,7 +115,7 @@ void print_decode_split(const KernelBackend& backend, const std::function<double
   }
   const double outside = total - timed.total_seconds() / double(steps);
   std::printf(", model code between operations %.2f ms\n", 1e3 * outside);
-  print_products(timed, "decode", batch, batch * steps, double(steps), "per step", csv);
+  print_products(timed, "decode", batch, batch * steps, double(steps), "per step", csv ? &csv : nullptr);
   if (csv)
     for (int i = 0; i < kOpAccounts; ++i)
       csv << "decode_split_" << op_account_key(OpAccount(i)) << "," << batch << "," << batch * steps << ","
@@ -473,6 +442,7 @@ int run_bench(const BenchArgs& a) {
     spec.accept_lens = a.accept_lens;
     spec.batches = a.batches;
     spec.decode = std::max<int64_t>(a.decode, 8);
+    spec.split = a.split;
     MachineLimits limits{bandwidth, one_token_rates, fma_ceiling.flops / 2};
     run_speculative_bench(model, spec, limits, csv ? &csv : nullptr);
   }

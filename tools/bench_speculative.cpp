@@ -7,19 +7,25 @@
 #include "bench_speculative.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <random>
 #include <thread>
 
 #include "bench_costs.h"
+#include "bench_products.h"
 #include "core/error.h"
 #include "core/machine.h"
 #include "engine/engine.h"
+#include "kernels/timed_backend.h"
 
 namespace dsv4::tools {
 
 namespace {
+
+// Every request's prompt length.
+constexpr int64_t kPromptTokens = 16;
 
 struct EngineRun {
   double tokens_per_second = 0;
@@ -28,7 +34,7 @@ struct EngineRun {
   int64_t bypassed_steps = 0, steps = 0;
 };
 
-// `batch` requests of a 16-token prompt each; the clock runs from the step
+// `batch` requests of a kPromptTokens-token prompt each; the clock runs from the step
 // after their first tokens (one prefill step) to the last token. `warm_up`
 // batches run first on the same engine, unmeasured: the bypass gate learns
 // once per server, so its exploration belongs to a warm-up, not to every
@@ -36,7 +42,7 @@ struct EngineRun {
 // fresh engine's first steps (its thread's first scratch buffers and team)
 // that the others do not.
 EngineRun engine_run(const std::shared_ptr<const Model>& model, const EngineOptions& options, int64_t batch,
-                     int64_t decode, int warm_up = 0) {
+                     int64_t decode, int warm_up = 0, const std::function<void()>& at_start = {}) {
   Engine engine(model, options);
   for (int round = 0; round < warm_up; ++round) {
     SamplingParams warm;
@@ -64,7 +70,7 @@ EngineRun engine_run(const std::shared_ptr<const Model>& model, const EngineOpti
   params.max_new_tokens = decode + 1;
   params.ignore_eos = true;
   for (int64_t b = 0; b < batch; ++b) {
-    std::vector<int32_t> prompt(16);
+    std::vector<int32_t> prompt(kPromptTokens);
     for (auto& t : prompt) t = token(rng);
     handles.push_back(engine.submit("bench" + std::to_string(b), prompt, params));
   }
@@ -81,6 +87,7 @@ EngineRun engine_run(const std::shared_ptr<const Model>& model, const EngineOpti
   };
   for (size_t i = 0; i < handles.size(); ++i)
     while (counts[i] == 0 && !finished[i]) pump(i);
+  if (at_start) at_start();
   const EngineMetrics before = engine.metrics();
   const double t0 = now_seconds();
   int64_t first = 0;
@@ -117,9 +124,55 @@ EngineRun engine_run(const std::shared_ptr<const Model>& model, const EngineOpti
   return run;
 }
 
+// Where a speculative step's time goes: the engine's phase hook switches the
+// model's kernels to one TimedBackend while it drafts and to another for the
+// forward pass (the verify step), once `recording` is set. Only the
+// scheduler thread calls the hook and the kernels, and the accounts are read
+// after the engine has stopped.
+struct PhaseTimers {
+  explicit PhaseTimers(Model& m) : model(m), inner(m.backend()), draft(inner), verify(inner) {}
+  Model& model;
+  const KernelBackend& inner;
+  TimedBackend draft, verify;
+  std::atomic<bool> recording{false};
+  int64_t steps = 0;
+  double draft_seconds = 0, verify_seconds = 0;
+  double entered = 0;
+  StepPhase phase = StepPhase::Sample;
+
+  void enter(StepPhase next) {
+    const double t = now_seconds();
+    if (steps > 0 && phase == StepPhase::Draft) draft_seconds += t - entered;
+    if (steps > 0 && phase == StepPhase::Forward) verify_seconds += t - entered;
+    if (next == StepPhase::Draft && recording.load()) ++steps;
+    const bool timing = steps > 0 && next != StepPhase::Sample;
+    model.set_backend(!timing ? inner : next == StepPhase::Draft ? static_cast<const KernelBackend&>(draft) : verify);
+    phase = next;
+    entered = t;
+  }
+};
+
+// One phase's time per step: the kernel operations by account, the model
+// and engine code between them, then the weight products by kind.
+void print_phase(const TimedBackend& timed, const char* name, double seconds, int64_t steps, int64_t batch,
+                 const std::string& csv_phase, std::ostream* csv) {
+  const double per_step = seconds / double(steps);
+  std::printf("    %s, per step: %.1f ms; kernels:", name, 1e3 * per_step);
+  const char* separator = " ";
+  for (int i = 0; i < kOpAccounts; ++i) {
+    const TimedBackend::Account& acc = timed.account(OpAccount(i));
+    if (acc.calls == 0) continue;
+    std::printf("%s%s %.2f ms", separator, op_account_name(OpAccount(i)), 1e3 * acc.seconds / double(steps));
+    separator = ", ";
+  }
+  std::printf("; outside the kernels %.2f ms\n", 1e3 * (seconds - timed.total_seconds()) / double(steps));
+  std::printf("  ");  // print_products' line, indented under this one
+  print_products(timed, csv_phase.c_str(), batch, batch * steps, double(steps), "per step", csv);
+}
+
 }  // namespace
 
-void run_speculative_bench(const std::shared_ptr<const Model>& model, const SpeculativeBenchArgs& a,
+void run_speculative_bench(const std::shared_ptr<Model>& model, const SpeculativeBenchArgs& a,
                            const MachineLimits& limits, std::ostream* csv) {
   const ModelConfig& c = model->config();
   const Model::TokenCost cost = model->token_cost();
@@ -161,14 +214,27 @@ void run_speculative_bench(const std::shared_ptr<const Model>& model, const Spec
   // The same steps' time on this machine: each the longer of its bytes at
   // the bandwidth and its decoding floor, as for a verify step (DSpark's
   // draft: its bytes only).
+  // An MTP step of `rows` rows, the head on one row of each of `batch` sequences.
+  auto mtp_step_seconds = [&](const Model::TokenCost& token_cost, int64_t rows, int64_t batch) {
+    return std::max(
+        mtp_step_bytes(c, token_cost, rows) / limits.bandwidth,
+        mtp_step_floor_seconds(c, token_cost, rows, batch, position, limits.one_token_rates, limits.fma_macs_per_s));
+  };
   auto draft_seconds = [&](const Model::TokenCost& token_cost, int64_t batch, double accept_len) {
     if (!eagle) return draft_bytes(token_cost, batch, accept_len) / limits.bandwidth;
-    auto mtp_step = [&](int64_t rows) {
-      return std::max(mtp_step_bytes(c, token_cost, rows) / limits.bandwidth,
-                      mtp_step_floor_seconds(c, token_cost, rows, batch, position, limits.one_token_rates,
-                                             limits.fma_macs_per_s));
-    };
-    return mtp_step(first_draft_rows(batch, accept_len)) + double(drafts - 1) * mtp_step(batch);
+    return mtp_step_seconds(token_cost, first_draft_rows(batch, accept_len), batch) +
+           double(drafts - 1) * mtp_step_seconds(token_cost, batch, batch);
+  };
+  // A request's first draft runs the MTP block over its prompt's rows (the
+  // block's own attention window needs them) where later drafts run the
+  // accepted rows: measured steps include it once per request, so the model
+  // spreads it over the request's steps (about decode / accept length).
+  auto catch_up_seconds = [&](const Model::TokenCost& token_cost, int64_t batch, double accept_len) {
+    if (!eagle) return 0.0;
+    const int64_t prompt_rows = batch * std::min(kPromptTokens, c.window);
+    const double extra = mtp_step_seconds(token_cost, prompt_rows, batch) -
+                         mtp_step_seconds(token_cost, first_draft_rows(batch, accept_len), batch);
+    return std::max(0.0, extra) * accept_len / double(a.decode);
   };
   for (int64_t batch : a.batches) {
     EngineOptions plain_options;
@@ -191,7 +257,9 @@ void run_speculative_bench(const std::shared_ptr<const Model>& model, const Spec
       options.speculative.auto_bypass = true;
       const EngineRun gated = engine_run(model, options, batch, a.decode, 4);
       const double verify_seconds = step_floor(cost, batch * (drafts + 1));
-      const double roof = double(batch) * accept_len / (verify_seconds + draft_seconds(cost, batch, accept_len));
+      const double draft_floor = draft_seconds(cost, batch, accept_len);
+      const double catch_up = catch_up_seconds(cost, batch, accept_len);
+      const double roof = double(batch) * accept_len / (verify_seconds + draft_floor + catch_up);
       std::printf(
           "  accept %.1f: speculative %8.2f tokens/s = %.2fx plain, %.0f%% of the %.2f the model allows (verify "
           "%.1f ms, draft %.1f ms per step); with the bypass (after 4 warm-up batches) %8.2f tokens/s = %.2fx plain "
@@ -201,9 +269,31 @@ void run_speculative_bench(const std::shared_ptr<const Model>& model, const Spec
           100 * forced.tokens_per_second / roof, roof, forced.forward_ms_per_step, forced.draft_ms_per_step,
           gated.tokens_per_second, gated.tokens_per_second / plain.tokens_per_second, (long long)gated.bypassed_steps,
           (long long)gated.steps);
+      std::printf("    the model, per step: verify %.1f ms, draft %.1f ms", 1e3 * verify_seconds, 1e3 * draft_floor);
+      if (eagle)
+        std::printf(", the MTP block over the %lld-token prompts %.1f ms (once per request, spread over its steps)",
+                    (long long)std::min(kPromptTokens, c.window), 1e3 * catch_up);
+      std::printf("\n");
       if (csv)
         *csv << "speculative_" << accept_len << "," << batch << ",," << forced.forward_ms_per_step / 1e3 << ","
              << forced.tokens_per_second << ",,,,," << roof << "," << gated.tokens_per_second << "\n";
+      if (a.split) {
+        // One more forced run, its kernel operations timed per phase.
+        options.speculative.auto_bypass = false;
+        PhaseTimers timers(*model);
+        options.on_phase = [&timers](StepPhase phase) { timers.enter(phase); };
+        engine_run(model, options, batch, a.decode, 1, [&timers] { timers.recording = true; });
+        model->set_backend(timers.inner);
+        options.on_phase = nullptr;
+        if (timers.steps > 0) {
+          char key[64];
+          std::snprintf(key, sizeof key, "speculative_%g_", accept_len);
+          print_phase(timers.draft, "draft", timers.draft_seconds, timers.steps, batch, std::string(key) + "draft",
+                      csv);
+          print_phase(timers.verify, "verify", timers.verify_seconds, timers.steps, batch, std::string(key) + "verify",
+                      csv);
+        }
+      }
     }
   }
   if (auto flash = flash_schedule_cost(c, cost, 16)) {

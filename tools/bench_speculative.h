@@ -22,9 +22,10 @@ struct SpeculativeBenchArgs {
   std::vector<double> accept_lens = {2, 3, 4};
   std::vector<int64_t> batches = {1};
   int64_t drafts = 3, decode = 32;
+  bool split = true;  // one more run per accept length, its kernels timed per phase (draft, verify)
 };
 
-void run_speculative_bench(const std::shared_ptr<const Model>& model, const SpeculativeBenchArgs& args,
+void run_speculative_bench(const std::shared_ptr<Model>& model, const SpeculativeBenchArgs& args,
                            const MachineLimits& limits, std::ostream* csv);
 
 }  // namespace dsv4::tools
