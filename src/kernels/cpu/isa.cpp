@@ -91,7 +91,10 @@ void set_kernel_isa(KernelIsa isa) {
 namespace {
 
 // Multiply-adds per second of 24 independent chains of `Instr` for about a
-// millisecond: what the core issues of it.
+// millisecond: what the core issues of it. The loops below are unrolled so
+// that the 24 accumulators stay in registers: rolled, GCC kept them in
+// memory, and every chain then waited on a store and a load per step, which
+// hid the instructions' own rates (docs/kernels.md, "Where it runs").
 template <class Instr>
 double chain_rate(const Instr& instr, int macs_per_instr) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -107,6 +110,7 @@ DSV4_TARGET_AVX512 int64_t fma_chains() {
   for (auto& v : a) v = _mm512_setzero_ps();
   __m512 w = _mm512_set1_ps(1e-3f), x = _mm512_set1_ps(1e-3f);
   for (int64_t r = 0; r < kCalibrationRounds; ++r) {
+#pragma GCC unroll 24
     for (auto& v : a) v = _mm512_fmadd_ps(w, x, v);
     asm volatile("" : "+v"(w), "+v"(x));
   }
@@ -121,6 +125,7 @@ DSV4_TARGET_AVX512_BF16 int64_t bf16_chains() {
   for (auto& v : a) v = _mm512_setzero_ps();
   __m512i w = _mm512_set1_epi32(0x3a833a83), x = _mm512_set1_epi32(0x3a833a83);
   for (int64_t r = 0; r < kCalibrationRounds; ++r) {
+#pragma GCC unroll 24
     for (auto& v : a) v = _mm512_dpbf16_ps(v, (__m512bh)w, (__m512bh)x);
     asm volatile("" : "+v"(w), "+v"(x));
   }
@@ -136,9 +141,9 @@ struct Bf16Choice {
 };
 
 // On where the CPU has AVX512-BF16 and VDPBF16PS does at least 1.3x the
-// multiply-adds of fp32 FMAs on this core (AMD Zen 4/5: about 2x; Sapphire
-// Rapids issues it once per two cycles: 1x), unless DSV4_BF16_DOT says
-// otherwise (0 / 1). The choice changes speed only, never bits.
+// multiply-adds of fp32 FMAs on this core (the AMX Xeon of docs/kernels.md
+// issues it once per two cycles: 0.5x), unless DSV4_BF16_DOT says otherwise
+// (0 / 1). The choice changes speed only, never bits.
 Bf16Choice initial_bf16_choice() {
   if (!bf16_dot_supported()) return {false, ""};
   const char* env = std::getenv("DSV4_BF16_DOT");
