@@ -10,8 +10,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <fstream>
+#include <limits>
 #include <map>
 
+#include "core/error.h"
 #include "engine/engine.h"
 #include "engine/speculative.h"
 #include "golden_util.h"
@@ -272,6 +275,104 @@ TEST(SpecEngine, EagleDraftsMatchAPlainMtpRun) {
   EXPECT_EQ(std::memcmp(window_row, row, size_t(c.vocab_size) * 4), 0)
       << "the MTP row of the last position must not depend on positions before its window";
   EXPECT_EQ(int32_t(std::max_element(window_row, window_row + c.vocab_size) - window_row), expected);
+}
+
+// A draft vocabulary (--speculative-token-map): the MTP logits of its tokens
+// are bitwise the whole head's, the others -infinity; requests drafting
+// with it stay bitwise plain, greedy and sampled.
+TEST(SpecEngine, DraftVocabularyScoresItsTokensAndKeepsTheOutput) {
+  std::shared_ptr<Model> model(Model::load(model_dir("tiny-flash-fp8")).release());
+  const ModelConfig& c = model->config();
+  const std::vector<int32_t> prompt = prompt_of(40, 5, 3);
+  const int64_t n = int64_t(prompt.size()), width = c.hc_mult * c.dim;
+  std::vector<float> hc(size_t(n * width));
+  SequenceState main_state = model->new_state();
+  model->forward(main_state, prompt.data(), n, nullptr, hc.data());
+  std::vector<int32_t> shifted(prompt.begin() + 1, prompt.end());
+  shifted.push_back(7);
+  auto mtp_logits = [&] {
+    SequenceState state = model->new_state();
+    std::vector<float> out(size_t(n * c.vocab_size));
+    model->forward_mtp(state, hc.data(), shifted.data(), n, out.data());
+    return out;
+  };
+  const std::vector<float> whole = mtp_logits();
+  std::vector<int32_t> vocab;
+  for (int32_t id = int32_t(c.vocab_size) - 1; id >= 0; id -= 3) vocab.push_back(id);  // any order
+  model->set_draft_vocab(vocab);
+  EXPECT_EQ(model->draft_vocab().size(), vocab.size());
+  const std::vector<float> narrowed = mtp_logits();
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t id = 0; id < c.vocab_size; ++id) {
+      const size_t at = size_t(t * c.vocab_size + id);
+      if ((c.vocab_size - 1 - id) % 3 == 0)
+        ASSERT_EQ(std::memcmp(&narrowed[at], &whole[at], 4), 0) << "row " << t << " token " << id;
+      else
+        ASSERT_EQ(narrowed[at], -std::numeric_limits<float>::infinity()) << "row " << t << " token " << id;
+    }
+  EXPECT_LT(model->token_cost().mtp_head_bytes, model->token_cost().head_bytes);
+
+  const auto batch = cases(5, false);
+  const auto plain = run("tiny-flash-fp8", plain_options(2048), batch);
+  for (bool sampling : {false, true}) {
+    const auto requests = sampling ? cases(5, true) : batch;
+    const auto reference = sampling ? run("tiny-flash-fp8", plain_options(2048), requests) : plain;
+    Engine engine(model, spec_options(SpeculativeAlgorithm::Eagle, 3, 33));
+    std::vector<std::shared_ptr<RequestHandle>> handles;
+    for (const Case& r : requests) handles.push_back(engine.submit(r.id, r.prompt, r.params));
+    std::vector<Outcome> spec;
+    for (auto& h : handles) spec.push_back(drain(h));
+    expect_same(reference, spec, sampling ? "sampled EAGLE, draft vocabulary" : "greedy EAGLE, draft vocabulary");
+    int64_t verifies = 0;
+    for (auto& o : spec) verifies += o.verifies;
+    EXPECT_GT(verifies, 0);
+  }
+  model->set_draft_vocab({});
+  EXPECT_TRUE(model->draft_vocab().empty());
+  EXPECT_EQ(model->token_cost().mtp_head_bytes, model->token_cost().head_bytes);
+}
+
+TEST(SpecEngine, DraftVocabularyRefusesBadIds) {
+  std::shared_ptr<Model> model(Model::load(model_dir("tiny-flash-fp8")).release());
+  const int32_t vocab = int32_t(model->config().vocab_size);
+  auto message = [&](std::vector<int32_t> ids) {
+    try {
+      model->set_draft_vocab(std::move(ids));
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(message({1, vocab}).find("outside the vocabulary"), std::string::npos);
+  EXPECT_NE(message({-1, 2}).find("outside the vocabulary"), std::string::npos);
+  EXPECT_NE(message({4, 9, 4}).find("token id 4 repeats"), std::string::npos);
+  EXPECT_TRUE(model->draft_vocab().empty()) << "a refused list leaves the whole head";
+}
+
+TEST(SpecTokenMap, ReadsJsonAndTextAndRefusesTheRest) {
+  const std::string dir = ::testing::TempDir();
+  auto write = [&](const std::string& name, const std::string& text) {
+    const std::string path = dir + "/" + name;
+    std::ofstream(path) << text;
+    return path;
+  };
+  EXPECT_EQ(load_token_map(write("map.json", " [3, 1, 2]\n")), (std::vector<int32_t>{3, 1, 2}));
+  EXPECT_EQ(load_token_map(write("map.txt", "5\n6 7\n")), (std::vector<int32_t>{5, 6, 7}));
+  auto message = [&](const std::string& path) {
+    try {
+      load_token_map(path);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(message(write("freq_32768.pt", "PK")).find("convert the map to JSON"), std::string::npos);
+  EXPECT_NE(message(dir + "/absent.json").find("cannot open"), std::string::npos);
+  EXPECT_NE(message(write("empty.txt", " \n")).find("no token ids"), std::string::npos);
+  EXPECT_NE(message(write("word.txt", "1 2x 3")).find("\"2x\" is not a token id"), std::string::npos);
+  EXPECT_NE(message(write("float.json", "[1, 2.5]")).find("2.5"), std::string::npos);
+  EXPECT_NE(message(write("broken.json", "[1, 2")).find("not valid JSON"), std::string::npos);
+  EXPECT_NE(message(write("negative.txt", "-4")).find("-4 is not a token id"), std::string::npos);
 }
 
 TEST(SpecEngine, SimulatedAcceptanceReachesItsLength) {

@@ -24,6 +24,7 @@
 #include "core/machine.h"
 #include "core/threads.h"
 #include "decode_rate.h"
+#include "engine/speculative.h"
 #include "engram_setup.h"
 #include "gemm_peak.h"
 #include "kernels/cpu/indexer_fp4.h"
@@ -48,6 +49,7 @@ struct BenchArgs {
   int threads = 0;
   uint32_t seed = 1;
   std::string speculative;  // EAGLE or NGRAM: also bench speculative decoding
+  std::string token_map;    // EAGLE's draft vocabulary (--speculative-token-map)
   std::vector<double> accept_lens = {2, 3, 4};
   LoadModeFlags load_mode;
   std::string numerics = "auto";  // auto (the model's default), exact or fast
@@ -443,6 +445,11 @@ int run_bench(const BenchArgs& a) {
     spec.batches = a.batches;
     spec.decode = std::max<int64_t>(a.decode, 8);
     spec.split = a.split;
+    if (!a.token_map.empty()) {
+      if (parse_speculative_algorithm(a.speculative) != SpeculativeAlgorithm::Eagle)
+        throw Error("--speculative-token-map narrows the MTP head's draft vocabulary: it needs --speculative EAGLE");
+      model->set_draft_vocab(load_token_map(a.token_map));
+    }
     MachineLimits limits{bandwidth, one_token_rates, fma_ceiling.flops / 2};
     run_speculative_bench(model, spec, limits, csv ? &csv : nullptr);
   }
@@ -511,6 +518,9 @@ void register_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--context-batch", *context_batches, "Batch sizes for --context (default 1,4)");
   auto accept = std::make_shared<std::string>("2,3,4");
   cmd->add_option("--accept-len", *accept, "Simulated accept lengths for --speculative (default 2,3,4)");
+  cmd->add_option("--speculative-token-map", a->token_map,
+                  "With --speculative EAGLE: the draft vocabulary (a JSON array or a list of token ids), as dsv4 serve "
+                  "takes it");
   cmd->callback([a, batches, accept, contexts, context_batches, &exit_code] {
     try {
       a->batches = parse_list(*batches);

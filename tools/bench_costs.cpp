@@ -20,14 +20,25 @@ int64_t prefill_macs(const ModelConfig& c, const Model::TokenCost& cost, int64_t
 
 namespace {
 
+// The head a step reads: the main model's, or the MTP draft's (the same, or
+// its draft vocabulary's rows).
+struct HeadCost {
+  int64_t bytes = 0, macs = 0;
+  std::array<int64_t, 4> weights{};
+};
+HeadCost main_head(const Model::TokenCost& cost) { return {cost.head_bytes, cost.head_macs, cost.head_weights}; }
+HeadCost mtp_head(const Model::TokenCost& cost) {
+  return {cost.mtp_head_bytes, cost.mtp_head_macs, cost.mtp_head_weights};
+}
+
 // Multiply-adds of `tokens` rows through `layers` at `position` (each its own
 // experts and attention) and of the head for `head_rows` of them.
-double step_macs(const ModelConfig& c, const Model::TokenCost& cost, const std::vector<Model::LayerCost>& layers,
+double step_macs(const ModelConfig& c, const HeadCost& head, const std::vector<Model::LayerCost>& layers,
                  int64_t tokens, int64_t head_rows, int64_t position) {
   double macs = 0;
   for (const Model::LayerCost& l : layers)
     macs += double(l.linear_macs) + double(Model::attention_macs(c, l.layout, position));
-  return double(tokens) * macs + double(head_rows) * double(cost.head_macs);
+  return double(tokens) * macs + double(head_rows) * double(head.macs);
 }
 
 }  // namespace
@@ -35,7 +46,7 @@ double step_macs(const ModelConfig& c, const Model::TokenCost& cost, const std::
 // Multiply-adds of one decode step of `batch` tokens at `position`: every
 // token runs its own experts, attention and the head, whatever the batch.
 double decode_step_macs(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch, int64_t position) {
-  return step_macs(c, cost, cost.layers, batch, batch, position);
+  return step_macs(c, main_head(cost), cost.layers, batch, batch, position);
 }
 
 // Routed experts a step of `batch` tokens picks at least once, with uniform
@@ -50,10 +61,10 @@ namespace {
 // Bytes a step of `tokens` tokens reads through `layers`: the LM and HC
 // heads once, one embedding row per token, and per layer its weights plus
 // every routed expert beyond the k that one token picks (uniform routing).
-double step_bytes(const ModelConfig& c, const Model::TokenCost& cost, const std::vector<Model::LayerCost>& layers,
-                  int64_t tokens) {
+double step_bytes(const ModelConfig& c, const Model::TokenCost& cost, const HeadCost& head,
+                  const std::vector<Model::LayerCost>& layers, int64_t tokens) {
   const double k = double(c.n_activated_experts), distinct = expected_distinct_experts(c, tokens);
-  double bytes = double(cost.head_bytes + tokens * cost.other_bytes);
+  double bytes = double(head.bytes + tokens * cost.other_bytes);
   for (const Model::LayerCost& l : layers) bytes += double(l.weight_bytes) + (distinct - k) * double(l.expert_bytes);
   return bytes;
 }
@@ -61,19 +72,19 @@ double step_bytes(const ModelConfig& c, const Model::TokenCost& cost, const std:
 }  // namespace
 
 double mtp_step_bytes(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch) {
-  return step_bytes(c, cost, cost.mtp_layers, batch);
+  return step_bytes(c, cost, mtp_head(cost), cost.mtp_layers, batch);
 }
 
 double dspark_step_bytes(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch, int64_t block) {
   // main_proj is read once per ring extension, the Markov projection once
   // per drafted position (the chain is sequential).
-  return step_bytes(c, cost, cost.dspark_layers, batch * block) +
+  return step_bytes(c, cost, main_head(cost), cost.dspark_layers, batch * block) +
          double(cost.dspark_main_proj_bytes + cost.dspark_other_bytes) +
          double(block) * double(cost.dspark_markov_bytes);
 }
 
 double decode_step_bytes(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch) {
-  return step_bytes(c, cost, cost.layers, batch);
+  return step_bytes(c, cost, main_head(cost), cost.layers, batch);
 }
 
 // The compute floor of a step of `tokens` rows through `layers`, the head on
@@ -85,7 +96,7 @@ double decode_step_bytes(const ModelConfig& c, const Model::TokenCost& cost, int
 // bytes, bounds a batched step.
 namespace {
 
-double step_floor_seconds(const ModelConfig& c, const Model::TokenCost& cost,
+double step_floor_seconds(const ModelConfig& c, const Model::TokenCost& cost, const HeadCost& head,
                           const std::vector<Model::LayerCost>& layers, int64_t tokens, int64_t head_rows,
                           int64_t position, const std::array<double, 4>& rates, double fma_macs_per_s) {
   const double distinct = expected_distinct_experts(c, tokens);
@@ -96,12 +107,12 @@ double step_floor_seconds(const ModelConfig& c, const Model::TokenCost& cost,
     seconds += weights / rate;
     decoded += weights;
   };
-  for (size_t f = 0; f < cost.head_weights.size(); ++f) decode(WeightFormat(f), double(cost.head_weights[f]));
+  for (size_t f = 0; f < head.weights.size(); ++f) decode(WeightFormat(f), double(head.weights[f]));
   for (const Model::LayerCost& l : layers) {
     for (size_t f = 0; f < l.dense_weights.size(); ++f) decode(WeightFormat(f), double(l.dense_weights[f]));
     decode(cost.expert_format, distinct * double(l.expert_weights));
   }
-  const double macs = step_macs(c, cost, layers, tokens, head_rows, position);
+  const double macs = step_macs(c, head, layers, tokens, head_rows, position);
   return seconds + std::max(0.0, macs - decoded) / fma_macs_per_s;
 }
 
@@ -109,12 +120,13 @@ double step_floor_seconds(const ModelConfig& c, const Model::TokenCost& cost,
 
 double decode_step_floor_seconds(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch, int64_t position,
                                  const std::array<double, 4>& rates, double fma_macs_per_s) {
-  return step_floor_seconds(c, cost, cost.layers, batch, batch, position, rates, fma_macs_per_s);
+  return step_floor_seconds(c, cost, main_head(cost), cost.layers, batch, batch, position, rates, fma_macs_per_s);
 }
 
 double mtp_step_floor_seconds(const ModelConfig& c, const Model::TokenCost& cost, int64_t tokens, int64_t head_rows,
                               int64_t position, const std::array<double, 4>& rates, double fma_macs_per_s) {
-  return step_floor_seconds(c, cost, cost.mtp_layers, tokens, head_rows, position, rates, fma_macs_per_s);
+  return step_floor_seconds(c, cost, mtp_head(cost), cost.mtp_layers, tokens, head_rows, position, rates,
+                            fma_macs_per_s);
 }
 
 // Costs of the official V4-Flash schedule, compress_ratios [0,0] + [4,128]*20

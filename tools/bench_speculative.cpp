@@ -193,6 +193,11 @@ void run_speculative_bench(const std::shared_ptr<Model>& model, const Speculativ
       "\nspeculative decoding (%s, %lld drafts per step, greedy, %lld tokens per request), acceptance SIMULATED "
       "(SGLANG_SIMULATE_ACC_LEN): random weights accept almost nothing\n",
       speculative_algorithm_name(spec.algorithm), (long long)drafts, (long long)a.decode);
+  if (eagle && !model->draft_vocab().empty())
+    std::printf(
+        "draft vocabulary: the MTP head scores %zu of %lld tokens (%.3f GB of the head's %.3f per draft step)\n",
+        model->draft_vocab().size(), (long long)c.vocab_size, double(cost.mtp_head_bytes) / 1e9,
+        double(cost.head_bytes) / 1e9);
   const int64_t position = 16 + a.decode / 2;
   auto step_floor = [&](const Model::TokenCost& token_cost, int64_t tokens) {
     return std::max(

@@ -65,7 +65,7 @@ struct ServeArgs {
   uint64_t random_seed = 0;
   int threads = 0;
   double prefix_cache_gb = 1.0;
-  std::string speculative_algorithm, hicache_storage_backend;
+  std::string speculative_algorithm, hicache_storage_backend, speculative_token_map;
   // Speculative decoding (SGLang's flags); -1: not given.
   int64_t speculative_num_steps = -1, speculative_eagle_topk = -1, speculative_num_draft_tokens = -1;
   int64_t speculative_dspark_block_size = -1;
@@ -307,6 +307,12 @@ void print_speculative_summary(const Model& model, const SpeculativeOptions& o) 
                bundled.c_str(),
                o.auto_bypass ? "bypassed at batch sizes where it measures slower than plain decoding"
                              : "never bypassed (--disable-speculative-bypass)");
+  if (!model.draft_vocab().empty())
+    std::fprintf(stderr,
+                 "draft vocabulary: the MTP head scores %zu of %lld tokens (--speculative-token-map): %.1f%% of the LM "
+                 "head per draft step; drafts outside it are never proposed, the output is unchanged\n",
+                 model.draft_vocab().size(), (long long)c.vocab_size,
+                 100.0 * double(model.draft_vocab().size()) / double(c.vocab_size));
   if (o.simulate_accept_len > 0)
     std::fprintf(stderr,
                  "WARNING: SGLANG_SIMULATE_ACC_LEN=%.2f: verification accepts %.2f tokens per step whatever the model "
@@ -426,6 +432,13 @@ int run_serve(ServeArgs& a) {
   eo.hicache = std::move(hicache);
   eo.pin_threads = true;
   eo.speculative = speculative_options(a, *model);
+  if (!a.speculative_token_map.empty()) {
+    if (eo.speculative.algorithm != SpeculativeAlgorithm::Eagle)
+      throw Error(
+          "--speculative-token-map narrows the MTP head's draft vocabulary: it needs --speculative-algorithm "
+          "EAGLE");
+    model->set_draft_vocab(load_token_map(a.speculative_token_map));
+  }
   eo.bounded_replay = a.bounded_replay;
   // SGLang's periodic "Decode batch" line, at --log-level info or debug.
   if (a.log_level == "info" || a.log_level == "debug")
@@ -602,6 +615,9 @@ void register_serve_command(CLI::App& app, int& exit_code) {
       ->check(CLI::PositiveNumber);
   cmd->add_option("--speculative-dspark-block-size", a->speculative_dspark_block_size, "DSPARK: drafted positions")
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--speculative-token-map", a->speculative_token_map,
+                  "EAGLE: the draft vocabulary (FR-Spec), a JSON array or a list of token ids: the MTP head scores "
+                  "only these tokens (.pt maps: convert to JSON)");
   cmd->add_option("--speculative-ngram-min-match-window-size", a->ngram_min_match,
                   "NGRAM: shortest suffix matched (1)");
   cmd->add_option("--speculative-ngram-max-match-window-size", a->ngram_max_match,

@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <limits>
+#include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "core/error.h"
 
@@ -51,6 +54,54 @@ void NgramIndex::extend(const std::vector<int32_t>& tokens) {
     slots[0] = end;
   }
   indexed_ = std::max(indexed_, n);
+}
+
+std::vector<int32_t> load_token_map(const std::string& path) {
+  const std::string where = "--speculative-token-map " + path;
+  if (path.ends_with(".pt") || path.ends_with(".pth"))
+    throw Error(where +
+                ": PyTorch files are not read here; convert the map to JSON with python3 -c \"import torch, json, "
+                "sys; json.dump(torch.load(sys.argv[1]).tolist(), open(sys.argv[2], 'w'))\" MAP.pt MAP.json");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(where + ": cannot open the file");
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  const std::string text = buffer.str();
+  std::vector<int32_t> ids;
+  auto add = [&](long long id) {
+    if (id < 0 || id > std::numeric_limits<int32_t>::max())
+      throw Error(where + ": token id " + std::to_string(id) + " is not a token id");
+    ids.push_back(int32_t(id));
+  };
+  const size_t first = text.find_first_not_of(" \t\r\n");
+  if (first != std::string::npos && text[first] == '[') {
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(where + ": not valid JSON (" + e.what() + ")");
+    }
+    for (const auto& v : j) {
+      if (!v.is_number_integer()) throw Error(where + ": the JSON array holds " + v.dump() + ", not a token id");
+      add(v.get<long long>());
+    }
+  } else {
+    std::istringstream words(text);
+    std::string word;
+    while (words >> word) {
+      size_t used = 0;
+      long long id = -1;
+      try {
+        id = std::stoll(word, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != word.size()) throw Error(where + ": \"" + word + "\" is not a token id");
+      add(id);
+    }
+  }
+  if (ids.empty()) throw Error(where + ": no token ids in the file");
+  return ids;
 }
 
 std::vector<int32_t> NgramIndex::propose(const std::vector<int32_t>& tokens, int64_t max_drafts) const {

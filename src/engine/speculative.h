@@ -25,6 +25,12 @@ const char* speculative_algorithm_name(SpeculativeAlgorithm a);
 // "NGRAM", "DSPARK"; throws dsv4::Error naming the accepted values.
 SpeculativeAlgorithm parse_speculative_algorithm(const std::string& name);
 
+// An EAGLE draft vocabulary file (SGLang's --speculative-token-map): a JSON
+// array of token ids, or ids separated by white space. SGLang's own maps
+// are PyTorch tensors (.pt), which are refused with the one-line conversion
+// to JSON. Throws Error naming the file and what is wrong with it.
+std::vector<int32_t> load_token_map(const std::string& path);
+
 struct SpeculativeOptions {
   SpeculativeAlgorithm algorithm = SpeculativeAlgorithm::None;
   // Tokens verified per step, counting the last sampled token (SGLang's

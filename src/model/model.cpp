@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -403,7 +404,7 @@ void Model::forward_mtp_batch(const std::vector<MtpBatchItem>& items) const {
     row0 += it.n;
   }
   const int64_t width = H * D;
-  const std::vector<float> logits = head_rows_forward(m.hc_head, m.norm, x_hc.data(), head_rows);
+  const std::vector<float> logits = mtp_head_rows(m, x_hc.data(), head_rows);
   row0 = 0;
   int64_t head_index = 0;
   for (const MtpBatchItem& it : items) {
@@ -416,6 +417,55 @@ void Model::forward_mtp_batch(const std::vector<MtpBatchItem>& items) const {
     }
     row0 += it.n;
   }
+}
+
+std::vector<float> Model::mtp_head_rows(const MtpWeights& m, const float* x_hc,
+                                        const std::vector<int64_t>& rows) const {
+  if (draft_vocab_.empty()) return head_rows_forward(m.hc_head, m.norm, x_hc, rows);
+  const ModelConfig& c = config_;
+  const int64_t width = c.hc_mult * c.dim, n = int64_t(rows.size()), kept = int64_t(draft_vocab_.size());
+  std::vector<float> logits(size_t(n * c.vocab_size), -std::numeric_limits<float>::infinity());
+  if (n == 0) return logits;
+  const KernelBackend& kb = *backend_;
+  Buffer selected = kb.buffer(n * width), y = kb.buffer(n * c.dim), kept_logits = kb.buffer(n * kept);
+  for (int64_t i = 0; i < n; ++i) std::copy_n(x_hc + rows[size_t(i)] * width, width, selected.data() + i * width);
+  kb.hc_head(hc_shape(c), hc_site(m.hc_head), selected.data(), n, y.data());
+  kb.rms_norm(y.data(), n, c.dim, c.dim, m.norm.data(), c.norm_eps);
+  kb.linear(draft_head_, y.data(), n, kept_logits.data());
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t k = 0; k < kept; ++k)
+      logits[size_t(i * c.vocab_size + draft_vocab_[size_t(k)])] = kept_logits[i * kept + k];
+  return logits;
+}
+
+void Model::set_draft_vocab(std::vector<int32_t> ids) {
+  if (ids.empty()) {
+    draft_vocab_.clear();
+    draft_head_bytes_.clear();
+    draft_head_ = Linear{};
+    return;
+  }
+  if (!has_mtp()) throw Error("a draft vocabulary (--speculative-token-map) needs the checkpoint's MTP block");
+  const Linear& head = weights_.head;
+  if (head.format != WeightFormat::BF16 && head.format != WeightFormat::F32)
+    throw Error(std::string("a draft vocabulary needs a BF16 or F32 LM head; this one is ") +
+                weight_format_name(head.format));
+  std::sort(ids.begin(), ids.end());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= config_.vocab_size)
+      throw Error("draft vocabulary: token id " + std::to_string(ids[i]) + " is outside the vocabulary [0, " +
+                  std::to_string(config_.vocab_size) + ")");
+    if (i > 0 && ids[i] == ids[i - 1]) throw Error("draft vocabulary: token id " + std::to_string(ids[i]) + " repeats");
+  }
+  const int64_t row_bytes = head.cols * (head.format == WeightFormat::BF16 ? 2 : 4);
+  std::vector<uint8_t> bytes(ids.size() * size_t(row_bytes));
+  for (size_t i = 0; i < ids.size(); ++i)
+    std::copy_n(head.data + ids[i] * row_bytes, row_bytes, bytes.begin() + int64_t(i) * row_bytes);
+  draft_vocab_ = std::move(ids);
+  draft_head_bytes_ = std::move(bytes);
+  draft_head_ = head;
+  draft_head_.rows = int64_t(draft_vocab_.size());
+  draft_head_.data = draft_head_bytes_.data();
 }
 
 Model::TokenCost Model::token_cost() const {
@@ -431,6 +481,15 @@ Model::TokenCost Model::token_cost() const {
   };
   add_dense(weights_.head, cost.head_bytes, cost.head_macs, cost.head_weights);
   add_dense(weights_.hc_head.fn, cost.head_bytes, cost.head_macs, cost.head_weights);
+  cost.mtp_head_bytes = cost.head_bytes;
+  cost.mtp_head_macs = cost.head_macs;
+  cost.mtp_head_weights = cost.head_weights;
+  if (!draft_vocab_.empty()) {
+    const Linear& head = weights_.head;
+    cost.mtp_head_bytes += draft_head_.weight_bytes() - head.weight_bytes();
+    cost.mtp_head_macs += (draft_head_.rows - head.rows) * head.cols;
+    cost.mtp_head_weights[size_t(head.format)] += (draft_head_.rows - head.rows) * head.cols;
+  }
   cost.other_bytes = weights_.embed.weight_bytes() / c.vocab_size;
   auto layer_cost = [&](const BlockWeights& b, const LayerLayout& layout) {
     const AttentionWeights& a = b.attn;

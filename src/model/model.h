@@ -131,6 +131,16 @@ class Model {
   void forward_mtp(SequenceState& state, const float* hc, const int32_t* next_tokens, int64_t n, float* logits) const;
   void forward_mtp_batch(const std::vector<MtpBatchItem>& items) const;
   bool has_mtp() const { return !weights_.mtp.empty(); }
+  // EAGLE's draft vocabulary (SGLang's --speculative-token-map, FR-Spec):
+  // the MTP block's logits are computed for these token ids only, from a
+  // copy of their LM head rows, and are -infinity for every other token, so
+  // a draft step reads ids/vocab of the head. Drafts are verified by the
+  // main model with its whole head, so the output does not change; a draft
+  // outside the vocabulary is never proposed. Needs an MTP block and a BF16
+  // or F32 head; ids in [0, vocab), no repeats (any order). An empty list
+  // restores the whole head. Call before an engine runs the model.
+  void set_draft_vocab(std::vector<int32_t> ids);
+  const std::vector<int32_t>& draft_vocab() const { return draft_vocab_; }
   // V4.1 bounded replay (SGLang's --enable-decoder-swa-bounded-replay):
   // the first layer of the late half, the ratio-1 KV source whose compressed
   // rows (one per token) every later layer attends; -1 when the model has
@@ -197,6 +207,10 @@ class Model {
     std::vector<LayerCost> dspark_layers;
     int64_t dspark_main_proj_bytes = 0, dspark_markov_bytes = 0, dspark_other_bytes = 0;
     std::array<int64_t, 4> head_weights{};  // by WeightFormat
+    // The head as an MTP draft step reads it: the same, or with a draft
+    // vocabulary its rows only.
+    int64_t mtp_head_bytes = 0, mtp_head_macs = 0;
+    std::array<int64_t, 4> mtp_head_weights{};
     WeightFormat expert_format = WeightFormat::F32;
   };
   TokenCost token_cost() const;
@@ -235,6 +249,9 @@ class Model {
                                        const float* lag_pre = nullptr) const;
   void head_forward(const HyperConnectionWeights& hc_head, const std::vector<float>& norm, const float* x_hc, int64_t n,
                     float* logits) const;
+  // The MTP block's head on the listed rows: head_rows_forward, or with a
+  // draft vocabulary its rows only (the other logits -infinity).
+  std::vector<float> mtp_head_rows(const MtpWeights& m, const float* x_hc, const std::vector<int64_t>& rows) const;
 
   ModelConfig config_;
   std::vector<LayerLayout> layouts_;
@@ -246,6 +263,9 @@ class Model {
   HcObserver hc_observer_, engram_observer_;
   EngramHasher engram_;
   int64_t replay_layer_ = -1;
+  std::vector<int32_t> draft_vocab_;  // sorted
+  std::vector<uint8_t> draft_head_bytes_;
+  Linear draft_head_;  // the head's rows of draft_vocab_, in draft_head_bytes_
 };
 
 }  // namespace dsv4

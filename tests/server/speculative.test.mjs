@@ -1,7 +1,8 @@
 // Speculative decoding through the server: NGRAM and EAGLE servers answer
 // /generate with exactly the tokens and logprobs of a plain server (greedy
 // and seeded), report SGLang's meta_info spec fields and metrics, say so at
-// startup, and refuse what cannot run with one clear line.
+// startup, and refuse what cannot run with one clear line. An EAGLE server
+// with a draft vocabulary (--speculative-token-map) answers the same.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
@@ -13,6 +14,10 @@ import { startServer, postJSON, metricValue, dsv4Bin, modelDir } from './lib.mjs
 // A prompt that repeats itself, so that n-gram drafts have something to copy.
 const prompt = 'def f(x):\n    return x + 1\n\n'.repeat(6) + 'def f(x):\n';
 const servers = {};
+// A draft vocabulary: every seventh token id, as a JSON array.
+const mapDir = fs.mkdtempSync(path.join(os.tmpdir(), 'dsv4-token-map-'));
+const tokenMap = path.join(mapDir, 'map.json');
+fs.writeFileSync(tokenMap, JSON.stringify(Array.from({ length: 18469 }, (_, i) => 7 * i)));
 
 before(async () => {
   servers.plain = await startServer([]);
@@ -20,8 +25,13 @@ before(async () => {
     '--speculative-ngram-max-match-window-size', '8', '--disable-speculative-bypass']);
   servers.eagle = await startServer(['--speculative-algorithm', 'EAGLE', '--speculative-num-steps', '2',
     '--speculative-eagle-topk', '1', '--speculative-num-draft-tokens', '3', '--disable-speculative-bypass']);
+  servers.eagle_map = await startServer(['--speculative-algorithm', 'EAGLE', '--speculative-token-map', tokenMap,
+    '--disable-speculative-bypass']);
 });
-after(async () => { for (const s of Object.values(servers)) await s.stop(); });
+after(async () => {
+  for (const s of Object.values(servers)) await s.stop();
+  fs.rmSync(mapDir, { recursive: true, force: true });
+});
 
 async function generate(server, samplingParams) {
   const r = await postJSON(server.origin, '/generate', {
@@ -36,13 +46,13 @@ for (const [name, params] of [['greedy', { temperature: 0 }],
   ['seeded sampling', { temperature: 0.8, top_k: 40, sampling_seed: 11 }]]) {
   test(`${name}: NGRAM and EAGLE give the plain server's tokens and logprobs`, async () => {
     const plain = await generate(servers.plain, params);
-    for (const kind of ['ngram', 'eagle']) {
+    for (const kind of ['ngram', 'eagle', 'eagle_map']) {
       const spec = await generate(servers[kind], params);
       assert.deepEqual(spec.output_ids, plain.output_ids, kind);
       assert.deepEqual(spec.meta_info.output_token_logprobs, plain.meta_info.output_token_logprobs, kind);
       // EAGLE drafts every step; n-gram drafts need a repeat, which random
       // weights produce greedily (loops) but rarely when sampling.
-      if (kind === 'eagle' || name === 'greedy') {
+      if (kind !== 'ngram' || name === 'greedy') {
         assert.ok(spec.meta_info.spec_verify_ct > 0, `${kind}: no verify step in meta_info`);
         assert.ok(spec.meta_info.spec_accept_length >= 1);
         assert.ok(spec.meta_info.spec_draft_token_num >= spec.meta_info.spec_accept_token_num);
@@ -83,6 +93,7 @@ test('metrics and the startup log describe speculation', async () => {
   assert.match(servers.ngram.stderr(), /speculative decoding: NGRAM, up to 5 drafts per step/);
   assert.match(servers.eagle.stderr(), /speculative decoding: EAGLE, up to 2 drafts per step \(MTP top-1 chain\)/);
   assert.match(servers.plain.stderr(), /speculative decoding: off \(the checkpoint bundles an MTP head/);
+  assert.match(servers.eagle_map.stderr(), /draft vocabulary: the MTP head scores 18469 of 129280 tokens/);
 });
 
 test('simulated acceptance is announced and reached', async () => {
@@ -107,6 +118,13 @@ test('what cannot run is refused at startup with one line', () => {
   refused(['--speculative-algorithm', 'NGRAM', '--speculative-num-draft-tokens', '100'], /must be in \[2, 64\]/);
   refused(['--speculative-algorithm', 'EAGLE', '--speculative-eagle-topk', '4'], /only 1 \(a chain of drafts\)/);
   refused(['--speculative-algorithm', 'MEDUSA'], /expected EAGLE .* NGRAM or DSPARK/);
+  refused(['--speculative-algorithm', 'NGRAM', '--speculative-token-map', tokenMap], /needs --speculative-algorithm EAGLE/);
+  const torchMap = path.join(mapDir, 'freq_32768.pt');
+  fs.writeFileSync(torchMap, 'PK');
+  refused(['--speculative-algorithm', 'EAGLE', '--speculative-token-map', torchMap], /convert the map to JSON/);
+  const outside = path.join(mapDir, 'outside.json');
+  fs.writeFileSync(outside, '[1, 129280]');
+  refused(['--speculative-algorithm', 'EAGLE', '--speculative-token-map', outside], /token id 129280 is outside/);
 });
 
 test('a checkpoint with a DSpark head serves target-only and with DSPARK, with the plain checkpoint\'s tokens', async () => {
