@@ -4,9 +4,11 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -77,6 +79,43 @@ TEST(TextCli, TokenizeAndDetokenize) {
   EXPECT_EQ(r.out, "Hello, world!");
   r = run("tokenize --tokenizer /nonexistent.json --text x");
   EXPECT_NE(r.rc, 0);
+}
+
+// `dsv4 token-map` (a draft vocabulary for --speculative-token-map): the
+// most frequent tokens of the files first, at most --top of them, each
+// once; the same map whether the text comes in one file or in many pieces.
+TEST(TextCli, TokenMapRanksTokensByFrequency) {
+  const fs::path dir = fs::temp_directory_path() / ("dsv4_token_map_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::string text;
+  for (int i = 0; i < 60; ++i) text += "zebra\n";
+  for (int i = 0; i < 7; ++i) text += "apple\n";
+  std::ofstream(dir / "a.txt") << text;
+  auto ids_of = [&](const std::string& s) {
+    auto r = run("tokenize --tokenizer " + quote(kTokenizer) + " --text " + quote(s));
+    return json::parse(r.out).get<std::vector<int>>();
+  };
+  const std::vector<int> zebra = ids_of("zebra"), apple = ids_of("apple"), newline = ids_of("\n");
+  ASSERT_EQ(newline.size(), 1u);
+  auto r = run("token-map --tokenizer " + quote(kTokenizer) + " " + quote((dir / "a.txt").string()));
+  ASSERT_EQ(r.rc, 0);
+  const std::vector<int> map = json::parse(r.out).get<std::vector<int>>();
+  ASSERT_FALSE(map.empty());
+  EXPECT_EQ(map[0], newline[0]);  // 67 times
+  auto rank = [&](int id) { return std::find(map.begin(), map.end(), id) - map.begin(); };
+  for (int z : zebra)
+    for (int a : apple) {
+      if (z == a) continue;
+      EXPECT_LT(rank(z), rank(a)) << z << " " << a;
+    }
+  EXPECT_EQ(std::set<int>(map.begin(), map.end()).size(), map.size());
+  r = run("token-map --tokenizer " + quote(kTokenizer) + " --top 2 --out " + quote((dir / "m.json").string()) + " " +
+          quote((dir / "a.txt").string()));
+  ASSERT_EQ(r.rc, 0);
+  std::ifstream in(dir / "m.json");
+  EXPECT_EQ(json::parse(in).get<std::vector<int>>(), std::vector<int>(map.begin(), map.begin() + 2));
+  EXPECT_NE(run("token-map --tokenizer " + quote(kTokenizer) + " /nonexistent.txt").rc, 0);
+  fs::remove_all(dir);
 }
 
 TEST(TextCli, RenderGoldenEncodingCases) {

@@ -14,5 +14,6 @@ void register_bench_command(CLI::App& app, int& exit_code);
 void register_make_model_command(CLI::App& app, int& exit_code);
 void register_serve_command(CLI::App& app, int& exit_code);
 void register_bench_serve_command(CLI::App& app, int& exit_code);
+void register_token_map_command(CLI::App& app, int& exit_code);
 
 }  // namespace dsv4::tools

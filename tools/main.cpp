@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   dsv4::tools::register_make_model_command(app, exit_code);
   dsv4::tools::register_serve_command(app, exit_code);
   dsv4::tools::register_bench_serve_command(app, exit_code);
+  dsv4::tools::register_token_map_command(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
