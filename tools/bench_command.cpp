@@ -127,6 +127,8 @@ void print_decode_split(const KernelBackend& backend, const std::function<double
 }  // namespace
 
 int run_bench(const BenchArgs& a) {
+  if (!a.token_map.empty() && a.speculative.empty())
+    throw Error("--speculative-token-map narrows the MTP head's draft vocabulary: it needs --speculative EAGLE");
   set_compute_threads(a.threads);
   omp_set_num_threads(compute_threads());  // oneDNN's GEMM peak runs on this thread's OpenMP team
   const bool pinned = pin_compute_threads();
