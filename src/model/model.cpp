@@ -441,7 +441,7 @@ std::vector<float> Model::mtp_head_rows(const MtpWeights& m, const float* x_hc,
 void Model::set_draft_vocab(std::vector<int32_t> ids) {
   if (ids.empty()) {
     draft_vocab_.clear();
-    draft_head_bytes_.clear();
+    decltype(draft_head_bytes_)().swap(draft_head_bytes_);  // frees the copy
     draft_head_ = Linear{};
     return;
   }
@@ -458,7 +458,7 @@ void Model::set_draft_vocab(std::vector<int32_t> ids) {
     if (i > 0 && ids[i] == ids[i - 1]) throw Error("draft vocabulary: token id " + std::to_string(ids[i]) + " repeats");
   }
   const int64_t row_bytes = head.cols * (head.format == WeightFormat::BF16 ? 2 : 4);
-  std::vector<uint8_t> bytes(ids.size() * size_t(row_bytes));
+  std::vector<uint8_t, HugePageAllocator<uint8_t>> bytes(ids.size() * size_t(row_bytes));
   for (size_t i = 0; i < ids.size(); ++i)
     std::copy_n(head.data + ids[i] * row_bytes, row_bytes, bytes.begin() + int64_t(i) * row_bytes);
   draft_vocab_ = std::move(ids);

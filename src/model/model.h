@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/aligned.h"
 #include "io/config.h"
 #include "io/residency.h"
 #include "io/safetensors.h"
@@ -264,7 +265,7 @@ class Model {
   EngramHasher engram_;
   int64_t replay_layer_ = -1;
   std::vector<int32_t> draft_vocab_;  // sorted
-  std::vector<uint8_t> draft_head_bytes_;
+  std::vector<uint8_t, HugePageAllocator<uint8_t>> draft_head_bytes_;  // streamed like the weights
   Linear draft_head_;  // the head's rows of draft_vocab_, in draft_head_bytes_
 };
 
