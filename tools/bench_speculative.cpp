@@ -34,8 +34,8 @@ struct EngineRun {
   int64_t bypassed_steps = 0, steps = 0;
 };
 
-// `batch` requests of a kPromptTokens-token prompt each; the clock runs from the step
-// after their first tokens (one prefill step) to the last token. `warm_up`
+// `batch` requests of kPromptTokens tokens each; the clock runs from the
+// step after their first tokens (one prefill step) to the last token. `warm_up`
 // batches run first on the same engine, unmeasured: the bypass gate learns
 // once per server, so its exploration belongs to a warm-up, not to every
 // measurement; plain and forced runs take one too, so that no run pays a
@@ -198,7 +198,7 @@ void run_speculative_bench(const std::shared_ptr<Model>& model, const Speculativ
         "draft vocabulary: the MTP head scores %zu of %lld tokens (%.3f GB of the head's %.3f per draft step)\n",
         model->draft_vocab().size(), (long long)c.vocab_size, double(cost.mtp_head_bytes) / 1e9,
         double(cost.head_bytes) / 1e9);
-  const int64_t position = 16 + a.decode / 2;
+  const int64_t position = kPromptTokens + a.decode / 2;
   auto step_floor = [&](const Model::TokenCost& token_cost, int64_t tokens) {
     return std::max(
         decode_step_bytes(c, token_cost, tokens) / limits.bandwidth,
@@ -216,15 +216,15 @@ void run_speculative_bench(const std::shared_ptr<Model>& model, const Speculativ
     return mtp_step_bytes(c, token_cost, first_draft_rows(batch, accept_len)) +
            double(drafts - 1) * mtp_step_bytes(c, token_cost, batch);
   };
-  // The same steps' time on this machine: each the longer of its bytes at
-  // the bandwidth and its decoding floor, as for a verify step (DSpark's
-  // draft: its bytes only).
-  // An MTP step of `rows` rows, the head on one row of each of `batch` sequences.
+  // An MTP step of `rows` rows, the head on one row of each of `batch`
+  // sequences: the longer of its bytes at the bandwidth and its decoding
+  // floor, as for a verify step.
   auto mtp_step_seconds = [&](const Model::TokenCost& token_cost, int64_t rows, int64_t batch) {
     return std::max(
         mtp_step_bytes(c, token_cost, rows) / limits.bandwidth,
         mtp_step_floor_seconds(c, token_cost, rows, batch, position, limits.one_token_rates, limits.fma_macs_per_s));
   };
+  // The draft steps' time on this machine (DSpark's draft: its bytes only).
   auto draft_seconds = [&](const Model::TokenCost& token_cost, int64_t batch, double accept_len) {
     if (!eagle) return draft_bytes(token_cost, batch, accept_len) / limits.bandwidth;
     return mtp_step_seconds(token_cost, first_draft_rows(batch, accept_len), batch) +
