@@ -127,7 +127,7 @@ void print_decode_split(const KernelBackend& backend, const std::function<double
 }  // namespace
 
 int run_bench(const BenchArgs& a) {
-  if (!a.token_map.empty() && a.speculative.empty())
+  if (!a.token_map.empty() && parse_speculative_algorithm(a.speculative) != SpeculativeAlgorithm::Eagle)
     throw Error("--speculative-token-map narrows the MTP head's draft vocabulary: it needs --speculative EAGLE");
   set_compute_threads(a.threads);
   omp_set_num_threads(compute_threads());  // oneDNN's GEMM peak runs on this thread's OpenMP team
@@ -447,11 +447,7 @@ int run_bench(const BenchArgs& a) {
     spec.batches = a.batches;
     spec.decode = std::max<int64_t>(a.decode, 8);
     spec.split = a.split;
-    if (!a.token_map.empty()) {
-      if (parse_speculative_algorithm(a.speculative) != SpeculativeAlgorithm::Eagle)
-        throw Error("--speculative-token-map narrows the MTP head's draft vocabulary: it needs --speculative EAGLE");
-      model->set_draft_vocab(load_token_map(a.token_map));
-    }
+    if (!a.token_map.empty()) model->set_draft_vocab(load_token_map(a.token_map));
     MachineLimits limits{bandwidth, one_token_rates, fma_ceiling.flops / 2};
     run_speculative_bench(model, spec, limits, csv ? &csv : nullptr);
   }

@@ -73,7 +73,7 @@ void run_token_map(const TokenMapArgs& a) {
   if (ids.empty()) throw Error("token-map: the files hold no text");
   // Most frequent first; equal counts by id, so the map is reproducible.
   std::stable_sort(ids.begin(), ids.end(), [&](int32_t x, int32_t y) { return counts[size_t(x)] > counts[size_t(y)]; });
-  const size_t kept = std::min(ids.size(), size_t(a.top));
+  const size_t distinct = ids.size(), kept = std::min(distinct, size_t(a.top));
   int64_t covered = 0;
   for (size_t i = 0; i < kept; ++i) covered += counts[size_t(ids[i])];
   ids.resize(kept);
@@ -90,8 +90,7 @@ void run_token_map(const TokenMapArgs& a) {
   }
   std::fprintf(stderr,
                "token-map: %lld tokens in %zu file(s), %zu distinct; the %zu most frequent cover %.2f%% of them%s\n",
-               (long long)total, a.files.size(), counts.size() - size_t(std::count(counts.begin(), counts.end(), 0)),
-               kept, 100.0 * double(covered) / double(total),
+               (long long)total, a.files.size(), distinct, kept, 100.0 * double(covered) / double(total),
                kept < size_t(a.top) ? " (fewer distinct tokens than --top: all of them are kept)" : "");
 }
 

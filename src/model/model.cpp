@@ -145,17 +145,17 @@ void Model::engram_forward(const EngramWeights& e, const int64_t* hash_ids, floa
                   c.norm_eps});
 }
 
-std::vector<float> Model::head_rows_forward(const HyperConnectionWeights& hc_head, const std::vector<float>& norm,
-                                            const float* x_hc, const std::vector<int64_t>& rows,
-                                            const float* lag_pre) const {
+std::vector<float> Model::head_rows_forward(const Linear& head, const HyperConnectionWeights& hc_head,
+                                            const std::vector<float>& norm, const float* x_hc,
+                                            const std::vector<int64_t>& rows, const float* lag_pre) const {
   const int64_t width = config_.hc_mult * config_.dim;
-  std::vector<float> logits(rows.size() * size_t(config_.vocab_size));
+  std::vector<float> logits(rows.size() * size_t(head.rows));
   if (rows.empty()) return logits;
   std::vector<float> selected(rows.size() * size_t(width));
   for (size_t i = 0; i < rows.size(); ++i)
     std::copy_n(x_hc + rows[i] * width, width, selected.begin() + int64_t(i) * width);
   if (!lag_pre) {
-    head_forward(hc_head, norm, selected.data(), int64_t(rows.size()), logits.data());
+    head_forward(head, hc_head, norm, selected.data(), int64_t(rows.size()), logits.data());
     return logits;
   }
   const KernelBackend& kb = *backend_;
@@ -165,17 +165,17 @@ std::vector<float> Model::head_rows_forward(const HyperConnectionWeights& hc_hea
   Buffer y = kb.buffer(n * D);
   kb.hc_collapse(hc_shape(config_), pre.data(), selected.data(), n, y.data());
   kb.rms_norm(y.data(), n, D, D, norm.data(), config_.norm_eps);
-  kb.linear(weights_.head, y.data(), n, logits.data());
+  kb.linear(head, y.data(), n, logits.data());
   return logits;
 }
 
-void Model::head_forward(const HyperConnectionWeights& hc_head, const std::vector<float>& norm, const float* x_hc,
-                         int64_t n, float* logits) const {
+void Model::head_forward(const Linear& head, const HyperConnectionWeights& hc_head, const std::vector<float>& norm,
+                         const float* x_hc, int64_t n, float* logits) const {
   const KernelBackend& kb = *backend_;
   Buffer y = kb.buffer(n * config_.dim);
   kb.hc_head(hc_shape(config_), hc_site(hc_head), x_hc, n, y.data());
   kb.rms_norm(y.data(), n, config_.dim, config_.dim, norm.data(), config_.norm_eps);
-  kb.linear(weights_.head, y.data(), n, logits);
+  kb.linear(head, y.data(), n, logits);
 }
 
 void check_token_ids(int64_t vocab, const int32_t* ids, int64_t n, const char* what) {
@@ -336,8 +336,8 @@ void Model::forward_batch(const std::vector<BatchItem>& items) const {
       r0 += it.n;
     }
   }
-  const std::vector<float> logits = head_rows_forward(weights_.hc_head, weights_.norm, x_hc.data(), head_rows,
-                                                      c.v41 ? lag_pre.data() : nullptr);
+  const std::vector<float> logits = head_rows_forward(weights_.head, weights_.hc_head, weights_.norm, x_hc.data(),
+                                                      head_rows, c.v41 ? lag_pre.data() : nullptr);
   int64_t row0 = 0, head_index = 0;
   for (const BatchItem& it : items) {
     it.state->n_tokens += it.n;
@@ -421,20 +421,13 @@ void Model::forward_mtp_batch(const std::vector<MtpBatchItem>& items) const {
 
 std::vector<float> Model::mtp_head_rows(const MtpWeights& m, const float* x_hc,
                                         const std::vector<int64_t>& rows) const {
-  if (draft_vocab_.empty()) return head_rows_forward(m.hc_head, m.norm, x_hc, rows);
-  const ModelConfig& c = config_;
-  const int64_t width = c.hc_mult * c.dim, n = int64_t(rows.size()), kept = int64_t(draft_vocab_.size());
-  std::vector<float> logits(size_t(n * c.vocab_size), -std::numeric_limits<float>::infinity());
-  if (n == 0) return logits;
-  const KernelBackend& kb = *backend_;
-  Buffer selected = kb.buffer(n * width), y = kb.buffer(n * c.dim), kept_logits = kb.buffer(n * kept);
-  for (int64_t i = 0; i < n; ++i) std::copy_n(x_hc + rows[size_t(i)] * width, width, selected.data() + i * width);
-  kb.hc_head(hc_shape(c), hc_site(m.hc_head), selected.data(), n, y.data());
-  kb.rms_norm(y.data(), n, c.dim, c.dim, m.norm.data(), c.norm_eps);
-  kb.linear(draft_head_, y.data(), n, kept_logits.data());
+  if (draft_vocab_.empty()) return head_rows_forward(weights_.head, m.hc_head, m.norm, x_hc, rows);
+  const std::vector<float> kept = head_rows_forward(draft_head_, m.hc_head, m.norm, x_hc, rows);
+  const int64_t vocab = config_.vocab_size, n = int64_t(rows.size()), count = int64_t(draft_vocab_.size());
+  std::vector<float> logits(size_t(n * vocab), -std::numeric_limits<float>::infinity());
   for (int64_t i = 0; i < n; ++i)
-    for (int64_t k = 0; k < kept; ++k)
-      logits[size_t(i * c.vocab_size + draft_vocab_[size_t(k)])] = kept_logits[i * kept + k];
+    for (int64_t k = 0; k < count; ++k)
+      logits[size_t(i * vocab + draft_vocab_[size_t(k)])] = kept[size_t(i * count + k)];
   return logits;
 }
 

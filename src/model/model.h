@@ -242,16 +242,16 @@ class Model {
   void engram_forward(const EngramWeights& engram, const int64_t* hash_ids, float* x_hc, int64_t n) const;
   void dspark_stage(const BlockWeights& stage, size_t index, const std::vector<DsparkDraftItem>& items, float* x_hc,
                     const int32_t* tokens, const int64_t* positions, int64_t n, float* lag_pre) const;
-  // The head on the listed rows of x_hc only: [rows, vocab] logits.
-  // V4.1 (lag_pre not null): the rows collapse with their lagged pre instead
-  // of an HC head.
-  std::vector<float> head_rows_forward(const HyperConnectionWeights& hc_head, const std::vector<float>& norm,
-                                       const float* x_hc, const std::vector<int64_t>& rows,
-                                       const float* lag_pre = nullptr) const;
-  void head_forward(const HyperConnectionWeights& hc_head, const std::vector<float>& norm, const float* x_hc, int64_t n,
-                    float* logits) const;
-  // The MTP block's head on the listed rows: head_rows_forward, or with a
-  // draft vocabulary its rows only (the other logits -infinity).
+  // `head` (the LM head, or the draft vocabulary's rows of it) on the listed
+  // rows of x_hc only: [rows, head.rows] logits. V4.1 (lag_pre not null):
+  // the rows collapse with their lagged pre instead of an HC head.
+  std::vector<float> head_rows_forward(const Linear& head, const HyperConnectionWeights& hc_head,
+                                       const std::vector<float>& norm, const float* x_hc,
+                                       const std::vector<int64_t>& rows, const float* lag_pre = nullptr) const;
+  void head_forward(const Linear& head, const HyperConnectionWeights& hc_head, const std::vector<float>& norm,
+                    const float* x_hc, int64_t n, float* logits) const;
+  // The MTP block's head on the listed rows: [rows, vocab] logits, with a
+  // draft vocabulary its tokens' only (the other logits -infinity).
   std::vector<float> mtp_head_rows(const MtpWeights& m, const float* x_hc, const std::vector<int64_t>& rows) const;
 
   ModelConfig config_;
