@@ -26,6 +26,7 @@ DECODE="${DECODE:-64}"
 ROUNDS="${ROUNDS:-2}"
 THREADS="${THREADS:-2}"
 BATCHES="1 4 16"
+MAX_BATCH="${BATCHES##* }"  # the last (largest) of BATCHES: llama-batched-bench's KV holds that many sequences
 
 [ -x "$BUILD/dsv4" ] || { echo "build dsv4 first (scripts/build.sh, or cmake --build $BUILD)" >&2; exit 1; }
 mkdir -p "$WORK"
@@ -60,18 +61,18 @@ for round in $(seq "$ROUNDS"); do
   declare -A dsv4=() llama=()
   for prompt in $PREFILL; do
     "$BUILD/dsv4" bench --model "$SLICE" --threads "$THREADS" --prompt "$prompt" --decode 1 --batch 1 \
-      --csv "$ours_csv" >/dev/null 2>&1
+      --no-split --csv "$ours_csv" >/dev/null 2>&1
     dsv4[pp$prompt]=$(ours prefill 1)
     # llama-bench's markdown table: | model | ... | test | t/s (mean ± deviation) |
     llama[pp$prompt]=$("$WORK/build/bin/llama-bench" -m "$GGUF" -t "$THREADS" -p "$prompt" -n 0 -r 1 2>/dev/null |
       awk -F'|' -v test="pp$prompt" 'NF > 3 && $(NF - 2) ~ "^ *" test " *$" { split($(NF - 1), rate, " "); print rate[1] }')
   done
   "$BUILD/dsv4" bench --model "$SLICE" --threads "$THREADS" --prompt "$DECODE_PROMPT" --decode "$DECODE" \
-    --batch "${BATCHES// /,}" --csv "$ours_csv" >/dev/null 2>&1
+    --batch "${BATCHES// /,}" --no-split --csv "$ours_csv" >/dev/null 2>&1
   for batch in $BATCHES; do dsv4[tg$batch]=$(ours decode "$batch"); done
   # llama-batched-bench prints a markdown table: | PP | TG | B | N_KV | T_PP | S_PP | T_TG | S_TG | ...
   while read -r batch rate; do llama[tg$batch]=$rate; done < <(
-    "$WORK/build/bin/llama-batched-bench" -m "$GGUF" -t "$THREADS" -c $((16 * (DECODE_PROMPT + DECODE) + 256)) \
+    "$WORK/build/bin/llama-batched-bench" -m "$GGUF" -t "$THREADS" -c $((MAX_BATCH * (DECODE_PROMPT + DECODE) + 256)) \
       -b 2048 -ub 512 -npp "$DECODE_PROMPT" -ntg "$DECODE" -npl "${BATCHES// /,}" 2>/dev/null |
       awk -F'|' '$2 ~ /^ *[0-9]+ *$/ { gsub(" ", "", $4); gsub(" ", "", $9); print $4, $9 }')
   for test in $(for prompt in $PREFILL; do echo "pp$prompt"; done) $(for batch in $BATCHES; do echo "tg$batch"; done); do
