@@ -383,6 +383,75 @@ DSV4_AVX512 void dot4_all_tokens_avx512(const Linear& w, RowGroup g, const float
   }
 }
 
+// BF16 rows with many tokens (a decode batch's LM head): eight rows against
+// the tokens in pairs, each pair widening the rows' bf16 itself. In the
+// four-row kernel every group of four tokens loads its inputs from L2 (16
+// tokens of a chunk are 64 KB), one input load per four FMAs, and the first
+// group also stores the widened rows for the others; here an input load
+// feeds eight FMAs, the raw rows of a chunk (16 KB) stay in L1 for the later
+// pairs, and nothing is stored (docs/kernels.md, "Eight rows"). Each (row,
+// token) still sees the sequence dot_avx512 gives it: same bits.
+constexpr int kEightRows = 8, kEightRowTokenGroup = 2;
+// From two tokens; one token keeps the four-row kernel's streaming
+// prefetches, which were as fast or faster.
+constexpr int64_t kEightRowMinTokens = 2;
+
+template <int T>
+DSV4_AVX512 inline void dot8_bf16_group_chunk(const uint16_t* const* p, const uint16_t* const* ahead, int64_t c0,
+                                              int64_t c1, const float* const* x, int group, int groups,
+                                              double (*sums)[kEightRows]) {
+  const __m512i widen = bf16_widen_index();
+  __m512 a[kEightRows][T];
+  for (auto& r : a)
+    for (auto& t : r) t = _mm512_setzero_ps();
+  for (int64_t i = c0; i < c1; i += 16) {
+    // The rows' next bytes (next chunk, or the thread's next rows), one
+    // cache line per row every two steps, shared out among the groups.
+    if ((i - c0) % 32 == 0)
+      for (int r = group; r < kEightRows; r += groups)
+        if (ahead[r]) _mm_prefetch((const char*)(ahead[r] + (i - c0)), _MM_HINT_T0);
+    __m512 v[kEightRows];
+    for (int r = 0; r < kEightRows; ++r) v[r] = bf16x16_to_ps_avx512(p[r] + i, widen);
+    for (int t = 0; t < T; ++t) {
+      const __m512 xv = _mm512_loadu_ps(x[t] + i);
+      for (int r = 0; r < kEightRows; ++r) a[r][t] = _mm512_fmadd_ps(v[r], xv, a[r][t]);
+    }
+  }
+  for (int t = 0; t < T; ++t)
+    for (int r = 0; r < kEightRows; r += 4)
+      _mm256_storeu_pd(&sums[t][r], _mm256_add_pd(_mm256_loadu_pd(&sums[t][r]),
+                                                  fold16x4_avx512(a[r][t], a[r + 1][t], a[r + 2][t], a[r + 3][t])));
+}
+
+// rows[0..8) against n <= kMaxRegisterTokens tokens; out[t * 8 + r]
+// receives (rows[r], token t). next_rows: the thread takes rows[r] +
+// next_rows next (0: none), whose first bytes the last chunk prefetches.
+DSV4_AVX512 void dot8_bf16_avx512(const Linear& w, const int64_t* rows, int64_t next_rows, const float* xs, int64_t n,
+                                  double* out) {
+  const int64_t cols = w.cols;
+  const uint16_t* p[kEightRows];
+  for (int r = 0; r < kEightRows; ++r) p[r] = reinterpret_cast<const uint16_t*>(w.data) + rows[r] * cols;
+  double sums[kMaxRegisterTokens][kEightRows] = {};
+  const int groups = int((n + kEightRowTokenGroup - 1) / kEightRowTokenGroup);
+  for (int64_t c0 = 0; c0 < cols; c0 += kChunk) {
+    const int64_t c1 = std::min(cols, c0 + kChunk);
+    const uint16_t* ahead[kEightRows];
+    for (int r = 0; r < kEightRows; ++r)
+      ahead[r] = c1 < cols ? p[r] + c1 : next_rows ? p[r] + next_rows * cols : nullptr;
+    for (int g = 0; g < groups; ++g) {
+      const int64_t t = int64_t(g) * kEightRowTokenGroup;
+      const float* x[kEightRowTokenGroup];
+      for (int u = 0; u < kEightRowTokenGroup; ++u) x[u] = xs + std::min(t + u, n - 1) * cols;
+      if (n - t >= 2)
+        dot8_bf16_group_chunk<2>(p, ahead, c0, c1, x, g, groups, sums + t);
+      else
+        dot8_bf16_group_chunk<1>(p, ahead, c0, c1, x, g, groups, sums + t);
+    }
+  }
+  for (int64_t t = 0; t < n; ++t)
+    for (int r = 0; r < kEightRows; ++r) out[t * kEightRows + r] = sums[t][r];
+}
+
 }  // namespace
 
 // Storage positions [c0, c1) of one row, decoded with the fast decoders into
@@ -529,7 +598,20 @@ DSV4_AVX512 void micro_kernel_any_avx512(int rows, int tokens, const float* w, c
 void rows_as_four_streams(const Linear& w, int64_t row_begin, int64_t lo, int64_t hi, const float* xs, int64_t n,
                           float* y, int64_t y_stride) {
   const int64_t quarter = (hi - lo) / 4;
-  for (int64_t j = 0; j < quarter; ++j) {
+  int64_t j = 0;
+  if (w.format == WeightFormat::BF16 && n >= kEightRowMinTokens)
+    // Two rows of each stream at a time: rows j and j + 1 of the four
+    // quarters, the next pair two rows on.
+    for (; j + 2 <= quarter; j += 2) {
+      int64_t rows[kEightRows];
+      for (int q = 0; q < 4; ++q)
+        for (int u = 0; u < 2; ++u) rows[2 * q + u] = row_begin + lo + j + u + q * quarter;
+      double r[kEightRows * kMaxRegisterTokens];
+      dot8_bf16_avx512(w, rows, j + 4 <= quarter ? 2 : 0, xs, n, r);
+      for (int64_t t = 0; t < n; ++t)
+        for (int q = 0; q < kEightRows; ++q) y[t * y_stride + rows[q] - row_begin] = float(r[t * kEightRows + q]);
+    }
+  for (; j < quarter; ++j) {
     const RowGroup g{row_begin + lo + j, quarter, j + 1 < quarter};
     double r[4 * kMaxRegisterTokens];
     dot4_all_tokens_avx512(w, g, xs, n, r, 4);
