@@ -168,7 +168,12 @@ void linear_args(benchmark::internal::Benchmark* b) {
   // cases they show where batched decode stops being bound by the bytes.
   b->Args({int(WeightFormat::BF16), int(KernelIsa::Avx512), 16, 512, 0});
   b->Args({int(WeightFormat::FP8_BLOCK128), int(KernelIsa::Avx512), 16, 256, 0});
-  for (int n : {2, 3}) b->Args({int(WeightFormat::FP4_BLOCK32), int(KernelIsa::Avx512), n, 256, 0});
+  // The routed experts' FP4 register path, fp32 FMAs against VDPBF16PS
+  // step pairs (linear_fp4_pairs.cpp), in cache and from DRAM.
+  for (int bf16 : {0, 1}) {
+    for (int n : {1, 2, 4}) b->Args({int(WeightFormat::FP4_BLOCK32), int(KernelIsa::Avx512), n, 0, bf16});
+    for (int n : {1, 2, 3}) b->Args({int(WeightFormat::FP4_BLOCK32), int(KernelIsa::Avx512), n, 256, bf16});
+  }
 }
 BENCHMARK(BM_Linear)->Apply(linear_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 

@@ -122,15 +122,23 @@ enum class Packing { Rows, Dot, Outer, DotBf16, OuterBf16 };
 // Token t's inputs in storage order (rounded through FP8 if asked: the round
 // trip works on 128- or 32-column blocks, which the FP4 storage order only
 // permutes within), laid out as `packing` says. `row` is the thread's
-// scratch row. Returns false where a bf16 packing meets an input the bf16
+// scratch row. With `pairs` (Rows only), the token's step-pair words also go
+// to pairs + t * cols / 2 for the FP4 register path's VDPBF16PS kernel.
+// Returns false where a bf16 packing or the pairs meet an input the bf16
 // kernels cannot take (bf16_dot_inputs_qualify).
-bool prepare_token(const Linear& w, const float* x, int64_t n, int64_t t, Packing packing, float* row, float* xs) {
+bool prepare_token(const Linear& w, const float* x, int64_t n, int64_t t, Packing packing, float* row, float* xs,
+                   uint32_t* pairs = nullptr) {
   const int64_t cols = w.cols;
   float* dst = packing == Packing::Rows ? xs + t * cols : row;
   to_storage_order(w, x + t * cols, dst);
   if (w.quantize_input) fp8_round_trip(dst, cols, w.input_block);
   switch (packing) {
-    case Packing::Rows: break;
+    case Packing::Rows:
+      if (pairs) {
+        if (!bf16_dot_inputs_qualify(dst, cols)) return false;
+        pair_token_steps(dst, cols, pairs + t * (cols / 2));
+      }
+      break;
     case Packing::Dot: pack_token_dot(dst, cols, n, t, xs); break;
     case Packing::Outer: pack_token_outer(dst, cols, n, t, xs); break;
     case Packing::DotBf16:
@@ -146,13 +154,13 @@ bool prepare_token(const Linear& w, const float* x, int64_t n, int64_t t, Packin
 }
 
 // All n tokens, on as many threads as the work is worth; false as above.
-bool prepare_tokens(const Linear& w, const float* x, int64_t n, Packing packing, float* xs) {
+bool prepare_tokens(const Linear& w, const float* x, int64_t n, Packing packing, float* xs, uint32_t* pairs = nullptr) {
   int qualify = 1;
 #pragma omp parallel num_threads(threads_for(n* w.cols * 16)) reduction(& : qualify)
   {
     float* row = thread_scratch_array<float>(ScratchSlot::LinearRow, w.cols);
 #pragma omp for schedule(static)
-    for (int64_t t = 0; t < n; ++t) qualify &= int(prepare_token(w, x, n, t, packing, row, xs));
+    for (int64_t t = 0; t < n; ++t) qualify &= int(prepare_token(w, x, n, t, packing, row, xs, pairs));
   }
   return qualify != 0;
 }
@@ -161,13 +169,13 @@ bool prepare_tokens(const Linear& w, const float* x, int64_t n, Packing packing,
 // share of the rows, for FP8 with its ends moved to the nearest 128-row
 // block boundary (see register_rows_avx512).
 void register_rows_piece(const Linear& w, int64_t row_begin, int64_t out, const float* xs, int64_t n, float* y,
-                         int64_t y_stride, int64_t id, int64_t pieces) {
+                         int64_t y_stride, int64_t id, int64_t pieces, const uint32_t* pairs) {
   auto bound = [&](int64_t k) {
     const int64_t b = out * k / pieces;
     if (w.format != WeightFormat::FP8_BLOCK128 || k == 0 || k == pieces) return b;
     return std::clamp<int64_t>((row_begin + b + 64) / 128 * 128 - row_begin, 0, out);
   };
-  register_rows_avx512(w, row_begin, bound(id), bound(id + 1), xs, n, y, y_stride);
+  register_rows_avx512(w, row_begin, bound(id), bound(id + 1), xs, n, y, y_stride, pairs);
 }
 
 // How many pieces the register path cuts a matrix of `out` rows into for
@@ -178,6 +186,14 @@ void register_rows_piece(const Linear& w, int64_t row_begin, int64_t out, const 
 constexpr int64_t kRegisterPiecesPerThread = 4;
 int64_t register_pieces(int64_t out, int threads) {
   return std::max<int64_t>(threads, std::min<int64_t>(out / 64, threads * kRegisterPiecesPerThread));
+}
+
+// Whether an AVX-512 register-path product of w also prepares step-pair
+// words for the FP4 kernel with VDPBF16PS (linear_fp4_pairs.cpp): FP4
+// weights with FP8-rounded inputs, on a CPU where the startup measurement
+// turned the bf16 kernels on.
+bool register_pairs_apply(KernelIsa isa, const Linear& w) {
+  return isa == KernelIsa::Avx512 && w.format == WeightFormat::FP4_BLOCK32 && w.quantize_input && bf16_dot_enabled();
 }
 
 }  // namespace
@@ -193,7 +209,8 @@ void linear_forward(KernelIsa isa, const Linear& w, const float* x, int64_t n, f
   // AVX2 has the outer form only (its dot form is rows_tokens_avx2).
   const bool packed = n >= packed_min_tokens(w) && out >= kPackedMinRows &&
                       (isa == KernelIsa::Avx512 || (isa == KernelIsa::Avx2 && outer));
-  float* xs = thread_scratch_array<float>(ScratchSlot::LinearInput, n * cols);
+  const bool pairs_apply = !packed && register_pairs_apply(isa, w);
+  float* xs = thread_scratch_array<float>(ScratchSlot::LinearInput, n * cols + (pairs_apply ? n * cols / 2 : 0));
   const int threads = threads_for(out * cols * std::max<int64_t>(n, 1));
   // VDPBF16PS where it gives the canonical bits (linear_bf16.cpp); the rare
   // product it cannot take goes to the fp32 kernels.
@@ -205,7 +222,9 @@ void linear_forward(KernelIsa isa, const Linear& w, const float* x, int64_t n, f
       packed_gemm_dot_bf16(w, row_begin, out, xs, n, y, y_stride, threads);
     return;
   }
-  prepare_tokens(w, x, n, !packed ? Packing::Rows : outer ? Packing::Outer : Packing::Dot, xs);
+  uint32_t* pairs = pairs_apply ? reinterpret_cast<uint32_t*>(xs + n * cols) : nullptr;
+  if (!prepare_tokens(w, x, n, !packed ? Packing::Rows : outer ? Packing::Outer : Packing::Dot, xs, pairs))
+    pairs = nullptr;
   if (packed) {
     if (isa == KernelIsa::Avx2)
       packed_gemm_outer_avx2(w, row_begin, out, xs, n, y, y_stride, threads);
@@ -226,7 +245,7 @@ void linear_forward(KernelIsa isa, const Linear& w, const float* x, int64_t n, f
       for (int64_t item = 0; item < token_blocks * pieces; ++item) {
         const int64_t t0 = item / pieces * kMaxRegisterTokens, piece = item % pieces;
         register_rows_piece(w, row_begin, out, xs + t0 * cols, std::min(kMaxRegisterTokens, n - t0), y + t0 * y_stride,
-                            y_stride, piece, pieces);
+                            y_stride, piece, pieces, pairs ? pairs + t0 * (cols / 2) : nullptr);
       }
     }
     return;
@@ -284,8 +303,8 @@ void avx2_rows_piece(const Linear& w, const float* xs, int64_t n, float* y, int6
 
 void linear_forward_many(KernelIsa isa, const LinearProduct* products, size_t count) {
   std::vector<size_t> fused;
-  std::vector<int64_t> offset;
-  int64_t floats = 0, work = 0;
+  std::vector<int64_t> offset, pairs_offset;  // pairs_offset: -1 without step-pair words
+  int64_t floats = 0, work = 0, tokens = 0;
   for (size_t i = 0; i < count; ++i) {
     const LinearProduct& p = products[i];
     check_width(*p.w);
@@ -296,10 +315,18 @@ void linear_forward_many(KernelIsa isa, const LinearProduct* products, size_t co
     fused.push_back(i);
     offset.push_back(floats);
     floats += p.n * p.w->cols;
+    pairs_offset.push_back(register_pairs_apply(isa, *p.w) ? floats : -1);
+    if (pairs_offset.back() >= 0) floats += p.n * p.w->cols / 2;
+    tokens += p.n;
     work += p.n * p.w->cols * p.w->rows;
   }
   if (fused.empty()) return;
   float* xs = thread_scratch_array<float>(ScratchSlot::LinearInput, floats);
+  auto pairs_of = [&](size_t k) {
+    return pairs_offset[k] < 0 ? nullptr : reinterpret_cast<uint32_t*>(xs + pairs_offset[k]);
+  };
+  // Per product, whether every token's inputs qualify for its pair words.
+  std::vector<uint8_t> pairs_ok(fused.size(), 1);
   struct Piece {
     size_t product;  // index in fused
     int64_t piece, pieces;
@@ -311,8 +338,11 @@ void linear_forward_many(KernelIsa isa, const LinearProduct* products, size_t co
     for (size_t k = 0; k < fused.size(); ++k) {
       const LinearProduct& p = products[fused[k]];
       for (int64_t t = 0; t < p.n; ++t)
-        if ((k + size_t(t)) % size_t(nt) == size_t(id))
-          prepare_token(*p.w, p.x, p.n, t, Packing::Rows, nullptr, xs + offset[k]);
+        if ((k + size_t(t)) % size_t(nt) == size_t(id) &&
+            !prepare_token(*p.w, p.x, p.n, t, Packing::Rows, nullptr, xs + offset[k], pairs_of(k))) {
+#pragma omp atomic write
+          pairs_ok[k] = 0;
+        }
     }
 #pragma omp single
     for (size_t k = 0; k < fused.size(); ++k) {
@@ -327,7 +357,8 @@ void linear_forward_many(KernelIsa isa, const LinearProduct* products, size_t co
       if (isa == KernelIsa::Avx2)
         avx2_rows_piece(*p.w, xs + offset[q.product], p.n, p.y, q.piece, q.pieces);
       else
-        register_rows_piece(*p.w, 0, p.w->rows, xs + offset[q.product], p.n, p.y, p.w->rows, q.piece, q.pieces);
+        register_rows_piece(*p.w, 0, p.w->rows, xs + offset[q.product], p.n, p.y, p.w->rows, q.piece, q.pieces,
+                            pairs_ok[q.product] ? pairs_of(q.product) : nullptr);
     }
   }
 }

@@ -114,13 +114,6 @@ DSV4_AVX512 double dot_avx512(const Linear& w, int64_t row, const float* x) {
 
 namespace {
 
-// A register group with one token group (batch 1) asks for each stream's
-// bytes kPrefetchBytesAhead ahead as it goes (past a row's end: the next row
-// of the stream, which the same thread takes next): the hardware
-// prefetchers alone kept too few lines in flight for DRAM-resident weights
-// (docs/kernels.md).
-constexpr int64_t kPrefetchBytesAhead = 1024;
-
 // Few tokens (decode and small batches), in registers: four consecutive rows
 // against the tokens in groups of up to four, the weights decoded in
 // registers for each group (one pass over the weights from memory: a group
@@ -596,7 +589,7 @@ DSV4_AVX512 void micro_kernel_any_avx512(int rows, int tokens, const float* w, c
 // tokens, as four streams (see RowGroup); the last rows of a range that
 // does not split in four go one by one.
 void rows_as_four_streams(const Linear& w, int64_t row_begin, int64_t lo, int64_t hi, const float* xs, int64_t n,
-                          float* y, int64_t y_stride) {
+                          float* y, int64_t y_stride, const uint32_t* pairs) {
   const int64_t quarter = (hi - lo) / 4;
   int64_t j = 0;
   if (w.format == WeightFormat::BF16 && n >= kEightRowMinTokens)
@@ -614,7 +607,7 @@ void rows_as_four_streams(const Linear& w, int64_t row_begin, int64_t lo, int64_
   for (; j < quarter; ++j) {
     const RowGroup g{row_begin + lo + j, quarter, j + 1 < quarter};
     double r[4 * kMaxRegisterTokens];
-    dot4_all_tokens_avx512(w, g, xs, n, r, 4);
+    if (!pairs || !dot4_fp4_pairs(w, g, pairs, n, r, 4)) dot4_all_tokens_avx512(w, g, xs, n, r, 4);
     for (int64_t t = 0; t < n; ++t)
       for (int q = 0; q < 4; ++q) y[t * y_stride + lo + j + q * quarter] = float(r[t * 4 + q]);
   }
@@ -645,14 +638,15 @@ DSV4_AVX512 std::pair<int, int> prescalable_scales_avx512(const float* xs, int64
 // slower, the grouping alone as fast (docs/kernels.md). The other rows go
 // as four streams over the range.
 DSV4_AVX512 void register_rows_avx512(const Linear& w, int64_t row_begin, int64_t o0, int64_t o1, const float* xs,
-                                      int64_t n, float* y, int64_t y_stride) {
+                                      int64_t n, float* y, int64_t y_stride, const uint32_t* pairs) {
   const int64_t blocks_begin = (row_begin + o0 + 127) / 128 * 128 - row_begin;
   const int64_t blocks_end = (row_begin + o1) / 128 * 128 - row_begin;
   if (w.format != WeightFormat::FP8_BLOCK128 || blocks_begin >= blocks_end) {
-    rows_as_four_streams(w, row_begin, o0, o1, xs, n, y, y_stride);
+    rows_as_four_streams(w, row_begin, o0, o1, xs, n, y, y_stride,
+                         w.format == WeightFormat::FP4_BLOCK32 ? pairs : nullptr);
     return;
   }
-  rows_as_four_streams(w, row_begin, o0, blocks_begin, xs, n, y, y_stride);
+  rows_as_four_streams(w, row_begin, o0, blocks_begin, xs, n, y, y_stride, nullptr);
   const int64_t cols = w.cols, spans = w.scale_cols;
   const bool prescale = n == 1;
   const auto [prescale_min, prescale_max] =
@@ -684,7 +678,7 @@ DSV4_AVX512 void register_rows_avx512(const Linear& w, int64_t row_begin, int64_
         for (int q = 0; q < 4; ++q) y[t * y_stride + block + j + 32 * q] = float(r[t * 4 + q]);
     }
   }
-  rows_as_four_streams(w, row_begin, blocks_end, o1, xs, n, y, y_stride);
+  rows_as_four_streams(w, row_begin, blocks_end, o1, xs, n, y, y_stride, nullptr);
 }
 
 // Y[t][o] for rows [row_begin, row_begin + out) and n packed tokens (xp),

@@ -40,9 +40,6 @@ namespace {
 
 // Smallest biased fp32 exponent a nonzero operand may have: 2^-50.
 constexpr uint32_t kMinExponent = 127 - 50;
-// The block scale bytes that keep the smallest nonzero weight at 2^-50 or
-// above: e4m3's smallest subnormal is 2^-9, e2m1's smallest value 2^-1.
-constexpr int kMinFp8Scale = 127 - 50 + 9, kMinFp4Scale = 127 - 50 + 1;
 
 // The word of a step pair: the high half is the first step's bf16 (exact:
 // the float's low 16 bits are zero), the low half the second's.
@@ -163,11 +160,11 @@ bool bf16_dot_weights_qualify(const Linear& w, int64_t row_begin, int64_t row_en
   if (w.format == WeightFormat::FP8_BLOCK128) {
     first = w.scale + row_begin / 128 * w.scale_cols;
     count = ((row_end + 127) / 128 - row_begin / 128) * w.scale_cols;
-    min_scale = kMinFp8Scale;
+    min_scale = kBf16DotMinFp8Scale;
   } else if (w.format == WeightFormat::FP4_BLOCK32) {
     first = w.scale + row_begin * w.scale_cols;
     count = (row_end - row_begin) * w.scale_cols;
-    min_scale = kMinFp4Scale;
+    min_scale = kBf16DotMinFp4Scale;
   } else {
     return false;  // BF16 weights would need a scan of every value; F32 is not exact in bf16
   }

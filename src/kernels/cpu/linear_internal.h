@@ -168,6 +168,13 @@ constexpr int64_t kOuterMinTokens = 128;
 // access pattern of the four-stream bandwidth measure: each stream runs on
 // through row after row, where consecutive groups of four rows restarted
 // four short streams every few KB.
+// A register group with one token group (batch 1) asks for each stream's
+// bytes kPrefetchBytesAhead ahead as it goes (past a row's end: the next row
+// of the stream, which the same thread takes next): the hardware
+// prefetchers alone kept too few lines in flight for DRAM-resident weights
+// (docs/kernels.md).
+constexpr int64_t kPrefetchBytesAhead = 1024;
+
 struct RowGroup {
   int64_t first = 0, stride = 1;
   bool has_next = false;  // the same thread takes rows row(r) + 1 next
@@ -229,8 +236,11 @@ DSV4_TARGET_AVX512 void decode_row_avx512(const Linear& w, int64_t row, float* o
 DSV4_TARGET_AVX512 double dot_avx512(const Linear& w, int64_t row, const float* x);
 // The register path: rows [o0, o1) of rows [row_begin, ...) against n <=
 // kMaxRegisterTokens tokens (xs: [n][cols]), Y[t][o] at y[t * y_stride + o].
+// pairs: for FP4, the tokens' step-pair words (pair_token_steps) where the
+// VDPBF16PS kernel may run, else null.
 DSV4_TARGET_AVX512 void register_rows_avx512(const Linear& w, int64_t row_begin, int64_t o0, int64_t o1,
-                                             const float* xs, int64_t n, float* y, int64_t y_stride);
+                                             const float* xs, int64_t n, float* y, int64_t y_stride,
+                                             const uint32_t* pairs = nullptr);
 // The packed GEMMs, dot form (xp packed by pack_token_dot) and outer form
 // (pack_token_outer), for rows [row_begin, row_begin + out) on `threads` threads.
 DSV4_TARGET_AVX512 void packed_gemm_dot_avx512(const Linear& w, int64_t row_begin, int64_t out, const float* xp,
@@ -256,6 +266,9 @@ DSV4_TARGET_AVX512 void fold_lanes_avx512(const float* lanes, int tokens, double
 // inputs xs ([n][cols]) qualify: an FP8 or FP4 weight with FP8-rounded
 // inputs, and no nonzero weight or input below 2^-50 (so that no sum can be
 // subnormal, which VDPBF16PS flushes to zero; see docs/kernels.md).
+// The block scale bytes that keep the smallest nonzero weight at 2^-50 or
+// above: e4m3's smallest subnormal is 2^-9, e2m1's smallest value 2^-1.
+constexpr int kBf16DotMinFp8Scale = 127 - 50 + 9, kBf16DotMinFp4Scale = 127 - 50 + 1;
 bool bf16_dot_weights_qualify(const Linear& w, int64_t row_begin, int64_t row_end);
 bool bf16_dot_inputs_qualify(const float* xs, int64_t count);
 void pack_token_dot_bf16(const float* src, int64_t cols, int64_t n, int64_t t, float* xp);
@@ -264,5 +277,17 @@ void packed_gemm_dot_bf16(const Linear& w, int64_t row_begin, int64_t out, const
                           int64_t y_stride, int threads);
 void packed_gemm_outer_bf16(const Linear& w, int64_t row_begin, int64_t out, const float* xp, int64_t n, float* y,
                             int64_t y_stride, int threads);
+
+// linear_fp4_pairs.cpp: the FP4 register path with VDPBF16PS. A token's
+// prepared inputs (storage order, FP8-rounded, cols a multiple of 32) as
+// step-pair words: dst[b / 2 + j] holds positions b + j (high half) and b +
+// 16 + j of each 32-column block b.
+DSV4_TARGET_AVX512_BF16 void pair_token_steps(const float* src, int64_t cols, uint32_t* dst);
+// The four rows of `g` (FP4) against n < kPackedMinTokensFp4 tokens whose
+// pair words (cols / 2 per token) qualify (bf16_dot_inputs_qualify), as
+// dot4_fp4_avx512 gives them, same bits; false (nothing written) where a
+// block scale of the rows is below kBf16DotMinFp4Scale.
+DSV4_TARGET_AVX512_BF16 bool dot4_fp4_pairs(const Linear& w, RowGroup g, const uint32_t* pairs, int64_t n, double* out,
+                                            int64_t out_stride);
 
 }  // namespace dsv4::linear_detail
