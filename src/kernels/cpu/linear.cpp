@@ -304,7 +304,7 @@ void avx2_rows_piece(const Linear& w, const float* xs, int64_t n, float* y, int6
 void linear_forward_many(KernelIsa isa, const LinearProduct* products, size_t count) {
   std::vector<size_t> fused;
   std::vector<int64_t> offset, pairs_offset;  // pairs_offset: -1 without step-pair words
-  int64_t floats = 0, work = 0, tokens = 0;
+  int64_t floats = 0, work = 0;
   for (size_t i = 0; i < count; ++i) {
     const LinearProduct& p = products[i];
     check_width(*p.w);
@@ -317,7 +317,6 @@ void linear_forward_many(KernelIsa isa, const LinearProduct* products, size_t co
     floats += p.n * p.w->cols;
     pairs_offset.push_back(register_pairs_apply(isa, *p.w) ? floats : -1);
     if (pairs_offset.back() >= 0) floats += p.n * p.w->cols / 2;
-    tokens += p.n;
     work += p.n * p.w->cols * p.w->rows;
   }
   if (fused.empty()) return;

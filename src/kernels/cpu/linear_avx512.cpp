@@ -642,8 +642,7 @@ DSV4_AVX512 void register_rows_avx512(const Linear& w, int64_t row_begin, int64_
   const int64_t blocks_begin = (row_begin + o0 + 127) / 128 * 128 - row_begin;
   const int64_t blocks_end = (row_begin + o1) / 128 * 128 - row_begin;
   if (w.format != WeightFormat::FP8_BLOCK128 || blocks_begin >= blocks_end) {
-    rows_as_four_streams(w, row_begin, o0, o1, xs, n, y, y_stride,
-                         w.format == WeightFormat::FP4_BLOCK32 ? pairs : nullptr);
+    rows_as_four_streams(w, row_begin, o0, o1, xs, n, y, y_stride, pairs);
     return;
   }
   rows_as_four_streams(w, row_begin, o0, blocks_begin, xs, n, y, y_stride, nullptr);

@@ -99,15 +99,6 @@ DSV4_BF16 inline void fp4_pairs_group_chunk(const uint8_t* const* p, const uint8
 
 }  // namespace
 
-DSV4_BF16 void pair_token_steps(const float* src, int64_t cols, uint32_t* dst) {
-  const __m512i high = _mm512_set1_epi32(int(0xffff0000u));
-  for (int64_t b = 0; b < cols; b += 32) {
-    const __m512i first = _mm512_castps_si512(_mm512_loadu_ps(src + b));
-    const __m512i second = _mm512_castps_si512(_mm512_loadu_ps(src + b + 16));
-    _mm512_storeu_si512(dst + b / 2, _mm512_or_si512(_mm512_and_si512(first, high), _mm512_srli_epi32(second, 16)));
-  }
-}
-
 DSV4_BF16 bool dot4_fp4_pairs(const Linear& w, RowGroup g, const uint32_t* pairs, int64_t n, double* out,
                               int64_t out_stride) {
   const int64_t cols = w.cols, row_bytes = cols / 2;

@@ -278,12 +278,12 @@ void packed_gemm_dot_bf16(const Linear& w, int64_t row_begin, int64_t out, const
 void packed_gemm_outer_bf16(const Linear& w, int64_t row_begin, int64_t out, const float* xp, int64_t n, float* y,
                             int64_t y_stride, int threads);
 
-// linear_fp4_pairs.cpp: the FP4 register path with VDPBF16PS. A token's
-// prepared inputs (storage order, FP8-rounded, cols a multiple of 32) as
-// step-pair words: dst[b / 2 + j] holds positions b + j (high half) and b +
-// 16 + j of each 32-column block b.
+// The FP4 register path with VDPBF16PS. A token's prepared inputs (storage
+// order, FP8-rounded, cols a multiple of 32) as step-pair words (in
+// linear_bf16.cpp, beside the packed forms' pair packing): dst[b / 2 + j]
+// holds positions b + j (high half) and b + 16 + j of each 32-column block b.
 DSV4_TARGET_AVX512_BF16 void pair_token_steps(const float* src, int64_t cols, uint32_t* dst);
-// The four rows of `g` (FP4) against n < kPackedMinTokensFp4 tokens whose
+// linear_fp4_pairs.cpp: the four rows of `g` (FP4) against n < kPackedMinTokensFp4 tokens whose
 // pair words (cols / 2 per token) qualify (bf16_dot_inputs_qualify), as
 // dot4_fp4_avx512 gives them, same bits; false (nothing written) where a
 // block scale of the rows is below kBf16DotMinFp4Scale.
