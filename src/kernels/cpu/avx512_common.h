@@ -1,8 +1,10 @@
 // Small AVX-512 helpers that several kernel files inline into their loops:
-// the canonical fold of 16 fp32 lanes (fold16 in linear_internal.h) and a
-// 16 x 16 transpose.
+// the canonical fold of 16 fp32 lanes (fold16 in linear_internal.h), an
+// e4m3 decoder and a 16 x 16 transpose.
 #pragma once
 #include <immintrin.h>
+
+#include <cstdint>
 
 #include "kernels/cpu/isa.h"
 
@@ -55,6 +57,18 @@ DSV4_TARGET_AVX512 inline void add_folds_avx512(const __m512 (&a)[R][T], double*
                                               fold16x4_avx512(a[r][t], a[r][t + 1], a[r][t + 2], a[r][t + 3])));
     for (; t < T; ++t) row[t] += fold16_avx512(a[r][t]);
   }
+}
+
+// 32 e4m3 bytes as floats times 2^-8, read as the top bits of fp16s:
+// sign-extending a byte to 16 bits and shifting it left by 7 puts the
+// exponent and mantissa where fp16 keeps them (bit 14, a copy of the sign,
+// is cleared), subnormals included. One widening, shift and mask for both
+// halves saves uops on the ports that also run the FMAs (docs/kernels.md).
+DSV4_TARGET_AVX512 inline void e4m3x32_to_ps_times_2m8(const uint8_t* bytes32, __m512& lo, __m512& hi) {
+  __m512i h = _mm512_slli_epi16(_mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)bytes32)), 7);
+  h = _mm512_and_si512(h, _mm512_set1_epi16(int16_t(0xBFFF)));
+  lo = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
+  hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
 }
 
 // r[i][j] -> r[j][i] for a 16 x 16 block of floats.

@@ -188,12 +188,15 @@ int64_t register_pieces(int64_t out, int threads) {
   return std::max<int64_t>(threads, std::min<int64_t>(out / 64, threads * kRegisterPiecesPerThread));
 }
 
-// Whether an AVX-512 register-path product of w also prepares step-pair
-// words for the FP4 kernel with VDPBF16PS (linear_fp4_pairs.cpp): FP4
-// weights with FP8-rounded inputs, on a CPU where the startup measurement
-// turned the bf16 kernels on.
-bool register_pairs_apply(KernelIsa isa, const Linear& w) {
-  return isa == KernelIsa::Avx512 && w.format == WeightFormat::FP4_BLOCK32 && w.quantize_input && bf16_dot_enabled();
+// Whether an AVX-512 register-path product of w with n tokens also prepares
+// step-pair words for the kernels with VDPBF16PS: FP4 weights
+// (linear_fp4_pairs.cpp), and FP8 ones (linear_fp8_pairs.cpp, 32-column
+// steps) with enough tokens for the eight-row kernel; FP8-rounded inputs,
+// on a CPU where the startup measurement turned the bf16 kernels on.
+bool register_pairs_apply(KernelIsa isa, const Linear& w, int64_t n) {
+  if (isa != KernelIsa::Avx512 || !w.quantize_input || !bf16_dot_enabled()) return false;
+  return w.format == WeightFormat::FP4_BLOCK32 ||
+         (w.format == WeightFormat::FP8_BLOCK128 && n >= kEightRowMinTokensFp8 && w.cols % 32 == 0);
 }
 
 }  // namespace
@@ -209,7 +212,7 @@ void linear_forward(KernelIsa isa, const Linear& w, const float* x, int64_t n, f
   // AVX2 has the outer form only (its dot form is rows_tokens_avx2).
   const bool packed = n >= packed_min_tokens(w) && out >= kPackedMinRows &&
                       (isa == KernelIsa::Avx512 || (isa == KernelIsa::Avx2 && outer));
-  const bool pairs_apply = !packed && register_pairs_apply(isa, w);
+  const bool pairs_apply = !packed && register_pairs_apply(isa, w, n);
   float* xs = thread_scratch_array<float>(ScratchSlot::LinearInput, n * cols + (pairs_apply ? n * cols / 2 : 0));
   const int threads = threads_for(out * cols * std::max<int64_t>(n, 1));
   // VDPBF16PS where it gives the canonical bits (linear_bf16.cpp); the rare
@@ -315,7 +318,7 @@ void linear_forward_many(KernelIsa isa, const LinearProduct* products, size_t co
     fused.push_back(i);
     offset.push_back(floats);
     floats += p.n * p.w->cols;
-    pairs_offset.push_back(register_pairs_apply(isa, *p.w) ? floats : -1);
+    pairs_offset.push_back(register_pairs_apply(isa, *p.w, p.n) ? floats : -1);
     if (pairs_offset.back() >= 0) floats += p.n * p.w->cols / 2;
     work += p.n * p.w->cols * p.w->rows;
   }

@@ -45,14 +45,6 @@ DSV4_AVX512 inline __m512 e4m3_to_ps_times_2m8(__m128i bytes16) {
 DSV4_AVX512 inline __m512 e4m3_to_ps_via_half(__m128i bytes16, __m512 scale256) {
   return _mm512_mul_ps(e4m3_to_ps_times_2m8(bytes16), scale256);
 }
-// The same for 32 bytes: one widening, shift and mask for both halves, which
-// saves uops on the ports that also run the FMAs (docs/kernels.md).
-DSV4_AVX512 inline void e4m3x32_to_ps_times_2m8(const uint8_t* bytes32, __m512& lo, __m512& hi) {
-  __m512i h = _mm512_slli_epi16(_mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)bytes32)), 7);
-  h = _mm512_and_si512(h, _mm512_set1_epi16(int16_t(0xBFFF)));
-  lo = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
-  hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
-}
 // The SIMD e4m3 decoders read the two NaN codes (0x7F, 0xFF) as +-480 where
 // the scalar table says NaN: checkpoints never hold them (a NaN weight), so
 // the bit-identity of the paths is only claimed for real e4m3 values.
@@ -384,11 +376,6 @@ DSV4_AVX512 void dot4_all_tokens_avx512(const Linear& w, RowGroup g, const float
 // feeds eight FMAs, the raw rows of a chunk (16 KB) stay in L1 for the later
 // pairs, and nothing is stored (docs/kernels.md, "Eight rows"). Each (row,
 // token) still sees the sequence dot_avx512 gives it: same bits.
-constexpr int kEightRows = 8, kEightRowTokenGroup = 2;
-// From two tokens; one token keeps the four-row kernel's streaming
-// prefetches, which were as fast or faster.
-constexpr int64_t kEightRowMinTokens = 2;
-
 template <int T>
 DSV4_AVX512 inline void dot8_bf16_group_chunk(const uint16_t* const* p, const uint16_t* const* ahead, int64_t c0,
                                               int64_t c1, const float* const* x, int group, int groups,
@@ -642,7 +629,9 @@ DSV4_AVX512 void register_rows_avx512(const Linear& w, int64_t row_begin, int64_
   const int64_t blocks_begin = (row_begin + o0 + 127) / 128 * 128 - row_begin;
   const int64_t blocks_end = (row_begin + o1) / 128 * 128 - row_begin;
   if (w.format != WeightFormat::FP8_BLOCK128 || blocks_begin >= blocks_end) {
-    rows_as_four_streams(w, row_begin, o0, o1, xs, n, y, y_stride, pairs);
+    // (FP8 pairs serve whole blocks only.)
+    rows_as_four_streams(w, row_begin, o0, o1, xs, n, y, y_stride,
+                         w.format == WeightFormat::FP4_BLOCK32 ? pairs : nullptr);
     return;
   }
   rows_as_four_streams(w, row_begin, o0, blocks_begin, xs, n, y, y_stride, nullptr);
@@ -669,7 +658,21 @@ DSV4_AVX512 void register_rows_avx512(const Linear& w, int64_t row_begin, int64_
             _mm512_storeu_ps(scaled + t * cols + c, _mm512_mul_ps(_mm512_loadu_ps(xs + t * cols + c), f));
       }
     }
-    for (int64_t j = 0; j < 32; ++j) {
+    int64_t j = 0;
+    if (pairs && n >= kEightRowMinTokensFp8 && fp8_block_scales_within(w, row_begin + block, kBf16DotMinFp8Scale))
+      // With VDPBF16PS: rows j and j + 1 of the four streams, then the next
+      // two (after the last, the next block's first two).
+      for (; j < 32; j += 2) {
+        int64_t rows[kEightRows];
+        for (int q = 0; q < 4; ++q)
+          for (int u = 0; u < 2; ++u) rows[2 * q + u] = row_begin + block + j + u + 32 * q;
+        const int64_t next_rows = j + 2 < 32 ? 2 : block + 128 < blocks_end ? 128 - j : 0;
+        double r[kEightRows * kMaxRegisterTokens];
+        dot8_fp8_pairs(w, rows, next_rows, pairs, n, r);
+        for (int64_t t = 0; t < n; ++t)
+          for (int q = 0; q < kEightRows; ++q) y[t * y_stride + rows[q] - row_begin] = float(r[t * kEightRows + q]);
+      }
+    for (; j < 32; ++j) {
       const RowGroup g{row_begin + block + j, 32, j + 1 < 32, scaled, scaled_spans};
       double r[4 * kMaxRegisterTokens];
       dot4_all_tokens_avx512(w, g, xs, n, r, 4);

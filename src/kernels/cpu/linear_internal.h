@@ -236,8 +236,9 @@ DSV4_TARGET_AVX512 void decode_row_avx512(const Linear& w, int64_t row, float* o
 DSV4_TARGET_AVX512 double dot_avx512(const Linear& w, int64_t row, const float* x);
 // The register path: rows [o0, o1) of rows [row_begin, ...) against n <=
 // kMaxRegisterTokens tokens (xs: [n][cols]), Y[t][o] at y[t * y_stride + o].
-// pairs: for FP4, the tokens' step-pair words (pair_token_steps) where the
-// VDPBF16PS kernel may run, else null.
+// pairs: for FP4, and for FP8 from kEightRowMinTokensFp8 tokens, the
+// tokens' step-pair words (pair_token_steps) where the VDPBF16PS kernels
+// may run, else null.
 DSV4_TARGET_AVX512 void register_rows_avx512(const Linear& w, int64_t row_begin, int64_t o0, int64_t o1,
                                              const float* xs, int64_t n, float* y, int64_t y_stride,
                                              const uint32_t* pairs = nullptr);
@@ -258,6 +259,23 @@ DSV4_TARGET_AVX512 void decode_16_rows_avx512(const Linear& w, int64_t row, int 
                                               float* rows_tmp);
 // The outer form's fold: lanes[(l * tokens + t) * 32 + row] -> sums[t * stride + row] (+=).
 DSV4_TARGET_AVX512 void fold_lanes_avx512(const float* lanes, int tokens, double* sums, int64_t sums_stride);
+
+// The eight-row kernels: eight rows (two of each of the four streams)
+// against the tokens in pairs, so that an input vector feeds eight
+// accumulators (docs/kernels.md, "Eight rows"). BF16 rows from two tokens
+// (one token keeps the four-row kernel's streaming prefetches, as fast or
+// faster); FP8 rows of whole 128-row blocks with VDPBF16PS from
+// kEightRowMinTokensFp8 (linear_fp8_pairs.cpp).
+constexpr int kEightRows = 8, kEightRowTokenGroup = 2;
+constexpr int64_t kEightRowMinTokens = 2, kEightRowMinTokensFp8 = 5;
+// Whether every span of the 128-row block holding `row` has a scale in
+// [min_scale, kMaxHalfPathScale].
+inline bool fp8_block_scales_within(const Linear& w, int64_t row, int min_scale) {
+  const uint8_t* s = w.scale + row / 128 * w.scale_cols;
+  for (int64_t k = 0; k < w.scale_cols; ++k)
+    if (s[k] < min_scale || s[k] > kMaxHalfPathScale) return false;
+  return true;
+}
 
 // linear_bf16.cpp: the packed GEMMs with AVX512-BF16's VDPBF16PS, for the
 // products where it gives the canonical bits (bf16_dot_exact). Inputs are
@@ -289,5 +307,14 @@ DSV4_TARGET_AVX512_BF16 void pair_token_steps(const float* src, int64_t cols, ui
 // block scale of the rows is below kBf16DotMinFp4Scale.
 DSV4_TARGET_AVX512_BF16 bool dot4_fp4_pairs(const Linear& w, RowGroup g, const uint32_t* pairs, int64_t n, double* out,
                                             int64_t out_stride);
+// linear_fp8_pairs.cpp: FP8 rows[0..8) of one 128-row block (two of each
+// stream, as the eight-row kernels take them) whose scales all lie in
+// [kBf16DotMinFp8Scale, kMaxHalfPathScale], against n <= kMaxRegisterTokens
+// tokens with VDPBF16PS, whose pair words (cols / 2 per token, cols a
+// multiple of 32) qualify; out[t * 8 + r] receives (rows[r], token t), the
+// bits of the fp32 kernels. next_rows: the thread takes rows[r] + next_rows
+// next (0: none), whose first bytes the last chunk prefetches.
+DSV4_TARGET_AVX512_BF16 void dot8_fp8_pairs(const Linear& w, const int64_t* rows, int64_t next_rows,
+                                            const uint32_t* pairs, int64_t n, double* out);
 
 }  // namespace dsv4::linear_detail
