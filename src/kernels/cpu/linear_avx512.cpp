@@ -622,8 +622,10 @@ DSV4_AVX512 std::pair<int, int> prescalable_scales_avx512(const float* xs, int64
 // four rows of a group then share their scales, and for one token each
 // block's scales go into a copy of the input once, for its 32 groups,
 // instead of into every decoded weight. With 2-4 tokens that prescaling was
-// slower, the grouping alone as fast (docs/kernels.md). The other rows go
-// as four streams over the range.
+// slower, the grouping alone as fast (docs/kernels.md); from
+// kEightRowMinTokensFp8 tokens with step pairs, eight rows of the block go
+// at a time (dot8_fp8_pairs). The other rows go as four streams over the
+// range.
 DSV4_AVX512 void register_rows_avx512(const Linear& w, int64_t row_begin, int64_t o0, int64_t o1, const float* xs,
                                       int64_t n, float* y, int64_t y_stride, const uint32_t* pairs) {
   const int64_t blocks_begin = (row_begin + o0 + 127) / 128 * 128 - row_begin;
