@@ -6,10 +6,12 @@
 // its mean; the gate turns a losing speculation off; requests under a
 // grammar draft too, and tokens the grammar forces draft themselves.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -350,7 +352,12 @@ TEST(SpecEngine, DraftVocabularyRefusesBadIds) {
 }
 
 TEST(SpecTokenMap, ReadsJsonAndTextAndRefusesTheRest) {
-  const std::string dir = ::testing::TempDir();
+  // A folder of this process's own: fixed names straight in /tmp would
+  // collide between test runs side by side and stay behind.
+  const std::filesystem::path root =
+      std::filesystem::temp_directory_path() / ("dsv4-token-map-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(root);
+  const std::string dir = root.string();
   auto write = [&](const std::string& name, const std::string& text) {
     const std::string path = dir + "/" + name;
     std::ofstream(path) << text;
@@ -373,6 +380,7 @@ TEST(SpecTokenMap, ReadsJsonAndTextAndRefusesTheRest) {
   EXPECT_NE(message(write("float.json", "[1, 2.5]")).find("2.5"), std::string::npos);
   EXPECT_NE(message(write("broken.json", "[1, 2")).find("not valid JSON"), std::string::npos);
   EXPECT_NE(message(write("negative.txt", "-4")).find("-4 is not a token id"), std::string::npos);
+  std::filesystem::remove_all(root);
 }
 
 TEST(SpecEngine, SimulatedAcceptanceReachesItsLength) {
