@@ -2,9 +2,11 @@
 // products, a verify step's) with AVX512-BF16's VDPBF16PS, where the CPU
 // runs that instruction at least as fast as the fp32 FMAs
 // (bf16_dot_enabled): eight rows of one 128-row block against the tokens in
-// pairs, as the fp32 eight-row kernel (linear_avx512.cpp), but each chunk
-// of the rows is decoded once into step-pair words in an L1 buffer, and one
-// VDPBF16PS per token and 32 columns replaces two FMAs and two widenings.
+// pairs, in the shape of the BF16 eight-row kernel (dot8_bf16_avx512), but
+// each chunk of the rows is decoded once into step-pair words in an L1
+// buffer, and one VDPBF16PS per row, token and 32 columns replaces the
+// fp32 four-row kernel's two FMAs (FP8 rows without these pairs stay on
+// that kernel).
 //
 // Why it gives the canonical bits: see linear_bf16.cpp. The weights of a
 // block with a scale of at least kBf16DotMinFp8Scale and the FP8-rounded
