@@ -572,6 +572,23 @@ DSV4_AVX512 void micro_kernel_any_avx512(int rows, int tokens, const float* w, c
   });
 }
 
+// The rows an eight-row kernel takes: rows[2q + u] = first + u + q * stride,
+// two neighbours of each of four streams `stride` apart, in the order both
+// kernels expect (dot8_fp8_pairs reads its block scales from rows[0]).
+// kernel(rows, out) fills out[t * 8 + r] for the n tokens; each result goes
+// to y[t * y_stride + rows[r] - row_begin].
+template <class Kernel>
+inline void eight_rows(int64_t first, int64_t stride, int64_t row_begin, int64_t n, float* y, int64_t y_stride,
+                       Kernel&& kernel) {
+  int64_t rows[kEightRows];
+  for (int q = 0; q < 4; ++q)
+    for (int u = 0; u < 2; ++u) rows[2 * q + u] = first + u + q * stride;
+  double out[kEightRows * kMaxRegisterTokens];
+  kernel(static_cast<const int64_t*>(rows), out);
+  for (int64_t t = 0; t < n; ++t)
+    for (int r = 0; r < kEightRows; ++r) y[t * y_stride + rows[r] - row_begin] = float(out[t * kEightRows + r]);
+}
+
 // Rows [lo, hi) of rows [row_begin, row_begin + out) against n register-path
 // tokens, as four streams (see RowGroup); the last rows of a range that
 // does not split in four go one by one.
@@ -583,13 +600,9 @@ void rows_as_four_streams(const Linear& w, int64_t row_begin, int64_t lo, int64_
     // Two rows of each stream at a time: rows j and j + 1 of the four
     // quarters, the next pair two rows on.
     for (; j + 2 <= quarter; j += 2) {
-      int64_t rows[kEightRows];
-      for (int q = 0; q < 4; ++q)
-        for (int u = 0; u < 2; ++u) rows[2 * q + u] = row_begin + lo + j + u + q * quarter;
-      double r[kEightRows * kMaxRegisterTokens];
-      dot8_bf16_avx512(w, rows, j + 4 <= quarter ? 2 : 0, xs, n, r);
-      for (int64_t t = 0; t < n; ++t)
-        for (int q = 0; q < kEightRows; ++q) y[t * y_stride + rows[q] - row_begin] = float(r[t * kEightRows + q]);
+      eight_rows(row_begin + lo + j, quarter, row_begin, n, y, y_stride, [&](const int64_t* rows, double* out) {
+        dot8_bf16_avx512(w, rows, j + 4 <= quarter ? 2 : 0, xs, n, out);
+      });
     }
   for (; j < quarter; ++j) {
     const RowGroup g{row_begin + lo + j, quarter, j + 1 < quarter};
@@ -665,14 +678,9 @@ DSV4_AVX512 void register_rows_avx512(const Linear& w, int64_t row_begin, int64_
       // With VDPBF16PS: rows j and j + 1 of the four streams, then the next
       // two (after the last, the next block's first two).
       for (; j < 32; j += 2) {
-        int64_t rows[kEightRows];
-        for (int q = 0; q < 4; ++q)
-          for (int u = 0; u < 2; ++u) rows[2 * q + u] = row_begin + block + j + u + 32 * q;
         const int64_t next_rows = j + 2 < 32 ? 2 : block + 128 < blocks_end ? 128 - j : 0;
-        double r[kEightRows * kMaxRegisterTokens];
-        dot8_fp8_pairs(w, rows, next_rows, pairs, n, r);
-        for (int64_t t = 0; t < n; ++t)
-          for (int q = 0; q < kEightRows; ++q) y[t * y_stride + rows[q] - row_begin] = float(r[t * kEightRows + q]);
+        eight_rows(row_begin + block + j, 32, row_begin, n, y, y_stride,
+                   [&](const int64_t* rows, double* out) { dot8_fp8_pairs(w, rows, next_rows, pairs, n, out); });
       }
     for (; j < 32; ++j) {
       const RowGroup g{row_begin + block + j, 32, j + 1 < 32, scaled, scaled_spans};
