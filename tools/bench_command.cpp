@@ -447,6 +447,7 @@ int run_bench(const BenchArgs& a) {
     spec.batches = a.batches;
     spec.decode = std::max<int64_t>(a.decode, 8);
     spec.split = a.split;
+    spec.repeat = a.repeat;
     if (!a.token_map.empty()) model->set_draft_vocab(load_token_map(a.token_map));
     MachineLimits limits{bandwidth, one_token_rates, fma_ceiling.flops / 2};
     run_speculative_bench(model, spec, limits, csv ? &csv : nullptr);
@@ -490,7 +491,9 @@ void register_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--model", a->model, "Checkpoint directory")->required();
   cmd->add_option("--prompt", a->prompt, "Prefill length in tokens")->check(CLI::Range(2, 1 << 20));
   cmd->add_option("--decode", a->decode, "Decode steps per batch size")->check(CLI::PositiveNumber);
-  cmd->add_option("--repeat", a->repeat, "Runs of each prefill and decode measurement; the best counts (default 1)")
+  cmd->add_option("--repeat", a->repeat,
+                  "Runs of each prefill and decode measurement (with --speculative: rounds of the plain and "
+                  "speculative runs, one after another); the best counts (default 1)")
       ->check(CLI::Range(1, 100));
   cmd->add_option("--chunk", a->chunk, "Prefill chunk in tokens (like --chunked-prefill-size)")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 20));

@@ -23,6 +23,9 @@ struct SpeculativeBenchArgs {
   std::vector<int64_t> batches = {1};
   int64_t drafts = 3, decode = 32;
   bool split = true;  // one more run per accept length, its kernels timed per phase (draft, verify)
+  // Rounds of the batch's runs (plain, then each accept length forced and
+  // gated), one after another; each case's best round counts.
+  int repeat = 1;
 };
 
 void run_speculative_bench(const std::shared_ptr<Model>& model, const SpeculativeBenchArgs& args,
