@@ -1,0 +1,46 @@
+// Kernel tests' check that every SIMD path (and, with AVX512-BF16, either
+// setting of the bf16 dot products) gives the scalar kernels' bits.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+#include "kernels/cpu/isa.h"
+
+namespace dsv4::test {
+
+// Runs `product` (which fills an output of `size` floats, first set to -1)
+// with the scalar kernels and with every SIMD path this CPU has; all must
+// give the same bits. Returns the scalar output.
+inline std::vector<float> expect_simd_gives_scalar_bits(size_t size, const std::function<void(float*)>& product) {
+  const KernelIsa saved = active_kernel_isa();
+  set_kernel_isa(KernelIsa::Scalar);
+  std::vector<float> scalar(size, -1.0f);
+  product(scalar.data());
+  for (KernelIsa isa : {KernelIsa::Avx2, KernelIsa::Avx512}) {
+    if (!kernel_isa_supported(isa)) {
+      std::printf("skipping %s: not supported by this CPU\n", kernel_isa_name(isa));
+      continue;
+    }
+    set_kernel_isa(isa);
+    std::vector<float> simd(size, -1.0f);
+    product(simd.data());
+    EXPECT_EQ(0, std::memcmp(simd.data(), scalar.data(), size * 4)) << kernel_isa_name(isa);
+    if (isa == KernelIsa::Avx512 && bf16_dot_supported()) {  // and with the other bf16 dot setting
+      const bool bf16 = bf16_dot_enabled();
+      set_bf16_dot(!bf16);
+      std::vector<float> other(size, -1.0f);
+      product(other.data());
+      set_bf16_dot(bf16);
+      EXPECT_EQ(0, std::memcmp(other.data(), scalar.data(), size * 4)) << "avx512, bf16 dot " << !bf16;
+    }
+  }
+  set_kernel_isa(saved);
+  return scalar;
+}
+
+}  // namespace dsv4::test

@@ -1,0 +1,394 @@
+// The weight products (linear_forward) against the scalar reference: the
+// canonical reduction order gives the same bits on every SIMD path, kernel
+// shape, batch, thread count and row slice.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/error.h"
+#include "core/numeric.h"
+#include "core/threads.h"
+#include "kernels/cpu/avx512_common.h"
+#include "kernels/cpu/linear.h"
+#include "kernels/cpu/linear_internal.h"
+#include "kernels/cpu/random_linear.h"
+#include "random_floats.h"
+#include "simd_paths.h"
+
+namespace dsv4 {
+namespace {
+
+using test::expect_simd_gives_scalar_bits;
+using test::normal_floats;
+
+// Random weights of each format (see random_linear.h) whose first scale
+// blocks take the kernels' other decoding paths: 2^120 and more (FP8: with
+// small codes only, so that nothing overflows), 2^-127 (a subnormal float)
+// and, for FP4, 2^127 (the large magnitudes overflow to inf in float, on
+// every path).
+RandomLinear random_linear(WeightFormat format, int64_t rows, int64_t cols, uint32_t seed) {
+  RandomLinear w(format, rows, cols, seed);
+  auto& scale = w.scale;
+  if (format == WeightFormat::FP8_BLOCK128) {
+    scale[0] = 247;
+    for (int64_t r = 0; r < std::min<int64_t>(rows, 128); ++r)
+      for (int64_t i = 0; i < std::min<int64_t>(cols, 128); ++i) w.data[size_t(r * cols + i)] &= 0xb7;
+    if (scale.size() > 1) scale[1] = 0;
+  }
+  if (format == WeightFormat::FP4_BLOCK32) {
+    scale[0] = 250;
+    if (scale.size() > 1) scale[1] = 0;
+    if (scale.size() > 2) scale[2] = 254;
+  }
+  return w;
+}
+
+class LinearFormats : public ::testing::TestWithParam<WeightFormat> {};
+
+// The canonical order sums at most 64 products per fp32 lane and chunk, so
+// the result is within 66 fp32 rounding units of the sum of |products| of
+// the exact value. 2560 columns: two full chunks and a half one.
+TEST_P(LinearFormats, DotMatchesScalarReference) {
+  const int64_t rows = 300, cols = 2560;
+  RandomLinear w = random_linear(GetParam(), rows, cols, 11);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> n;
+  std::vector<float> x(static_cast<size_t>(cols));
+  for (auto& v : x) v = n(rng);
+  for (int64_t r = 0; r < rows; ++r) {
+    double ref = linear_dot_reference(w.linear, r, x.data());
+    double mag = 0;
+    std::vector<float> row(static_cast<size_t>(cols));
+    linear_decode_row(w.linear, r, row.data());
+    for (int64_t i = 0; i < cols; ++i) mag += std::fabs(double(row[size_t(i)]) * x[size_t(i)]);
+    const double got = linear_dot(w.linear, r, x.data());
+    if (!std::isfinite(ref)) {  // a weight past the float range (extreme scale)
+      EXPECT_FALSE(std::isfinite(got)) << "row " << r;
+      continue;
+    }
+    EXPECT_NEAR(got, ref, 66 * 0x1p-24 * mag + 1e-30) << "row " << r;
+  }
+}
+
+TEST_P(LinearFormats, BatchAndThreadsDoNotChangeBits) {
+  const int64_t rows = 520, cols = 256, n = 9;
+  static_assert(rows * cols * n >= kMinParallelWork, "the batched call must run on several threads");
+  RandomLinear w = random_linear(GetParam(), rows, cols, 5);
+  w.linear.quantize_input = GetParam() == WeightFormat::FP8_BLOCK128 || GetParam() == WeightFormat::FP4_BLOCK32;
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd;
+  std::vector<float> x(size_t(n * cols));
+  for (auto& v : x) v = nd(rng);
+  std::vector<float> batched(size_t(n * rows)), single(size_t(n * rows));
+  const int saved = compute_threads();
+  set_compute_threads(3);
+  linear_forward(w.linear, x.data(), n, batched.data());
+  set_compute_threads(1);
+  for (int64_t t = 0; t < n; ++t) linear_forward(w.linear, x.data() + t * cols, 1, single.data() + t * rows);
+  set_compute_threads(saved);
+  EXPECT_EQ(0, std::memcmp(batched.data(), single.data(), batched.size() * 4));
+}
+
+// The SIMD paths follow the canonical reduction order exactly: same bits.
+// Tokens: register groups of 1-4 (FP4 below 8, the others below 17), the dot form's
+// packed groups of 6 (to 127), the outer form's groups of 12 (from 128). 70 rows leave
+// remainders after row groups of 4, 16 and 32 and row blocks of 64; 2304
+// columns are two chunks and a partial one.
+TEST_P(LinearFormats, SimdPathsGiveScalarBits) {
+  for (int64_t cols : {512, 2304})
+    for (int64_t n : {1, 2, 3, 4, 5, 7, 8, 10, 13, 16, 17, 127, 128, 141, 200}) {
+      SCOPED_TRACE("tokens " + std::to_string(n) + ", columns " + std::to_string(cols));
+      const int64_t rows = 70;
+      RandomLinear w = random_linear(GetParam(), rows, cols, 21);
+      const std::vector<float> x = normal_floats(size_t(n * cols), 4);
+      expect_simd_gives_scalar_bits(size_t(n * rows), [&](float* y) { linear_forward(w.linear, x.data(), n, y); });
+    }
+}
+
+// The FP4 register path with VDPBF16PS (linear_fp4_pairs.cpp) runs on
+// FP8-rounded inputs (expert matrices): 1-7 tokens, rows that leave
+// remainders after the four streams, a partial last chunk; with a block
+// scale below 2^-50's bound in one row (its row group takes the fp32
+// kernel) and with a block of inputs below 2^-50 (the whole product does).
+// expect_simd_gives_scalar_bits runs AVX-512 with the bf16 kernels on and
+// off.
+TEST(Linear, Fp4StepPairsGiveScalarBits) {
+  const int64_t rows = 70, cols = 2304;
+  for (int variant = 0; variant < 3; ++variant) {
+    RandomLinear w(WeightFormat::FP4_BLOCK32, rows, cols, 41, 100, 40);
+    w.linear.quantize_input = true;
+    if (variant == 1) w.scale[size_t(9 * w.linear.scale_cols + 5)] = 60;
+    for (int64_t n : {1, 2, 3, 4, 5, 7}) {
+      SCOPED_TRACE("variant " + std::to_string(variant) + ", tokens " + std::to_string(n));
+      std::vector<float> x = normal_floats(size_t(n * cols), 12);
+      if (variant == 2)
+        for (int64_t c = 256; c < 384; ++c) x[size_t(c)] = 1e-20f * x[size_t(c)];
+      expect_simd_gives_scalar_bits(size_t(n * rows), [&](float* y) { linear_forward(w.linear, x.data(), n, y); });
+    }
+  }
+}
+
+// FP4 blocks under every scale byte but NaN's, 2^-127 to 2^127, row r
+// taking bytes 32r to 32r + 31 (only the last row's products overflow the
+// float range; the first row's are subnormal): each SIMD decoder (AVX2's
+// byte lookups of the values' top halves among them) gives the scalar bits.
+TEST(Linear, Fp4EveryScaleByteGivesScalarBits) {
+  const int64_t rows = 8, cols = 32 * 32;
+  RandomLinear w(WeightFormat::FP4_BLOCK32, rows, cols, 23);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < 32; ++b)
+      w.scale[size_t(r * w.linear.scale_cols + b)] = uint8_t(std::min<int64_t>(254, 32 * r + b));
+  for (int64_t n : {1, 3, 16}) {
+    SCOPED_TRACE("tokens " + std::to_string(n));
+    const std::vector<float> x = normal_floats(size_t(n * cols), 8);
+    const std::vector<float> y = expect_simd_gives_scalar_bits(
+        size_t(n * rows), [&](float* out) { linear_forward(w.linear, x.data(), n, out); });
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t r = 0; r + 1 < rows; ++r) EXPECT_TRUE(std::isfinite(y[size_t(t * rows + r)])) << r;
+  }
+}
+
+// One token against FP8 rows that fill 128-row blocks: the block's scales
+// go into a copy of the input (AVX-512 and AVX2), except for the spans
+// whose scale would push an input out of the normal floats or past the
+// fp16 decoding's range. Scales from 0 to 250 per (block, span), a row range
+// that starts and ends inside a block, and an input with a huge value (few
+// prescalable spans) all give the scalar bits.
+TEST(Linear, Fp8OneTokenPrescaledBlocksGiveScalarBits) {
+  // Two threads: pieces of 256 rows (of 248 in the inner range), so most
+  // hold whole blocks (with many threads, pieces shrink below a block).
+  const int saved_threads = compute_threads();
+  set_compute_threads(2);
+  const int64_t rows = 2048, cols = 256;
+  RandomLinear w(WeightFormat::FP8_BLOCK128, rows, cols, 31);
+  const uint8_t scales[] = {0, 90, 119, 127, 200, 246, 247, 250, 5, 140, 119, 60};
+  for (size_t k = 0; k < w.scale.size(); ++k) w.scale[k] = scales[k % 12];
+  std::vector<float> x = normal_floats(size_t(cols), 9);
+  for (bool huge : {false, true}) {
+    SCOPED_TRACE(huge ? "an input of 1e30" : "normal inputs");
+    if (huge) x[100] = 1e30f;
+    for (auto [begin, end] : {std::pair<int64_t, int64_t>{0, rows}, {32, 2016}, {128, 1920}}) {
+      SCOPED_TRACE("rows " + std::to_string(begin) + "-" + std::to_string(end));
+      expect_simd_gives_scalar_bits(size_t(end - begin),
+                                    [&](float* y) { linear_forward(w.linear, x.data(), 1, y, begin, end); });
+    }
+  }
+  set_compute_threads(saved_threads);
+}
+
+DSV4_TARGET_AVX512 void folds_avx512(const float* lanes, double* one_by_one, double* four_at_once) {
+  __m512 a[4];
+  for (int k = 0; k < 4; ++k) {
+    a[k] = _mm512_loadu_ps(lanes + 16 * k);
+    one_by_one[k] = linear_detail::fold16_avx512(a[k]);
+  }
+  _mm256_storeu_pd(four_at_once, linear_detail::fold16x4_avx512(a[0], a[1], a[2], a[3]));
+}
+
+// The folds in registers against fold16 (the canonical tree), on lanes whose
+// exponents are far enough apart that the double sums round: with lanes of
+// one magnitude every sum of 16 floats is exact in double, and any tree
+// would pass.
+TEST(Linear, FoldsInRegistersFollowTheCanonicalTree) {
+  if (!kernel_isa_supported(KernelIsa::Avx512)) GTEST_SKIP() << "no AVX-512";
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> exponent(-70, 70), sign(0, 1);
+  std::uniform_real_distribution<float> mantissa(1.0f, 2.0f);
+  int64_t rounded = 0;
+  for (int trial = 0; trial < 20000; ++trial) {
+    float lanes[64];
+    for (float& v : lanes) v = std::ldexp(mantissa(rng), exponent(rng)) * (sign(rng) ? -1.0f : 1.0f);
+    double one_by_one[4], four_at_once[4];
+    folds_avx512(lanes, one_by_one, four_at_once);
+    for (int k = 0; k < 4; ++k) {
+      const double expected = linear_detail::fold16(lanes + 16 * k);
+      ASSERT_EQ(std::memcmp(&one_by_one[k], &expected, 8), 0) << "trial " << trial << " register " << k;
+      ASSERT_EQ(std::memcmp(&four_at_once[k], &expected, 8), 0) << "trial " << trial << " register " << k;
+      // How often another tree (lanes in order) would give other bits here.
+      double in_order = 0;
+      for (int l = 0; l < 16; ++l) in_order += double(lanes[16 * k + l]);
+      rounded += in_order != expected;
+    }
+  }
+  EXPECT_GT(rounded, 1000) << "the lanes should make the tree matter";
+}
+
+// The range of scales a one-token FP8 product may put into its inputs,
+// computed per piece of rows: the AVX-512 version gives the scalar one's
+// range for inputs whose smallest and largest nonzero values sit anywhere
+// in the float range (subnormals among them), zeros of either sign, and
+// infinities or NaN (no range).
+TEST(Linear, PrescalableScalesAreTheSameOnEveryPath) {
+  if (!kernel_isa_supported(KernelIsa::Avx512)) GTEST_SKIP() << "no AVX-512";
+  std::mt19937 rng(5);
+  for (int round = 0; round < 200; ++round) {
+    std::vector<float> x = normal_floats(size_t(16 * (1 + round % 9)), uint32_t(round));
+    for (auto& v : x) {
+      const unsigned pick = rng() % 16;
+      if (pick == 0) v = 0.0f;
+      if (pick == 1) v = -0.0f;
+      if (pick == 2) v = std::ldexp(v, int(rng() % 250) - 125);  // from subnormal to near the top
+    }
+    if (round % 20 == 7) x[rng() % x.size()] = INFINITY;
+    if (round % 20 == 13) x[rng() % x.size()] = NAN;
+    if (round % 20 == 17) std::fill(x.begin(), x.end(), 0.0f);
+    const auto scalar = linear_detail::prescalable_scales(x.data(), int64_t(x.size()));
+    const auto avx512 = linear_detail::prescalable_scales_avx512(x.data(), int64_t(x.size()));
+    EXPECT_EQ(scalar, avx512) << "round " << round;
+  }
+}
+
+// More tokens than one packed task takes (4092): the second token block
+// and its partial token group.
+TEST_P(LinearFormats, TokensBeyondOneTaskGiveScalarBits) {
+  const int64_t rows = 12, cols = 128, n = 4100;
+  RandomLinear w = random_linear(GetParam(), rows, cols, 22);
+  const std::vector<float> x = normal_floats(size_t(n * cols), 6);
+  expect_simd_gives_scalar_bits(size_t(n * rows), [&](float* y) { linear_forward(w.linear, x.data(), n, y); });
+}
+
+// A slice of rows [6, 150) written with a stride (how the grouped output
+// projection calls it), over 200 rows: row groups and panels straddle the
+// FP8 128-row scale blocks.
+TEST_P(LinearFormats, RowSliceWithStrideGivesScalarBits) {
+  const int64_t rows = 200, cols = 256, row_begin = 6, row_end = 150, stride = 160;
+  RandomLinear w = random_linear(GetParam(), rows, cols, 23);
+  for (int64_t n : {1, 3, 9, 130}) {
+    SCOPED_TRACE("tokens " + std::to_string(n));
+    const std::vector<float> x = normal_floats(size_t(n * cols), 5);
+    const std::vector<float> scalar = expect_simd_gives_scalar_bits(
+        size_t(n * stride), [&](float* y) { linear_forward(w.linear, x.data(), n, y, row_begin, row_end, stride); });
+    // Outside the slice nothing is written.
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t o = row_end - row_begin; o < stride; ++o) {
+        ASSERT_EQ(scalar[size_t(t * stride + o)], -1.0f);
+      }
+  }
+}
+
+// FP8 rows that fill 128-row blocks go in groups that share their scales,
+// and a one-token product then puts each block's scales into a copy of
+// its input where that is exact. The bits stay the scalar ones: for inputs
+// near both ends of the float range (where a scaled input would overflow
+// or lose bits, the scale goes into the weights again), for row ranges
+// that start inside a block, and for more tokens (no prescaling).
+TEST(Linear, Fp8SharedScalesGiveScalarBits) {
+  const int64_t rows = 428, cols = 384;  // three whole row blocks
+  RandomLinear w = random_linear(WeightFormat::FP8_BLOCK128, rows, cols, 24);
+  for (auto& b : w.data) b &= 0xb7;  // |weight| < scale: 3e36 inputs make finite products
+  // Row blocks 1 and 2 scale the inputs down and up; block 0 keeps
+  // random_linear's extremes (2^120, 2^-127), which never prescale.
+  const uint8_t scales[] = {100, 110, 119, 120, 127, 129};
+  w.scale[2] = 119;
+  for (size_t i = 3; i < w.scale.size(); ++i) w.scale[i] = scales[(i - 3) % 6];
+  for (int64_t n : {1, 2, 5})
+    for (float magnitude : {1.0f, 1e-37f, 3e36f})
+      for (int64_t row_begin : {0, 100}) {
+        char trace[96];
+        std::snprintf(trace, sizeof trace, "tokens %lld, inputs times %g, rows from %lld", (long long)n,
+                      double(magnitude), (long long)row_begin);
+        SCOPED_TRACE(trace);
+        std::vector<float> x = normal_floats(size_t(n * cols), 7);
+        for (auto& v : x) v *= magnitude;
+        expect_simd_gives_scalar_bits(size_t(n * (rows - row_begin)),
+                                      [&](float* y) { linear_forward(w.linear, x.data(), n, y, row_begin, rows); });
+      }
+}
+
+// FP8 rows of whole 128-row blocks against 5-16 tokens go eight at a time
+// with VDPBF16PS (linear_fp8_pairs.cpp, each chunk of the rows decoded once
+// into step-pair words) where every scale of the block lies in [86, 246]
+// (kBf16DotMinFp8Scale, kMaxHalfPathScale) and the inputs qualify: same
+// bits. Blocks with a span just outside (85, 247) or far outside keep the
+// four-row kernel. Scale 86 with the smallest codes, subnormal e4m3 among
+// them, is the edge where no weight lies below 2^-50; rows from 100 start
+// inside a block; tiny inputs keep every block off VDPBF16PS.
+// expect_simd_gives_scalar_bits runs AVX-512 with the bf16 kernels on and
+// off.
+TEST(Linear, Fp8EightRowsGiveScalarBits) {
+  const int saved_threads = compute_threads();
+  set_compute_threads(2);
+  const int64_t rows = 768, cols = 2304;  // six row blocks; two chunks and a partial one
+  RandomLinear w(WeightFormat::FP8_BLOCK128, rows, cols, 43);
+  w.linear.quantize_input = true;
+  const int64_t spans = w.linear.scale_cols;
+  const uint8_t block_scales[6][2] = {{86, 246}, {9, 120}, {120, 247}, {115, 125}, {85, 120}, {86, 86}};
+  for (int64_t b = 0; b < 6; ++b)
+    for (int64_t k = 0; k < spans; ++k) w.scale[size_t(b * spans + k)] = block_scales[b][k % 2];
+  for (int64_t r : {0, 1, 512, 545, 640})
+    for (int64_t i = 0; i < cols; ++i) w.data[size_t(r * cols + i)] = uint8_t((i % 16) | (i & 16 ? 0x80 : 0));
+  for (int64_t i = 256 * cols; i < 384 * cols; ++i) w.data[size_t(i)] &= 0xb7;  // finite under scale 247
+  for (bool tiny : {false, true})
+    for (int64_t n : {5, 6, 9, 16})
+      for (int64_t row_begin : {0, 100}) {
+        SCOPED_TRACE(std::string(tiny ? "tiny inputs, " : "") + "tokens " + std::to_string(n) + ", rows from " +
+                     std::to_string(row_begin));
+        std::vector<float> x = normal_floats(size_t(n * cols), 17);
+        if (tiny)
+          for (int64_t c = 0; c < 128; ++c) x[size_t(cols + c)] *= 1e-20f;
+        expect_simd_gives_scalar_bits(size_t(n * (rows - row_begin)),
+                                      [&](float* y) { linear_forward(w.linear, x.data(), n, y, row_begin, rows); });
+      }
+  set_compute_threads(saved_threads);
+}
+
+// linear_forward_many (the routed experts of a step in one batch of
+// products) gives each product the bits of its own linear_forward call, on
+// every path: few-token products share one parallel region, many-token
+// ones (packed GEMMs) run as single calls. Matrices of every format, rows
+// that do not split in four streams per thread, and an empty product.
+TEST(Linear, ManyProductsGiveEachProductsBits) {
+  std::vector<RandomLinear> weights;
+  weights.push_back(random_linear(WeightFormat::FP4_BLOCK32, 70, 512, 31));
+  weights.push_back(random_linear(WeightFormat::FP8_BLOCK128, 130, 2304, 32));
+  weights.push_back(random_linear(WeightFormat::BF16, 97, 256, 33));
+  weights.push_back(random_linear(WeightFormat::F32, 40, 128, 34));
+  weights.push_back(random_linear(WeightFormat::FP4_BLOCK32, 64, 256, 35));
+  for (auto& w : weights)
+    w.linear.quantize_input =
+        w.linear.format == WeightFormat::FP8_BLOCK128 || w.linear.format == WeightFormat::FP4_BLOCK32;
+  const int64_t tokens[] = {1, 3, 16, 5, 20, 0};
+  const size_t count = 6;
+  std::vector<std::vector<float>> x(count);
+  std::vector<size_t> y_offset(count + 1, 0);
+  for (size_t i = 0; i < count; ++i) {
+    const Linear& w = weights[i % weights.size()].linear;
+    x[i] = normal_floats(size_t(std::max<int64_t>(tokens[i], 1) * w.cols), uint32_t(40 + i));
+    y_offset[i + 1] = y_offset[i] + size_t(tokens[i] * w.rows);
+  }
+  const KernelIsa saved = active_kernel_isa();
+  for (KernelIsa isa : {KernelIsa::Scalar, KernelIsa::Avx2, KernelIsa::Avx512}) {
+    if (!kernel_isa_supported(isa)) continue;
+    SCOPED_TRACE(kernel_isa_name(isa));
+    set_kernel_isa(isa);
+    std::vector<float> one(y_offset[count], -1.0f), many(y_offset[count], -2.0f);
+    std::vector<LinearProduct> products;
+    for (size_t i = 0; i < count; ++i) {
+      const Linear& w = weights[i % weights.size()].linear;
+      linear_forward(w, x[i].data(), tokens[i], one.data() + y_offset[i]);
+      products.push_back({&w, x[i].data(), tokens[i], many.data() + y_offset[i]});
+    }
+    linear_forward_many(products.data(), products.size());
+    EXPECT_EQ(0, std::memcmp(one.data(), many.data(), one.size() * 4));
+  }
+  set_kernel_isa(saved);
+}
+
+TEST(Linear, Fp4WidthMustBeWholeScaleBlocks) {
+  RandomLinear w = random_linear(WeightFormat::FP4_BLOCK32, 4, 64, 1);
+  w.linear.cols = 48;  // the scale blocks are 32 wide
+  std::vector<float> x(48, 1.0f), y(4);
+  EXPECT_THROW(linear_forward(w.linear, x.data(), 1, y.data()), Error);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, LinearFormats,
+                         ::testing::Values(WeightFormat::F32, WeightFormat::BF16, WeightFormat::FP8_BLOCK128,
+                                           WeightFormat::FP4_BLOCK32));
+
+}  // namespace
+}  // namespace dsv4
