@@ -199,9 +199,13 @@ void run_speculative_bench(const std::shared_ptr<Model>& model, const Speculativ
         model->draft_vocab().size(), (long long)c.vocab_size, double(cost.mtp_head_bytes) / 1e9,
         double(cost.head_bytes) / 1e9);
   const int64_t position = kPromptTokens + a.decode / 2;
+  // The model's bandwidth: the best read so far, the calibration's and each
+  // round's (read just before it), so that a calibration that ran in a slow
+  // phase of a shared machine does not lower what the model allows.
+  double bandwidth = limits.bandwidth;
   auto step_floor = [&](const Model::TokenCost& token_cost, int64_t tokens) {
     return std::max(
-        decode_step_bytes(c, token_cost, tokens) / limits.bandwidth,
+        decode_step_bytes(c, token_cost, tokens) / bandwidth,
         decode_step_floor_seconds(c, token_cost, tokens, position, limits.one_token_rates, limits.fma_macs_per_s));
   };
   // Draft steps of the chain: the first runs the rows the last step accepted
@@ -221,12 +225,12 @@ void run_speculative_bench(const std::shared_ptr<Model>& model, const Speculativ
   // floor, as for a verify step.
   auto mtp_step_seconds = [&](const Model::TokenCost& token_cost, int64_t rows, int64_t batch) {
     return std::max(
-        mtp_step_bytes(c, token_cost, rows) / limits.bandwidth,
+        mtp_step_bytes(c, token_cost, rows) / bandwidth,
         mtp_step_floor_seconds(c, token_cost, rows, batch, position, limits.one_token_rates, limits.fma_macs_per_s));
   };
   // The draft steps' time on this machine (DSpark's draft: its bytes only).
   auto draft_seconds = [&](const Model::TokenCost& token_cost, int64_t batch, double accept_len) {
-    if (!eagle) return draft_bytes(token_cost, batch, accept_len) / limits.bandwidth;
+    if (!eagle) return draft_bytes(token_cost, batch, accept_len) / bandwidth;
     return mtp_step_seconds(token_cost, first_draft_rows(batch, accept_len), batch) +
            double(drafts - 1) * mtp_step_seconds(token_cost, batch, batch);
   };
@@ -260,7 +264,10 @@ void run_speculative_bench(const std::shared_ptr<Model>& model, const Speculativ
     // that round's plain run) are printed beside.
     std::vector<EngineRun> plains;
     std::vector<std::vector<EngineRun>> forced_runs(a.accept_lens.size()), gated_runs(a.accept_lens.size());
+    std::vector<double> round_bandwidths;
     for (int round = 0; round < a.repeat; ++round) {
+      round_bandwidths.push_back(measure_read_bandwidth(int64_t(1) << 30, 1));
+      bandwidth = std::max(bandwidth, round_bandwidths.back());
       plains.push_back(engine_run(model, plain_options, batch, a.decode, 1));
       for (size_t i = 0; i < a.accept_lens.size(); ++i) {
         forced_runs[i].push_back(engine_run(model, options_for(a.accept_lens[i], false), batch, a.decode, 1));
@@ -280,7 +287,9 @@ void run_speculative_bench(const std::shared_ptr<Model>& model, const Speculativ
       std::printf("; best of %d rounds:", a.repeat);
       for (const EngineRun& run : plains) std::printf(" %.2f", run.tokens_per_second);
     }
-    std::printf("\n");
+    std::printf("\n  read bandwidth before each round:");
+    for (double bw : round_bandwidths) std::printf(" %.2f", bw / 1e9);
+    std::printf(" GB/s; the model takes the best read so far in this run, %.2f GB/s\n", bandwidth / 1e9);
     if (csv)
       *csv << "speculative_plain," << batch << ",," << plain.forward_ms_per_step / 1e3 << "," << plain.tokens_per_second
            << ",,,,," << plain_roof << "\n";
@@ -338,14 +347,14 @@ void run_speculative_bench(const std::shared_ptr<Model>& model, const Speculativ
   }
   if (auto flash = flash_schedule_cost(c, cost, 16)) {
     std::printf("extrapolated to the 43-layer V4-Flash schedule at the measured %.2f GB/s (bytes only):\n",
-                limits.bandwidth / 1e9);
+                bandwidth / 1e9);
     for (int64_t batch : a.batches) {
-      const double plain = double(batch) * limits.bandwidth / decode_step_bytes(c, flash->cost, batch);
+      const double plain = double(batch) * bandwidth / decode_step_bytes(c, flash->cost, batch);
       std::printf("  batch %3lld: plain %.2f tokens/s;", (long long)batch, plain);
       for (double accept_len : a.accept_lens) {
         const double bytes =
             decode_step_bytes(c, flash->cost, batch * (drafts + 1)) + draft_bytes(flash->cost, batch, accept_len);
-        const double rate = double(batch) * accept_len * limits.bandwidth / bytes;
+        const double rate = double(batch) * accept_len * bandwidth / bytes;
         std::printf(" accept %.1f: %.2f (%.2fx)", accept_len, rate, rate / plain);
       }
       std::printf("\n");
