@@ -157,7 +157,7 @@ class Engine {
               size_t item);
   // Rows of positions first_position.. appended to a per-sequence buffer of
   // positions [start, start + rows) (restarted when not contiguous), which
-  // keeps the last window of them.
+  // keeps at least the last window of them and at most a window and a half.
   void keep_rows(std::vector<float>& buffer, int64_t& start, int64_t width, int64_t first_position, const float* rows,
                  int64_t n) const;
   void log_decode(int64_t batch);
