@@ -87,8 +87,9 @@ OMP_WAIT_POLICY=passive "$BIN" bench --model "$MODEL" --prompt 8 --decode 4 --ba
 grep -q "^draft vocabulary: the MTP head scores 43094 of 129280 tokens" "$WORK/out.txt" || fail "no draft vocabulary line"
 grep -q "^batch   1 plain: *[0-9.]* tokens/s (.*); best of 2 rounds: [0-9.]* [0-9.]*$" "$WORK/out.txt" \
   || fail "no plain line with its rounds"
-grep -q "^  read bandwidth before each round: [0-9.]* [0-9.]* GB/s; the model takes the best read so far in this run, [0-9.]* GB/s$" \
-  "$WORK/out.txt" || fail "no bandwidth line for the rounds"
+L='[0-9.]*, [0-9]*, [0-9.]*/[0-9.]*/[0-9.]*'
+grep -q "^  limits read before each round (GB/s read; fp32 FMA GFLOP/s; G weights/s decoded, BF16/FP8/FP4): $L; $L; the model takes the best read so far in this run, $L$" \
+  "$WORK/out.txt" || fail "no limits line for the rounds"
 grep -q "^    rounds (speculative, with the bypass: tokens/s and x that round's plain): [0-9.]* [0-9.]*x, [0-9.]* [0-9.]*x; [0-9.]* [0-9.]*x, [0-9.]* [0-9.]*x$" \
   "$WORK/out.txt" || fail "no rounds line"
 grep -q "^  accept 2.0: speculative  *[0-9.]* tokens/s = [0-9.]*x plain, [0-9]*% of the [0-9.]* the model allows (verify [0-9.]* ms, draft [0-9.]* ms per step); with the bypass" \

@@ -17,7 +17,9 @@
 #include "bench_products.h"
 #include "core/error.h"
 #include "core/machine.h"
+#include "decode_rate.h"
 #include "engine/engine.h"
+#include "gemm_peak.h"
 #include "kernels/timed_backend.h"
 
 namespace dsv4::tools {
@@ -170,6 +172,34 @@ void print_phase(const TimedBackend& timed, const char* name, double seconds, in
   print_products(timed, csv_phase.c_str(), batch, batch * steps, double(steps), "per step", csv);
 }
 
+// The limits again, quicker than the calibration (1 GB read once), just
+// before a round of runs.
+MachineLimits measure_round_limits() {
+  MachineLimits m;
+  m.bandwidth = measure_read_bandwidth(int64_t(1) << 30, 1);
+  m.one_token_rates = measure_one_token_weight_rates();
+  m.fma_macs_per_s = measure_fp32_fma_peak().flops / 2;
+  return m;
+}
+
+MachineLimits best_of(const MachineLimits& x, const MachineLimits& y) {
+  MachineLimits m;
+  m.bandwidth = std::max(x.bandwidth, y.bandwidth);
+  for (size_t f = 0; f < m.one_token_rates.size(); ++f)
+    m.one_token_rates[f] = std::max(x.one_token_rates[f], y.one_token_rates[f]);
+  m.fma_macs_per_s = std::max(x.fma_macs_per_s, y.fma_macs_per_s);
+  return m;
+}
+
+std::string limits_text(const MachineLimits& m) {
+  char text[160];
+  std::snprintf(text, sizeof text, "%.1f, %.0f, %.1f/%.1f/%.1f", m.bandwidth / 1e9, 2 * m.fma_macs_per_s / 1e9,
+                m.one_token_rates[size_t(WeightFormat::BF16)] / 1e9,
+                m.one_token_rates[size_t(WeightFormat::FP8_BLOCK128)] / 1e9,
+                m.one_token_rates[size_t(WeightFormat::FP4_BLOCK32)] / 1e9);
+  return text;
+}
+
 }  // namespace
 
 void run_speculative_bench(const std::shared_ptr<Model>& model, const SpeculativeBenchArgs& a,
@@ -199,14 +229,15 @@ void run_speculative_bench(const std::shared_ptr<Model>& model, const Speculativ
         model->draft_vocab().size(), (long long)c.vocab_size, double(cost.mtp_head_bytes) / 1e9,
         double(cost.head_bytes) / 1e9);
   const int64_t position = kPromptTokens + a.decode / 2;
-  // The model's bandwidth: the best read so far, the calibration's and each
+  // The model's limits: the best read so far, the calibration's and each
   // round's (read just before it), so that a calibration that ran in a slow
   // phase of a shared machine does not lower what the model allows.
-  double bandwidth = limits.bandwidth;
+  MachineLimits model_limits = limits;
+  double& bandwidth = model_limits.bandwidth;
   auto step_floor = [&](const Model::TokenCost& token_cost, int64_t tokens) {
-    return std::max(
-        decode_step_bytes(c, token_cost, tokens) / bandwidth,
-        decode_step_floor_seconds(c, token_cost, tokens, position, limits.one_token_rates, limits.fma_macs_per_s));
+    return std::max(decode_step_bytes(c, token_cost, tokens) / bandwidth,
+                    decode_step_floor_seconds(c, token_cost, tokens, position, model_limits.one_token_rates,
+                                              model_limits.fma_macs_per_s));
   };
   // Draft steps of the chain: the first runs the rows the last step accepted
   // (about the accept length per sequence; the head only on each sequence's
@@ -224,9 +255,9 @@ void run_speculative_bench(const std::shared_ptr<Model>& model, const Speculativ
   // sequences: the longer of its bytes at the bandwidth and its decoding
   // floor, as for a verify step.
   auto mtp_step_seconds = [&](const Model::TokenCost& token_cost, int64_t rows, int64_t batch) {
-    return std::max(
-        mtp_step_bytes(c, token_cost, rows) / bandwidth,
-        mtp_step_floor_seconds(c, token_cost, rows, batch, position, limits.one_token_rates, limits.fma_macs_per_s));
+    return std::max(mtp_step_bytes(c, token_cost, rows) / bandwidth,
+                    mtp_step_floor_seconds(c, token_cost, rows, batch, position, model_limits.one_token_rates,
+                                           model_limits.fma_macs_per_s));
   };
   // The draft steps' time on this machine (DSpark's draft: its bytes only).
   auto draft_seconds = [&](const Model::TokenCost& token_cost, int64_t batch, double accept_len) {
@@ -264,10 +295,10 @@ void run_speculative_bench(const std::shared_ptr<Model>& model, const Speculativ
     // that round's plain run) are printed beside.
     std::vector<EngineRun> plains;
     std::vector<std::vector<EngineRun>> forced_runs(a.accept_lens.size()), gated_runs(a.accept_lens.size());
-    std::vector<double> round_bandwidths;
+    std::vector<MachineLimits> round_limits;
     for (int round = 0; round < a.repeat; ++round) {
-      round_bandwidths.push_back(measure_read_bandwidth(int64_t(1) << 30, 1));
-      bandwidth = std::max(bandwidth, round_bandwidths.back());
+      round_limits.push_back(measure_round_limits());
+      model_limits = best_of(model_limits, round_limits.back());
       plains.push_back(engine_run(model, plain_options, batch, a.decode, 1));
       for (size_t i = 0; i < a.accept_lens.size(); ++i) {
         forced_runs[i].push_back(engine_run(model, options_for(a.accept_lens[i], false), batch, a.decode, 1));
@@ -287,9 +318,10 @@ void run_speculative_bench(const std::shared_ptr<Model>& model, const Speculativ
       std::printf("; best of %d rounds:", a.repeat);
       for (const EngineRun& run : plains) std::printf(" %.2f", run.tokens_per_second);
     }
-    std::printf("\n  read bandwidth before each round:");
-    for (double bw : round_bandwidths) std::printf(" %.2f", bw / 1e9);
-    std::printf(" GB/s; the model takes the best read so far in this run, %.2f GB/s\n", bandwidth / 1e9);
+    std::printf("\n  limits read before each round (GB/s read; fp32 FMA GFLOP/s; G weights/s decoded, BF16/FP8/FP4):");
+    for (size_t round = 0; round < round_limits.size(); ++round)
+      std::printf("%s %s", round ? ";" : "", limits_text(round_limits[round]).c_str());
+    std::printf("; the model takes the best read so far in this run, %s\n", limits_text(model_limits).c_str());
     if (csv)
       *csv << "speculative_plain," << batch << ",," << plain.forward_ms_per_step / 1e3 << "," << plain.tokens_per_second
            << ",,,,," << plain_roof << "\n";
