@@ -17,6 +17,7 @@
 #include "bench_products.h"
 #include "core/error.h"
 #include "core/machine.h"
+#include "core/threads.h"
 #include "decode_rate.h"
 #include "engine/engine.h"
 #include "gemm_peak.h"
@@ -173,8 +174,13 @@ void print_phase(const TimedBackend& timed, const char* name, double seconds, in
 }
 
 // The limits again, quicker than the calibration (1 GB read once), just
-// before a round of runs.
+// before a round of runs, on a team placed as the calibration's was. The
+// team is placed again first: an engine's constructor releases this
+// thread's workers, and new ones inherit this thread's own placement (one
+// CPU when the bench pinned its team), which halved the FMA chains and the
+// bandwidth of every round after the first.
 MachineLimits measure_round_limits() {
+  pin_compute_threads();
   MachineLimits m;
   m.bandwidth = measure_read_bandwidth(int64_t(1) << 30, 1);
   m.one_token_rates = measure_one_token_weight_rates();
