@@ -294,22 +294,29 @@ void run_speculative_bench(const std::shared_ptr<Model>& model, const Speculativ
       options.speculative.auto_bypass = bypass;
       return options;
     };
-    // Rounds: the plain run, then each accept length forced and gated. On a
-    // shared machine the speed moves by up to a third within minutes, so
-    // every case is run once per round, the rounds one after another, and
-    // each case's best round counts; a round's own ratios (the gate against
-    // that round's plain run) are printed beside.
+    // Rounds: the plain run, then each accept length forced and gated; every
+    // second round runs them in the opposite order, so that a drift within
+    // a round does not always favour the plain run. On a shared machine the
+    // speed moves by up to a third within minutes, so every case is run once
+    // per round, the rounds one after another, and each case's best round
+    // counts; a round's own ratios (the gate against that round's plain
+    // run) are printed beside.
     std::vector<EngineRun> plains;
     std::vector<std::vector<EngineRun>> forced_runs(a.accept_lens.size()), gated_runs(a.accept_lens.size());
     std::vector<MachineLimits> round_limits;
     for (int round = 0; round < a.repeat; ++round) {
       round_limits.push_back(measure_round_limits());
       model_limits = best_of(model_limits, round_limits.back());
-      plains.push_back(engine_run(model, plain_options, batch, a.decode, 1));
-      for (size_t i = 0; i < a.accept_lens.size(); ++i) {
-        forced_runs[i].push_back(engine_run(model, options_for(a.accept_lens[i], false), batch, a.decode, 1));
-        gated_runs[i].push_back(engine_run(model, options_for(a.accept_lens[i], true), batch, a.decode, 4));
+      const bool reversed = round % 2 == 1;
+      if (!reversed) plains.push_back(engine_run(model, plain_options, batch, a.decode, 1));
+      for (size_t k = 0; k < a.accept_lens.size(); ++k) {
+        const size_t i = reversed ? a.accept_lens.size() - 1 - k : k;
+        const EngineOptions forced = options_for(a.accept_lens[i], false), gated = options_for(a.accept_lens[i], true);
+        if (reversed) gated_runs[i].push_back(engine_run(model, gated, batch, a.decode, 4));
+        forced_runs[i].push_back(engine_run(model, forced, batch, a.decode, 1));
+        if (!reversed) gated_runs[i].push_back(engine_run(model, gated, batch, a.decode, 4));
       }
+      if (reversed) plains.push_back(engine_run(model, plain_options, batch, a.decode, 1));
     }
     auto best = [](const std::vector<EngineRun>& runs) {
       return *std::max_element(runs.begin(), runs.end(), [](const EngineRun& x, const EngineRun& y) {
