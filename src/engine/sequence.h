@@ -70,8 +70,9 @@ struct Engine::Sequence {
   int64_t hc_start = 0;
   // DSPARK: the target-layer states of positions [dspark_start, fed) that
   // the head's rings have not learned yet (at most a window and a half,
-  // trimmed in steps: the rings hold the last window only). They are learned just before a draft, all sequences at
-  // once, so that steps the gate runs without speculation do not pay for them.
+  // trimmed in steps: the rings hold the last window only). They are
+  // learned just before a draft, all sequences at once, so that steps the
+  // gate runs without speculation do not pay for them.
   std::vector<float> dspark_rows;
   int64_t dspark_start = 0;
 
