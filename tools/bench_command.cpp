@@ -23,7 +23,6 @@
 #include "core/error.h"
 #include "core/machine.h"
 #include "core/threads.h"
-#include "decode_rate.h"
 #include "engine/speculative.h"
 #include "engram_setup.h"
 #include "gemm_peak.h"
@@ -31,6 +30,7 @@
 #include "kernels/cpu/isa.h"
 #include "kernels/timed_backend.h"
 #include "load_mode_flags.h"
+#include "machine_limits.h"
 #include "model/model.h"
 #include "svg_plot.h"
 
@@ -161,34 +161,31 @@ int run_bench(const BenchArgs& a) {
   // best of the two counts. On a shared machine a short measurement can land
   // in a slow moment that a 40-second prefill averages out, which would
   // flatter the percentages.
-  double bandwidth = 0;
-  GemmPeak peak, fma_ceiling, int8_ceiling;  // the best GEMM of the machine; the fp32 FMA and int8 dot ceilings
-  std::array<double, 4> one_token_rates{};  // weights/s by format, from L2 (see decode_rate.h)
+  MachineLimits limits;         // bandwidth, one-token rates, fp32 FMA ceiling: the best read of each
+  GemmPeak peak, int8_ceiling;  // the best GEMM of the machine; the int8 dot ceiling
   auto measure_limits = [&](const char* when) {
-    const double bw = measure_read_bandwidth();
-    std::printf("measured memory read bandwidth%s: %.2f GB/s\n", when, bw / 1e9);
-    bandwidth = std::max(bandwidth, bw);
+    const MachineLimits read = read_machine_limits(5);
+    limits.keep_best(read);
+    std::printf("measured memory read bandwidth%s: %.2f GB/s\n", when, read.bandwidth / 1e9);
     GemmPeak best;
     for (const GemmPeak& g : measure_onednn_gemm_peaks()) {
       std::printf("measured GEMM%s: %-60s %8.1f GFLOP/s\n", when, g.name.c_str(), g.flops / 1e9);
       if (g.flops > best.flops) best = g;
     }
-    const GemmPeak fma = measure_fp32_fma_peak();
-    std::printf("measured%s: %-65s %8.1f GFLOP/s\n", when, fma.name.c_str(), fma.flops / 1e9);
-    if (fma.flops > fma_ceiling.flops) fma_ceiling = fma;
+    std::printf("measured%s: %-65s %8.1f GFLOP/s\n", when, read.fma_name.c_str(), read.fma_flops() / 1e9);
     const GemmPeak int8 = measure_int8_dot_peak();
     if (int8.flops > 0) std::printf("measured%s: %-65s %8.1f GOP/s\n", when, int8.name.c_str(), int8.flops / 1e9);
     if (int8.flops > int8_ceiling.flops) int8_ceiling = int8;
-    if (best.flops == 0) best = fma;  // built without oneDNN: the FMA ceiling stands in
+    if (best.flops == 0)
+      best = GemmPeak{read.fma_name, read.fma_flops()};  // built without oneDNN: the FMA ceiling stands in
     if (best.flops > peak.flops) peak = best;
-    const std::array<double, 4> rates = measure_one_token_weight_rates();
+    const std::array<double, 4>& rates = read.one_token_rates;
     std::printf("measured%s: one-token products from L2 (decoding + one FMA per weight), G weights/s:", when);
     std::printf(" BF16 %.1f, FP8 %.1f, FP4 %.1f\n", rates[size_t(WeightFormat::BF16)] / 1e9,
                 rates[size_t(WeightFormat::FP8_BLOCK128)] / 1e9, rates[size_t(WeightFormat::FP4_BLOCK32)] / 1e9);
-    for (size_t f = 0; f < rates.size(); ++f) one_token_rates[f] = std::max(one_token_rates[f], rates[f]);
   };
   measure_limits("");
-  if (peak.name == fma_ceiling.name)
+  if (peak.name == limits.fma_name)
     std::printf("(built without oneDNN: the fp32 FMA ceiling stands in for the peak GEMM)\n");
   const Model::TokenCost cost = model->token_cost();
   auto percent_of_peak = [&](double flops) { return 100 * flops / peak.flops; };
@@ -268,19 +265,19 @@ int run_bench(const BenchArgs& a) {
     std::printf(
         "limits used: %.2f GB/s, peak GEMM %.1f GFLOP/s, fp32 FMA ceiling %.1f GFLOP/s (best of the two "
         "measurements)\n",
-        bandwidth / 1e9, peak.flops / 1e9, fma_ceiling.flops / 1e9);
+        limits.bandwidth / 1e9, peak.flops / 1e9, limits.fma_flops() / 1e9);
     std::printf(
         "prefill  %6lld tokens: %8.3f s  %10.2f tokens/s  %.1f GFLOP/s = %.1f%% of the peak GEMM, %.1f%% of the fp32 "
         "FMA ceiling\n",
         (long long)a.prompt, dt, double(a.prompt) / dt, flops / dt / 1e9, percent_of_peak(flops / dt),
-        100 * flops / dt / fma_ceiling.flops);
+        100 * flops / dt / limits.fma_flops());
     prefill_bars.bars.push_back({num("%.0f tokens vs ", double(a.prompt)) + "peak GEMM",
                                  num("%.1f GFLOP/s", flops / dt / 1e9) + num(" = %.1f%%", percent_of_peak(flops / dt)),
                                  flops / dt, peak.flops});
     prefill_bars.bars.push_back({num("%.0f tokens vs ", double(a.prompt)) + "fp32 FMA ceiling",
-                                 num("%.1f%%", 100 * flops / dt / fma_ceiling.flops), flops / dt, fma_ceiling.flops});
+                                 num("%.1f%%", 100 * flops / dt / limits.fma_flops()), flops / dt, limits.fma_flops()});
     if (csv)
-      csv << "prefill,1," << a.prompt << "," << dt << "," << a.prompt / dt << ",,," << bandwidth / 1e9 << ","
+      csv << "prefill,1," << a.prompt << "," << dt << "," << a.prompt / dt << ",,," << limits.bandwidth / 1e9 << ","
           << flops / dt / 1e9 << "," << peak.flops / 1e9 << "\n";
   }
 
@@ -343,7 +340,7 @@ int run_bench(const BenchArgs& a) {
     const double step_flops = 2.0 * decode_step_macs(c, cost, batch, position);
     const double compute_seconds = step_flops / peak.flops;
     const double floor_seconds =
-        decode_step_floor_seconds(c, cost, batch, position, one_token_rates, fma_ceiling.flops / 2);
+        decode_step_floor_seconds(c, cost, batch, position, limits.one_token_rates, limits.fma_macs_per_s);
     const double roof = double(batch) / std::max({memory_seconds, compute_seconds, floor_seconds});
     decode_bars.bars.push_back(
         {num("batch %.0f", double(batch)), num("%.2f tokens/s", rate) + num(" (roofline %.1f)", roof), rate, roof});
@@ -357,10 +354,9 @@ int run_bench(const BenchArgs& a) {
           "  %.2f GB/s of weights = %.1f%% of the bandwidth around this run (%.1f%% of the run-wide best); decoding "
           "the weights at the one-token rates + the FMAs: %.1f ms (%.0f%% of the step), so the roofline is %.1f "
           "tokens/s (%s) and the step is at %.0f%% of it",
-          achieved / 1e9, 100 * achieved / bandwidth_here, 100 * achieved / bandwidth, 1e3 * floor_seconds,
+          achieved / 1e9, 100 * achieved / bandwidth_here, 100 * achieved / limits.bandwidth, 1e3 * floor_seconds,
           100 * floor_seconds * rate, double(batch) / std::max(memory_seconds, floor_seconds),
-          floor_seconds > memory_seconds ? "bound by decoding the weights" : "bound by the bytes",
-          100 * rate / roof);
+          floor_seconds > memory_seconds ? "bound by decoding the weights" : "bound by the bytes", 100 * rate / roof);
     } else {
       if (single_rate > 0)
         std::printf("  %.2fx batch 1,", rate / single_rate);
@@ -387,9 +383,9 @@ int run_bench(const BenchArgs& a) {
 
   if (!a.contexts.empty())
     run_context_bench(*model, a.contexts, a.context_batches, a.decode,
-                      {bandwidth, fma_ceiling.flops,
+                      {limits.bandwidth, limits.fma_flops(),
                        cpu::fp4_scores_use_vnni(active_kernel_isa()) && int8_ceiling.flops > 0 ? int8_ceiling.flops
-                                                                                             : fma_ceiling.flops},
+                                                                                               : limits.fma_flops()},
                       csv);
 
   // The 43-layer V4-Flash model has the same layer kinds as a real-shaped
@@ -404,15 +400,15 @@ int run_bench(const BenchArgs& a) {
       // A slice's bytes are mostly its BF16 head, the full model's mostly
       // FP8 and FP4 matrices, whose decoding can bound a token on a machine
       // with few cores: the line also gives that bound.
-      const double floor_seconds =
-          decode_step_floor_seconds(c, flash->cost, 1, 16 + a.decode / 2, one_token_rates, fma_ceiling.flops / 2);
+      const double floor_seconds = decode_step_floor_seconds(c, flash->cost, 1, 16 + a.decode / 2,
+                                                             limits.one_token_rates, limits.fma_macs_per_s);
       std::printf(
           "  decode batch 1: %.2f tokens/s at the measured %.2f GB/s; decoding its weights at the one-token "
           "rates takes %.0f ms per token here (at most %.2f tokens/s)\n",
           rate, decode_bytes_rate / 1e9, 1e3 * floor_seconds, 1.0 / floor_seconds);
       if (csv)
         csv << "decode_43_layers_estimate,1,,," << rate << "," << flash->decode_bytes << "," << decode_bytes_rate / 1e9
-            << "," << bandwidth / 1e9 << ",,\n";
+            << "," << limits.bandwidth / 1e9 << ",,\n";
     }
     // A batch reads every routed expert that one of its tokens picked. In
     // the full model the experts are most of the bytes (in a slice, its
@@ -425,16 +421,17 @@ int run_bench(const BenchArgs& a) {
       std::printf(
           "  decode batch %lld: %.2f GB per step (uniform routing): at most %.2f tokens/s at the measured "
           "bandwidth, %.2fx batch 1 by bytes alone\n",
-          (long long)batch, bytes / 1e9, double(batch) * bandwidth / bytes, double(batch) * single_bytes / bytes);
+          (long long)batch, bytes / 1e9, double(batch) * limits.bandwidth / bytes,
+          double(batch) * single_bytes / bytes);
       if (csv)
-        csv << "decode_43_layers_memory_bound," << batch << ",,," << double(batch) * bandwidth / bytes << ","
-            << bytes / double(batch) << ",," << bandwidth / 1e9 << ",,\n";
+        csv << "decode_43_layers_memory_bound," << batch << ",,," << double(batch) * limits.bandwidth / bytes << ","
+            << bytes / double(batch) << ",," << limits.bandwidth / 1e9 << ",,\n";
     }
     const double rate = prefill_flops_rate / (2.0 * double(flash->prefill_macs) / double(a.prompt));
     std::printf("  prefill %lld tokens: %.2f tokens/s at the measured %.1f GFLOP/s\n", (long long)a.prompt, rate,
                 prefill_flops_rate / 1e9);
     if (csv)
-      csv << "prefill_43_layers_estimate,1," << a.prompt << ",," << rate << ",,," << bandwidth / 1e9 << ","
+      csv << "prefill_43_layers_estimate,1," << a.prompt << ",," << rate << ",,," << limits.bandwidth / 1e9 << ","
           << prefill_flops_rate / 1e9 << "," << peak.flops / 1e9 << "\n";
   } else {
     std::printf(c.v41 ? "(no extrapolation to V4.1-Flash: the model lacks a ratio-2 or a ratio-1 KV source)\n"
@@ -449,14 +446,13 @@ int run_bench(const BenchArgs& a) {
     spec.split = a.split;
     spec.repeat = a.repeat;
     if (!a.token_map.empty()) model->set_draft_vocab(load_token_map(a.token_map));
-    MachineLimits limits{bandwidth, one_token_rates, fma_ceiling.flops / 2};
     run_speculative_bench(model, spec, limits, csv ? &csv : nullptr);
   }
   if (!a.plot.empty()) {
     std::ofstream out(a.plot);
     const std::string subtitle = a.model + num(": %.0f layers, ", double(c.n_layers)) +
                                  num("%.0f threads, ", double(compute_threads())) +
-                                 num("read bandwidth %.1f GB/s, ", bandwidth / 1e9) + "peak GEMM " + peak.name +
+                                 num("read bandwidth %.1f GB/s, ", limits.bandwidth / 1e9) + "peak GEMM " + peak.name +
                                  num(" %.0f GFLOP/s", peak.flops / 1e9);
     out << roofline_bars_svg("dsv4 bench", subtitle, {prefill_bars, decode_bars});
     if (!out) throw Error("cannot write " + a.plot);

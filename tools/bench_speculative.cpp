@@ -18,9 +18,7 @@
 #include "core/error.h"
 #include "core/machine.h"
 #include "core/threads.h"
-#include "decode_rate.h"
 #include "engine/engine.h"
-#include "gemm_peak.h"
 #include "kernels/timed_backend.h"
 
 namespace dsv4::tools {
@@ -181,29 +179,7 @@ void print_phase(const TimedBackend& timed, const char* name, double seconds, in
 // bandwidth of every round after the first.
 MachineLimits measure_round_limits() {
   pin_compute_threads();
-  MachineLimits m;
-  m.bandwidth = measure_read_bandwidth(int64_t(1) << 30, 1);
-  m.one_token_rates = measure_one_token_weight_rates();
-  m.fma_macs_per_s = measure_fp32_fma_peak().flops / 2;
-  return m;
-}
-
-MachineLimits best_of(const MachineLimits& x, const MachineLimits& y) {
-  MachineLimits m;
-  m.bandwidth = std::max(x.bandwidth, y.bandwidth);
-  for (size_t f = 0; f < m.one_token_rates.size(); ++f)
-    m.one_token_rates[f] = std::max(x.one_token_rates[f], y.one_token_rates[f]);
-  m.fma_macs_per_s = std::max(x.fma_macs_per_s, y.fma_macs_per_s);
-  return m;
-}
-
-std::string limits_text(const MachineLimits& m) {
-  char text[160];
-  std::snprintf(text, sizeof text, "%.1f, %.0f, %.1f/%.1f/%.1f", m.bandwidth / 1e9, 2 * m.fma_macs_per_s / 1e9,
-                m.one_token_rates[size_t(WeightFormat::BF16)] / 1e9,
-                m.one_token_rates[size_t(WeightFormat::FP8_BLOCK128)] / 1e9,
-                m.one_token_rates[size_t(WeightFormat::FP4_BLOCK32)] / 1e9);
-  return text;
+  return read_machine_limits(1);
 }
 
 }  // namespace
@@ -239,9 +215,8 @@ void run_speculative_bench(const std::shared_ptr<Model>& model, const Speculativ
   // round's (read just before it), so that a calibration that ran in a slow
   // phase of a shared machine does not lower what the model allows.
   MachineLimits model_limits = limits;
-  double& bandwidth = model_limits.bandwidth;
   auto step_floor = [&](const Model::TokenCost& token_cost, int64_t tokens) {
-    return std::max(decode_step_bytes(c, token_cost, tokens) / bandwidth,
+    return std::max(decode_step_bytes(c, token_cost, tokens) / model_limits.bandwidth,
                     decode_step_floor_seconds(c, token_cost, tokens, position, model_limits.one_token_rates,
                                               model_limits.fma_macs_per_s));
   };
@@ -261,13 +236,13 @@ void run_speculative_bench(const std::shared_ptr<Model>& model, const Speculativ
   // sequences: the longer of its bytes at the bandwidth and its decoding
   // floor, as for a verify step.
   auto mtp_step_seconds = [&](const Model::TokenCost& token_cost, int64_t rows, int64_t batch) {
-    return std::max(mtp_step_bytes(c, token_cost, rows) / bandwidth,
+    return std::max(mtp_step_bytes(c, token_cost, rows) / model_limits.bandwidth,
                     mtp_step_floor_seconds(c, token_cost, rows, batch, position, model_limits.one_token_rates,
                                            model_limits.fma_macs_per_s));
   };
   // The draft steps' time on this machine (DSpark's draft: its bytes only).
   auto draft_seconds = [&](const Model::TokenCost& token_cost, int64_t batch, double accept_len) {
-    if (!eagle) return draft_bytes(token_cost, batch, accept_len) / bandwidth;
+    if (!eagle) return draft_bytes(token_cost, batch, accept_len) / model_limits.bandwidth;
     return mtp_step_seconds(token_cost, first_draft_rows(batch, accept_len), batch) +
            double(drafts - 1) * mtp_step_seconds(token_cost, batch, batch);
   };
@@ -306,7 +281,7 @@ void run_speculative_bench(const std::shared_ptr<Model>& model, const Speculativ
     std::vector<MachineLimits> round_limits;
     for (int round = 0; round < a.repeat; ++round) {
       round_limits.push_back(measure_round_limits());
-      model_limits = best_of(model_limits, round_limits.back());
+      model_limits.keep_best(round_limits.back());
       const bool reversed = round % 2 == 1;
       if (!reversed) plains.push_back(engine_run(model, plain_options, batch, a.decode, 1));
       for (size_t k = 0; k < a.accept_lens.size(); ++k) {
@@ -333,8 +308,8 @@ void run_speculative_bench(const std::shared_ptr<Model>& model, const Speculativ
     }
     std::printf("\n  limits read before each round (GB/s read; fp32 FMA GFLOP/s; G weights/s decoded, BF16/FP8/FP4):");
     for (size_t round = 0; round < round_limits.size(); ++round)
-      std::printf("%s %s", round ? ";" : "", limits_text(round_limits[round]).c_str());
-    std::printf("; the model takes the best read so far in this run, %s\n", limits_text(model_limits).c_str());
+      std::printf("%s %s", round ? ";" : "", round_limits[round].text().c_str());
+    std::printf("; the model takes the best read so far in this run, %s\n", model_limits.text().c_str());
     if (csv)
       *csv << "speculative_plain," << batch << ",," << plain.forward_ms_per_step / 1e3 << "," << plain.tokens_per_second
            << ",,,,," << plain_roof << "\n";
@@ -392,14 +367,14 @@ void run_speculative_bench(const std::shared_ptr<Model>& model, const Speculativ
   }
   if (auto flash = flash_schedule_cost(c, cost, 16)) {
     std::printf("extrapolated to the 43-layer V4-Flash schedule at the measured %.2f GB/s (bytes only):\n",
-                bandwidth / 1e9);
+                model_limits.bandwidth / 1e9);
     for (int64_t batch : a.batches) {
-      const double plain = double(batch) * bandwidth / decode_step_bytes(c, flash->cost, batch);
+      const double plain = double(batch) * model_limits.bandwidth / decode_step_bytes(c, flash->cost, batch);
       std::printf("  batch %3lld: plain %.2f tokens/s;", (long long)batch, plain);
       for (double accept_len : a.accept_lens) {
         const double bytes =
             decode_step_bytes(c, flash->cost, batch * (drafts + 1)) + draft_bytes(flash->cost, batch, accept_len);
-        const double rate = double(batch) * accept_len * bandwidth / bytes;
+        const double rate = double(batch) * accept_len * model_limits.bandwidth / bytes;
         std::printf(" accept %.1f: %.2f (%.2fx)", accept_len, rate, rate / plain);
       }
       std::printf("\n");

@@ -1,21 +1,15 @@
 // `dsv4 bench --speculative EAGLE|NGRAM`: see bench_speculative.cpp.
 #pragma once
-#include <array>
 #include <cstdint>
 #include <memory>
 #include <ostream>
 #include <string>
 #include <vector>
 
+#include "machine_limits.h"
 #include "model/model.h"
 
 namespace dsv4::tools {
-
-struct MachineLimits {
-  double bandwidth = 0;                     // bytes/s read
-  std::array<double, 4> one_token_rates{};  // weights/s decoded per format (decode_rate.h)
-  double fma_macs_per_s = 0;                // fp32 FMA ceiling
-};
 
 struct SpeculativeBenchArgs {
   std::string algorithm;
