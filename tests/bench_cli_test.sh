@@ -80,10 +80,18 @@ fi
 # with each phase's kernels timed (the draft's and the verify's products).
 # A draft vocabulary (every third token id, as a list) narrows the MTP head
 # the model counts for the draft. --repeat runs the plain and speculative
-# runs in rounds and prints each round.
+# runs in rounds and prints each round. --speculative-prompt sets each
+# request's prompt (16 by default).
 seq 0 3 129279 > "$WORK/map.txt"
+if "$BIN" bench --model "$MODEL" --prompt 8 --decode 1 --speculative EAGLE --speculative-prompt 1 \
+  > "$WORK/err.txt" 2>&1; then
+  fail "a one-token speculative prompt accepted"
+fi
 OMP_WAIT_POLICY=passive "$BIN" bench --model "$MODEL" --prompt 8 --decode 4 --batch 1 --repeat 2 \
-  --speculative EAGLE --accept-len 2 --speculative-token-map "$WORK/map.txt" --csv "$WORK/s.csv" > "$WORK/out.txt"
+  --speculative EAGLE --accept-len 2 --speculative-token-map "$WORK/map.txt" --speculative-prompt 20 \
+  --csv "$WORK/s.csv" > "$WORK/out.txt"
+grep -q "^speculative decoding (EAGLE, 3 drafts per step, greedy, 20-token prompts, 8 tokens per request)" \
+  "$WORK/out.txt" || fail "no speculative header with the prompt length"
 grep -q "^draft vocabulary: the MTP head scores 43094 of 129280 tokens" "$WORK/out.txt" || fail "no draft vocabulary line"
 grep -q "^batch   1 plain: *[0-9.]* tokens/s (.*); best of 2 rounds: [0-9.]* [0-9.]*$" "$WORK/out.txt" \
   || fail "no plain line with its rounds"
@@ -94,7 +102,7 @@ grep -q "^    rounds (speculative, with the bypass: tokens/s and x that round's 
   "$WORK/out.txt" || fail "no rounds line"
 grep -q "^  accept 2.0: speculative  *[0-9.]* tokens/s = [0-9.]*x plain, [0-9]*% of the [0-9.]* the model allows (verify [0-9.]* ms, draft [0-9.]* ms per step); with the bypass" \
   "$WORK/out.txt" || fail "no speculative line"
-grep -q "^    the model, per step: verify [0-9.]* ms, draft [0-9.]* ms, the MTP block over the 16-token prompts [0-9.]* ms" \
+grep -q "^    the model, per step: verify [0-9.]* ms, draft [0-9.]* ms, the MTP block over the 20-token prompts [0-9.]* ms" \
   "$WORK/out.txt" || fail "no speculative model line"
 for phase in draft verify; do
   grep -A1 "^    $phase, per step: [0-9.]* ms; kernels: weight products [0-9.]* ms, .*; outside the kernels -\?[0-9.]* ms$" \

@@ -50,6 +50,7 @@ struct BenchArgs {
   uint32_t seed = 1;
   std::string speculative;  // EAGLE or NGRAM: also bench speculative decoding
   std::string token_map;    // EAGLE's draft vocabulary (--speculative-token-map)
+  int64_t speculative_prompt = 16;  // each --speculative request's prompt
   std::vector<double> accept_lens = {2, 3, 4};
   LoadModeFlags load_mode;
   std::string numerics = "auto";  // auto (the model's default), exact or fast
@@ -445,6 +446,7 @@ int run_bench(const BenchArgs& a) {
     spec.decode = std::max<int64_t>(a.decode, 8);
     spec.split = a.split;
     spec.repeat = a.repeat;
+    spec.prompt = a.speculative_prompt;
     if (!a.token_map.empty()) model->set_draft_vocab(load_token_map(a.token_map));
     run_speculative_bench(model, spec, limits, csv ? &csv : nullptr);
   }
@@ -518,6 +520,10 @@ void register_bench_command(CLI::App& app, int& exit_code) {
   cmd->add_option("--speculative-token-map", a->token_map,
                   "With --speculative EAGLE: the draft vocabulary (a JSON array or a list of token ids), as dsv4 serve "
                   "takes it");
+  cmd->add_option("--speculative-prompt", a->speculative_prompt,
+                  "Prompt tokens of each --speculative request (default 16); past the model's window (128) the runs "
+                  "also pay the window's attention and the draft rows kept beyond it")
+      ->check(CLI::Range(2, 1 << 16));
   cmd->callback([a, batches, accept, contexts, context_batches, &exit_code] {
     try {
       a->batches = parse_list(*batches);

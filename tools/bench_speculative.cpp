@@ -25,9 +25,6 @@ namespace dsv4::tools {
 
 namespace {
 
-// Every request's prompt length.
-constexpr int64_t kPromptTokens = 16;
-
 struct EngineRun {
   double tokens_per_second = 0;
   double forward_ms_per_step = 0, draft_ms_per_step = 0;
@@ -35,7 +32,7 @@ struct EngineRun {
   int64_t bypassed_steps = 0, steps = 0;
 };
 
-// `batch` requests of kPromptTokens tokens each; the clock runs from the
+// `batch` requests of `prompt_tokens` tokens each; the clock runs from the
 // step after their first tokens (one prefill step) to the last token. `warm_up`
 // batches run first on the same engine, unmeasured: the bypass gate learns
 // once per server, so its exploration belongs to a warm-up, not to every
@@ -43,7 +40,8 @@ struct EngineRun {
 // fresh engine's first steps (its thread's first scratch buffers and team)
 // that the others do not.
 EngineRun engine_run(const std::shared_ptr<const Model>& model, const EngineOptions& options, int64_t batch,
-                     int64_t decode, int warm_up = 0, const std::function<void()>& at_start = {}) {
+                     int64_t prompt_tokens, int64_t decode, int warm_up = 0,
+                     const std::function<void()>& at_start = {}) {
   Engine engine(model, options);
   for (int round = 0; round < warm_up; ++round) {
     SamplingParams warm;
@@ -53,7 +51,7 @@ EngineRun engine_run(const std::shared_ptr<const Model>& model, const EngineOpti
     std::vector<std::shared_ptr<RequestHandle>> running;
     for (int64_t b = 0; b < batch; ++b)
       running.push_back(engine.submit("warm" + std::to_string(round) + "-" + std::to_string(b),
-                                      std::vector<int32_t>(16, int32_t(100 + b)), warm));
+                                      std::vector<int32_t>(size_t(prompt_tokens), int32_t(100 + b)), warm));
     for (auto& h : running) {
       std::vector<TokenEvent> events;
       for (bool done = false; !done;) {
@@ -71,7 +69,7 @@ EngineRun engine_run(const std::shared_ptr<const Model>& model, const EngineOpti
   params.max_new_tokens = decode + 1;
   params.ignore_eos = true;
   for (int64_t b = 0; b < batch; ++b) {
-    std::vector<int32_t> prompt(kPromptTokens);
+    std::vector<int32_t> prompt(static_cast<size_t>(prompt_tokens));
     for (auto& t : prompt) t = token(rng);
     handles.push_back(engine.submit("bench" + std::to_string(b), prompt, params));
   }
@@ -202,15 +200,15 @@ void run_speculative_bench(const std::shared_ptr<Model>& model, const Speculativ
   spec.dspark_block = c.dspark_block_size;
   spec.num_draft_tokens = drafts + 1;
   std::printf(
-      "\nspeculative decoding (%s, %lld drafts per step, greedy, %lld tokens per request), acceptance SIMULATED "
-      "(SGLANG_SIMULATE_ACC_LEN): random weights accept almost nothing\n",
-      speculative_algorithm_name(spec.algorithm), (long long)drafts, (long long)a.decode);
+      "\nspeculative decoding (%s, %lld drafts per step, greedy, %lld-token prompts, %lld tokens per request), "
+      "acceptance SIMULATED (SGLANG_SIMULATE_ACC_LEN): random weights accept almost nothing\n",
+      speculative_algorithm_name(spec.algorithm), (long long)drafts, (long long)a.prompt, (long long)a.decode);
   if (eagle && !model->draft_vocab().empty())
     std::printf(
         "draft vocabulary: the MTP head scores %zu of %lld tokens (%.3f GB of the head's %.3f per draft step)\n",
         model->draft_vocab().size(), (long long)c.vocab_size, double(cost.mtp_head_bytes) / 1e9,
         double(cost.head_bytes) / 1e9);
-  const int64_t position = kPromptTokens + a.decode / 2;
+  const int64_t position = a.prompt + a.decode / 2;
   // The model's limits: the best read so far, the calibration's and each
   // round's (read just before it), so that a calibration that ran in a slow
   // phase of a shared machine does not lower what the model allows.
@@ -252,7 +250,7 @@ void run_speculative_bench(const std::shared_ptr<Model>& model, const Speculativ
   // spreads it over the request's steps (about decode / accept length).
   auto catch_up_seconds = [&](const Model::TokenCost& token_cost, int64_t batch, double accept_len) {
     if (!eagle) return 0.0;
-    const int64_t prompt_rows = batch * std::min(kPromptTokens, c.window);
+    const int64_t prompt_rows = batch * std::min(a.prompt, c.window);
     const double extra = mtp_step_seconds(token_cost, prompt_rows, batch) -
                          mtp_step_seconds(token_cost, first_draft_rows(batch, accept_len), batch);
     return std::max(0.0, extra) * accept_len / double(a.decode);
@@ -283,15 +281,15 @@ void run_speculative_bench(const std::shared_ptr<Model>& model, const Speculativ
       round_limits.push_back(measure_round_limits());
       model_limits.keep_best(round_limits.back());
       const bool reversed = round % 2 == 1;
-      if (!reversed) plains.push_back(engine_run(model, plain_options, batch, a.decode, 1));
+      if (!reversed) plains.push_back(engine_run(model, plain_options, batch, a.prompt, a.decode, 1));
       for (size_t k = 0; k < a.accept_lens.size(); ++k) {
         const size_t i = reversed ? a.accept_lens.size() - 1 - k : k;
         const EngineOptions forced = options_for(a.accept_lens[i], false), gated = options_for(a.accept_lens[i], true);
-        if (reversed) gated_runs[i].push_back(engine_run(model, gated, batch, a.decode, 4));
-        forced_runs[i].push_back(engine_run(model, forced, batch, a.decode, 1));
-        if (!reversed) gated_runs[i].push_back(engine_run(model, gated, batch, a.decode, 4));
+        if (reversed) gated_runs[i].push_back(engine_run(model, gated, batch, a.prompt, a.decode, 4));
+        forced_runs[i].push_back(engine_run(model, forced, batch, a.prompt, a.decode, 1));
+        if (!reversed) gated_runs[i].push_back(engine_run(model, gated, batch, a.prompt, a.decode, 4));
       }
-      if (reversed) plains.push_back(engine_run(model, plain_options, batch, a.decode, 1));
+      if (reversed) plains.push_back(engine_run(model, plain_options, batch, a.prompt, a.decode, 1));
     }
     auto best = [](const std::vector<EngineRun>& runs) {
       return *std::max_element(runs.begin(), runs.end(), [](const EngineRun& x, const EngineRun& y) {
@@ -342,7 +340,7 @@ void run_speculative_bench(const std::shared_ptr<Model>& model, const Speculativ
       std::printf("    the model, per step: verify %.1f ms, draft %.1f ms", 1e3 * verify_seconds, 1e3 * draft_floor);
       if (eagle)
         std::printf(", the MTP block over the %lld-token prompts %.1f ms (once per request, spread over its steps)",
-                    (long long)std::min(kPromptTokens, c.window), 1e3 * catch_up);
+                    (long long)std::min(a.prompt, c.window), 1e3 * catch_up);
       std::printf("\n");
       if (csv)
         *csv << "speculative_" << accept_len << "," << batch << ",," << forced.forward_ms_per_step / 1e3 << ","
@@ -352,7 +350,7 @@ void run_speculative_bench(const std::shared_ptr<Model>& model, const Speculativ
         EngineOptions options = options_for(accept_len, false);
         PhaseTimers timers(*model);
         options.on_phase = [&timers](StepPhase phase) { timers.enter(phase); };
-        engine_run(model, options, batch, a.decode, 1, [&timers] { timers.recording = true; });
+        engine_run(model, options, batch, a.prompt, a.decode, 1, [&timers] { timers.recording = true; });
         model->set_backend(timers.inner);
         if (timers.steps > 0) {
           char key[64];

@@ -16,6 +16,10 @@ struct SpeculativeBenchArgs {
   std::vector<double> accept_lens = {2, 3, 4};
   std::vector<int64_t> batches = {1};
   int64_t drafts = 3, decode = 32;
+  // Every request's prompt. Past the model's window (128 tokens) a run also
+  // pays what longer contexts add: attention over the whole window, the
+  // compressed rows, and the draft rows kept and trimmed beyond it.
+  int64_t prompt = 16;
   bool split = true;  // one more run per accept length, its kernels timed per phase (draft, verify)
   // Rounds of the batch's runs (plain, then each accept length forced and
   // gated), one after another; each case's best round counts.
