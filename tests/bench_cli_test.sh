@@ -100,7 +100,7 @@ grep -q "^  limits read before each round (GB/s read; fp32 FMA GFLOP/s; G weight
   "$WORK/out.txt" || fail "no limits line for the rounds"
 grep -q "^    rounds (speculative, with the bypass: tokens/s and x that round's plain): [0-9.]* [0-9.]*x, [0-9.]* [0-9.]*x; [0-9.]* [0-9.]*x, [0-9.]* [0-9.]*x$" \
   "$WORK/out.txt" || fail "no rounds line"
-grep -q "^  accept 2.0: speculative  *[0-9.]* tokens/s = [0-9.]*x plain, [0-9]*% of the [0-9.]* the model allows (verify [0-9.]* ms, draft [0-9.]* ms per step); with the bypass" \
+grep -q "^  accept 2.0: speculative  *[0-9.]* tokens/s = [0-9.]*x plain, [0-9]*% of the [0-9.]* the model allows (verify [0-9.]* ms, draft [0-9.]* ms per step); with the bypass .*; -\?[0-9.]* ms a step outside the forward pass and the drafts, plain -\?[0-9.]*)$" \
   "$WORK/out.txt" || fail "no speculative line"
 grep -q "^    the model, per step: verify [0-9.]* ms, draft [0-9.]* ms, the MTP block over the 20-token prompts [0-9.]* ms" \
   "$WORK/out.txt" || fail "no speculative model line"

@@ -28,6 +28,9 @@ namespace {
 struct EngineRun {
   double tokens_per_second = 0;
   double forward_ms_per_step = 0, draft_ms_per_step = 0;
+  // The measured wall time per decode step less its forward and draft time:
+  // sampling, the gate, the rows kept for the drafts, the events.
+  double outside_ms_per_step = 0;
   double accept_length = 0;
   int64_t bypassed_steps = 0, steps = 0;
 };
@@ -114,6 +117,7 @@ EngineRun engine_run(const std::shared_ptr<const Model>& model, const EngineOpti
   if (run.steps > 0) {
     run.forward_ms_per_step = 1e3 * (after.decode_forward_seconds - before.decode_forward_seconds) / double(run.steps);
     run.draft_ms_per_step = 1e3 * (after.draft_seconds - before.draft_seconds) / double(run.steps);
+    run.outside_ms_per_step = 1e3 * seconds / double(run.steps) - run.forward_ms_per_step - run.draft_ms_per_step;
   }
   const int64_t verifies = after.spec_verify_total - before.spec_verify_total;
   if (verifies > 0)
@@ -321,12 +325,11 @@ void run_speculative_bench(const std::shared_ptr<Model>& model, const Speculativ
       std::printf(
           "  accept %.1f: speculative %8.2f tokens/s = %.2fx plain, %.0f%% of the %.2f the model allows (verify "
           "%.1f ms, draft %.1f ms per step); with the bypass (after 4 warm-up batches) %8.2f tokens/s = %.2fx plain "
-          "(%lld of %lld "
-          "steps plain)\n",
+          "(%lld of %lld steps plain; %.2f ms a step outside the forward pass and the drafts, plain %.2f)\n",
           accept_len, forced.tokens_per_second, forced.tokens_per_second / plain.tokens_per_second,
           100 * forced.tokens_per_second / roof, roof, forced.forward_ms_per_step, forced.draft_ms_per_step,
           gated.tokens_per_second, gated.tokens_per_second / plain.tokens_per_second, (long long)gated.bypassed_steps,
-          (long long)gated.steps);
+          (long long)gated.steps, gated.outside_ms_per_step, plain.outside_ms_per_step);
       if (a.repeat > 1) {
         std::printf("    rounds (speculative, with the bypass: tokens/s and x that round's plain):");
         for (int round = 0; round < a.repeat; ++round) {

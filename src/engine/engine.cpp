@@ -292,7 +292,12 @@ void Engine::step(std::vector<std::unique_ptr<Sequence>>& running) {
   // DSPARK feeds the target layers' states of every committed row to the
   // head's rings (a window's worth of a long chunk suffices).
   const bool keep_dspark = spec.algorithm == SpeculativeAlgorithm::Dspark;
-  std::vector<std::vector<float>> hc(plan.items.size()), dspark(plan.items.size());
+  std::vector<RowBuffer>& hc = step_hc_;
+  std::vector<RowBuffer>& dspark = step_dspark_;
+  for (auto* buffers : {&hc, &dspark}) {
+    if (buffers->size() < plan.items.size()) buffers->resize(plan.items.size());
+    for (RowBuffer& b : *buffers) b.clear();
+  }
   std::vector<ExecItem> exec;
   exec.reserve(plan.items.size());
   bool has_prefill = false;
@@ -319,7 +324,8 @@ void Engine::step(std::vector<std::unique_ptr<Sequence>>& running) {
   }
   if (options_.on_phase) options_.on_phase(StepPhase::Forward);
   const double t_forward = now_seconds();
-  const StepLogits logits = executor_.run(exec);
+  executor_.run(exec, step_logits_);
+  const StepLogits& logits = step_logits_;
   const double t_sample = now_seconds();
   if (options_.on_phase) options_.on_phase(StepPhase::Sample);
 

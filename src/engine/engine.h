@@ -153,12 +153,11 @@ class Engine {
   void fit_drafts(Sequence& s, int64_t limit) const;
   std::vector<SampledToken> verify(const Sequence& s, const StepLogits& logits, size_t item, int64_t* accepted) const;
   void accept(Sequence& s, int64_t start, const std::vector<SampledToken>& tokens, int64_t accepted,
-              const std::vector<float>* hc, const std::vector<float>* dspark_hidden, const StepLogits& logits,
-              size_t item);
+              const RowBuffer* hc, const RowBuffer* dspark_hidden, const StepLogits& logits, size_t item);
   // Rows of positions first_position.. appended to a per-sequence buffer of
   // positions [start, start + rows) (restarted when not contiguous), which
   // keeps at least the last window of them and at most a window and a half.
-  void keep_rows(std::vector<float>& buffer, int64_t& start, int64_t width, int64_t first_position, const float* rows,
+  void keep_rows(RowBuffer& buffer, int64_t& start, int64_t width, int64_t first_position, const float* rows,
                  int64_t n) const;
   void log_decode(int64_t batch);
   SampledToken draw(const Sequence& s, const float* logits) const;
@@ -170,6 +169,10 @@ class Engine {
   EngineOptions options_;
   SchedulerBudgets budgets_;
   Executor executor_;
+  // A step's logits and the rows it keeps for the drafts (one buffer per
+  // item), reused from step to step (RowBuffer); engine thread only.
+  StepLogits step_logits_;
+  std::vector<RowBuffer> step_hc_, step_dspark_;
   CachePolicy cache_;
   SpeculationGate gate_;
   int64_t decode_steps_ = 0;  // engine thread only

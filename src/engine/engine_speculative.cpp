@@ -356,8 +356,7 @@ std::vector<SampledToken> Engine::verify(const Sequence& s, const StepLogits& lo
 // never fed), the rows the MTP block will need are kept, and the tokens are
 // emitted in order.
 void Engine::accept(Sequence& s, int64_t start, const std::vector<SampledToken>& tokens, int64_t accepted,
-                    const std::vector<float>* hc, const std::vector<float>* dspark_hidden, const StepLogits& logits,
-                    size_t item) {
+                    const RowBuffer* hc, const RowBuffer* dspark_hidden, const StepLogits& logits, size_t item) {
   const int64_t emitted = int64_t(tokens.size()), drafted = int64_t(s.drafts.size());
   s.state.rollback(start + emitted, s.mtp_checkpoint);
   s.state.end_checkpoint();
@@ -391,14 +390,20 @@ void Engine::accept(Sequence& s, int64_t start, const std::vector<SampledToken>&
   for (int64_t j = 0; j < emitted && s.phase != Phase::Finished; ++j) emit(s, logits.row(item, j), tokens[size_t(j)]);
 }
 
-void Engine::keep_rows(std::vector<float>& buffer, int64_t& start, int64_t width, int64_t first_position,
-                       const float* rows, int64_t n) const {
+void Engine::keep_rows(RowBuffer& buffer, int64_t& start, int64_t width, int64_t first_position, const float* rows,
+                       int64_t n) const {
   const int64_t window = model_->config().window;
   if (n <= 0) return;
   if (buffer.empty() || start + int64_t(buffer.size()) / width != first_position) {
     buffer.clear();
     start = first_position;
   }
+  // Room for what the trim below keeps (a window and a half) plus a window
+  // more, reserved once: growing by doubling copied the rows (8 MB a
+  // sequence at V4-Flash's width) into fresh pages on a bypassed step.
+  const int64_t needed = int64_t(buffer.size()) / width + n;
+  if (needed * width > int64_t(buffer.capacity()))
+    buffer.reserve(size_t(std::max(needed, 2 * window + window / 2) * width));
   buffer.insert(buffer.end(), rows, rows + n * width);
   // Trimmed back to the last window only once half a window more has come:
   // trimming at every step moved the whole window (8 MB a sequence at

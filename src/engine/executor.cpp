@@ -4,10 +4,11 @@
 
 namespace dsv4 {
 
-StepLogits Executor::run(std::vector<ExecItem>& items) const {
+void Executor::run(std::vector<ExecItem>& items, StepLogits& out) const {
   const int64_t V = model_.config().vocab_size;
-  StepLogits out;
   out.vocab_ = V;
+  out.offset_.clear();
+  out.rows_.clear();
   int64_t total = 0;
   for (const ExecItem& it : items) {
     const int64_t rows = it.logits == LogitRows::All ? int64_t(it.tokens.size()) : it.logits == LogitRows::Last ? 1 : 0;
@@ -43,7 +44,6 @@ StepLogits Executor::run(std::vector<ExecItem>& items) const {
     batch.push_back(b);
   }
   if (!batch.empty()) model_.forward_batch(batch);
-  return out;
 }
 
 }  // namespace dsv4

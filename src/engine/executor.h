@@ -5,10 +5,21 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/aligned.h"
 #include "engine/scheduler.h"
 #include "model/model.h"
 
 namespace dsv4 {
+
+// Float buffers of megabytes that a step fills (the logits rows: 0.5 MB a
+// row at V4's vocabulary, 33 MB for a batch-16 verify of 4 rows each; the
+// final HC rows, 64 KB a row at V4-Flash's width) or that a sequence keeps
+// (its draft rows). They live in 2 MB pages and are reused from step to
+// step: where a first touch of a 4 KB page traps to a hypervisor it cost
+// about 15 us here (60 ms for 16 MB, against 1.5 ms in 2 MB pages), and
+// glibc hands buffers over 32 MB back to the system when freed, so a new one
+// each step paid that again (docs/speculative.md, "Page faults").
+using RowBuffer = std::vector<float, HugePageAllocator<float>>;
 
 struct ExecItem {
   SequenceState* state = nullptr;
@@ -16,11 +27,11 @@ struct ExecItem {
   LogitRows logits = LogitRows::None;
   // The model's final HC state of the last `final_hc_rows` fed rows (the MTP
   // drafter's input), or null.
-  std::vector<float>* final_hc = nullptr;
+  RowBuffer* final_hc = nullptr;
   int64_t final_hc_rows = 0;
   // The DSpark head's inputs (BatchItem::dspark_hidden) of the last
   // `dspark_rows` fed rows, or null.
-  std::vector<float>* dspark_hidden = nullptr;
+  RowBuffer* dspark_hidden = nullptr;
   int64_t dspark_rows = 0;
   int64_t replay_from = -1;  // BatchItem::replay_from
 };
@@ -36,7 +47,7 @@ class StepLogits {
  private:
   friend class Executor;
   int64_t vocab_ = 0;
-  std::vector<float> data_;
+  RowBuffer data_;  // kept by the caller from step to step
   std::vector<int64_t> offset_, rows_;
 };
 
@@ -44,8 +55,14 @@ class Executor {
  public:
   explicit Executor(const Model& model) : model_(model) {}
   // One Model::forward_batch over all items; each state advances by its
-  // tokens. The logits of an item do not depend on the other items.
-  StepLogits run(std::vector<ExecItem>& items) const;
+  // tokens. The logits of an item do not depend on the other items. `out`
+  // is refilled; its buffer is reused.
+  void run(std::vector<ExecItem>& items, StepLogits& out) const;
+  StepLogits run(std::vector<ExecItem>& items) const {
+    StepLogits out;
+    run(items, out);
+    return out;
+  }
 
  private:
   const Model& model_;

@@ -66,14 +66,14 @@ struct Engine::Sequence {
   // EAGLE: the main model's final HC rows of positions [hc_start, fed) that
   // the MTP block has not consumed yet (at most a window and a half of
   // them, trimmed in steps: the MTP block attends the last window only).
-  std::vector<float> hc;
+  RowBuffer hc;
   int64_t hc_start = 0;
   // DSPARK: the target-layer states of positions [dspark_start, fed) that
   // the head's rings have not learned yet (at most a window and a half,
   // trimmed in steps: the rings hold the last window only). They are
   // learned just before a draft, all sequences at once, so that steps the
   // gate runs without speculation do not pay for them.
-  std::vector<float> dspark_rows;
+  RowBuffer dspark_rows;
   int64_t dspark_start = 0;
 
   int64_t known() const { return int64_t(prompt.size() + output.size()); }
