@@ -371,14 +371,19 @@ void Model::forward_mtp_batch(const std::vector<MtpBatchItem>& items) const {
   if (n == 0) return;
   const MtpWeights& m = weights_.mtp[0];
   const int64_t D = c.dim, H = c.hc_mult;
+  // The HC rows in a scratch buffer (pooled, so a first draft's catch-up
+  // over a window of rows, 8 MB a sequence at V4-Flash's width, does not
+  // fault in fresh pages each time).
+  const KernelBackend& kb = *backend_;
   std::vector<int32_t> next;
-  std::vector<float> h;
+  Buffer h = kb.buffer(n * H * D);
+  int64_t filled = 0;
   for (const MtpBatchItem& it : items) {
     next.insert(next.end(), it.next_tokens, it.next_tokens + it.n);
-    h.insert(h.end(), it.hc, it.hc + it.n * H * D);
+    std::copy_n(it.hc, it.n * H * D, h.data() + filled);
+    filled += it.n * H * D;
   }
   // x[k] = e_proj(enorm(embed(next))) + h_proj(hnorm(hc[k])) for each copy k.
-  const KernelBackend& kb = *backend_;
   Buffer e = kb.buffer(n * D), e_out = kb.buffer(n * D), x_hc = kb.buffer(n * H * D);
   kb.embed(weights_.embed, next.data(), n, 1, e.data());
   kb.rms_norm(e.data(), n, D, D, m.enorm.data(), c.norm_eps);
