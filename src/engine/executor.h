@@ -18,7 +18,10 @@ namespace dsv4 {
 // step: where a first touch of a 4 KB page traps to a hypervisor it cost
 // about 15 us here (60 ms for 16 MB, against 1.5 ms in 2 MB pages), and
 // glibc hands buffers over 32 MB back to the system when freed, so a new one
-// each step paid that again (docs/speculative.md, "Page faults").
+// each step paid that again (docs/speculative.md, "The gate", its "Page
+// faults" item). The price: each buffer holds at least one 2 MB page, also
+// a step item's 64 KB of HC rows (EAGLE and DSPARK engines only; released
+// when the engine goes idle).
 using RowBuffer = std::vector<float, HugePageAllocator<float>>;
 
 struct ExecItem {
