@@ -33,6 +33,9 @@ struct EngineRun {
   double outside_ms_per_step = 0;
   double accept_length = 0;
   int64_t bypassed_steps = 0, steps = 0;
+  // The machine's limits read just before the run's engine starts and just
+  // after the run, the better of the two for each (bracketed_run).
+  MachineLimits around;
 };
 
 // `batch` requests of `prompt_tokens` tokens each; the clock runs from the
@@ -173,15 +176,32 @@ void print_phase(const TimedBackend& timed, const char* name, double seconds, in
   print_products(timed, csv_phase.c_str(), batch, batch * steps, double(steps), "per step", csv);
 }
 
-// The limits again, quicker than the calibration (1 GB read once), just
-// before a round of runs, on a team placed as the calibration's was. The
-// team is placed again first: an engine's constructor releases this
-// thread's workers, and new ones inherit this thread's own placement (one
-// CPU when the bench pinned its team), which halved the FMA chains and the
-// bandwidth of every round after the first.
-MachineLimits measure_round_limits() {
+// The limits again, quicker than the calibration (1 GB read once), around
+// a run, on a team placed as the calibration's was. The team is placed
+// again first: an engine's constructor releases this thread's workers, and
+// new ones inherit this thread's own placement (one CPU when the bench
+// pinned its team), which halved the FMA chains and the bandwidth of every
+// run after the first.
+MachineLimits measure_limits_now() {
   pin_compute_threads();
   return read_machine_limits(1);
+}
+
+// engine_run with the limits read just before its engine starts and just
+// after the run (EngineRun::around). On a shared machine the bandwidth and
+// the cores' speed move by a third within minutes, together, so a run is
+// also set against the limits of its own moment, as `dsv4 bench`'s decode
+// lines set each batch against the bandwidth read around its run. Both
+// reads also raise `best`, the run-wide best that the model uses.
+EngineRun bracketed_run(MachineLimits& best, const std::shared_ptr<const Model>& model, const EngineOptions& options,
+                        int64_t batch, int64_t prompt_tokens, int64_t decode, int warm_up) {
+  const MachineLimits before = measure_limits_now();
+  EngineRun run = engine_run(model, options, batch, prompt_tokens, decode, warm_up);
+  const MachineLimits after = measure_limits_now();
+  run.around = before;
+  run.around.keep_best(after);
+  best.keep_best(run.around);
+  return run;
 }
 
 }  // namespace
@@ -213,14 +233,14 @@ void run_speculative_bench(const std::shared_ptr<Model>& model, const Speculativ
         model->draft_vocab().size(), (long long)c.vocab_size, double(cost.mtp_head_bytes) / 1e9,
         double(cost.head_bytes) / 1e9);
   const int64_t position = a.prompt + a.decode / 2;
-  // The model's limits: the best read so far, the calibration's and each
-  // round's (read just before it), so that a calibration that ran in a slow
-  // phase of a shared machine does not lower what the model allows.
+  // The model's limits: the best read so far, the calibration's and those
+  // read around each run, so that a calibration that ran in a slow phase of
+  // a shared machine does not lower what the model allows. Each run is also
+  // set against the limits read around it (EngineRun::around).
   MachineLimits model_limits = limits;
-  auto step_floor = [&](const Model::TokenCost& token_cost, int64_t tokens) {
-    return std::max(decode_step_bytes(c, token_cost, tokens) / model_limits.bandwidth,
-                    decode_step_floor_seconds(c, token_cost, tokens, position, model_limits.one_token_rates,
-                                              model_limits.fma_macs_per_s));
+  auto step_floor = [&](const MachineLimits& at, const Model::TokenCost& token_cost, int64_t tokens) {
+    return std::max(decode_step_bytes(c, token_cost, tokens) / at.bandwidth,
+                    decode_step_floor_seconds(c, token_cost, tokens, position, at.one_token_rates, at.fma_macs_per_s));
   };
   // Draft steps of the chain: the first runs the rows the last step accepted
   // (about the accept length per sequence; the head only on each sequence's
@@ -237,27 +257,36 @@ void run_speculative_bench(const std::shared_ptr<Model>& model, const Speculativ
   // An MTP step of `rows` rows, the head on one row of each of `batch`
   // sequences: the longer of its bytes at the bandwidth and its decoding
   // floor, as for a verify step.
-  auto mtp_step_seconds = [&](const Model::TokenCost& token_cost, int64_t rows, int64_t batch) {
-    return std::max(mtp_step_bytes(c, token_cost, rows) / model_limits.bandwidth,
-                    mtp_step_floor_seconds(c, token_cost, rows, batch, position, model_limits.one_token_rates,
-                                           model_limits.fma_macs_per_s));
+  auto mtp_step_seconds = [&](const MachineLimits& at, const Model::TokenCost& token_cost, int64_t rows,
+                              int64_t batch) {
+    return std::max(
+        mtp_step_bytes(c, token_cost, rows) / at.bandwidth,
+        mtp_step_floor_seconds(c, token_cost, rows, batch, position, at.one_token_rates, at.fma_macs_per_s));
   };
   // The draft steps' time on this machine (DSpark's draft: its bytes only).
-  auto draft_seconds = [&](const Model::TokenCost& token_cost, int64_t batch, double accept_len) {
-    if (!eagle) return draft_bytes(token_cost, batch, accept_len) / model_limits.bandwidth;
-    return mtp_step_seconds(token_cost, first_draft_rows(batch, accept_len), batch) +
-           double(drafts - 1) * mtp_step_seconds(token_cost, batch, batch);
+  auto draft_seconds = [&](const MachineLimits& at, const Model::TokenCost& token_cost, int64_t batch,
+                           double accept_len) {
+    if (!eagle) return draft_bytes(token_cost, batch, accept_len) / at.bandwidth;
+    return mtp_step_seconds(at, token_cost, first_draft_rows(batch, accept_len), batch) +
+           double(drafts - 1) * mtp_step_seconds(at, token_cost, batch, batch);
   };
   // A request's first draft runs the MTP block over its prompt's rows (the
   // block's own attention window needs them) where later drafts run the
   // accepted rows: measured steps include it once per request, so the model
   // spreads it over the request's steps (about decode / accept length).
-  auto catch_up_seconds = [&](const Model::TokenCost& token_cost, int64_t batch, double accept_len) {
+  auto catch_up_seconds = [&](const MachineLimits& at, const Model::TokenCost& token_cost, int64_t batch,
+                              double accept_len) {
     if (!eagle) return 0.0;
     const int64_t prompt_rows = batch * std::min(a.prompt, c.window);
-    const double extra = mtp_step_seconds(token_cost, prompt_rows, batch) -
-                         mtp_step_seconds(token_cost, first_draft_rows(batch, accept_len), batch);
+    const double extra = mtp_step_seconds(at, token_cost, prompt_rows, batch) -
+                         mtp_step_seconds(at, token_cost, first_draft_rows(batch, accept_len), batch);
     return std::max(0.0, extra) * accept_len / double(a.decode);
+  };
+  // What a speculative step allows at `at`: verify + draft + the catch-up's share.
+  auto speculative_roof = [&](const MachineLimits& at, int64_t batch, double accept_len) {
+    return double(batch) * accept_len /
+           (step_floor(at, cost, batch * (drafts + 1)) + draft_seconds(at, cost, batch, accept_len) +
+            catch_up_seconds(at, cost, batch, accept_len));
   };
   for (int64_t batch : a.batches) {
     EngineOptions plain_options;
@@ -280,20 +309,20 @@ void run_speculative_bench(const std::shared_ptr<Model>& model, const Speculativ
     // run) are printed beside.
     std::vector<EngineRun> plains;
     std::vector<std::vector<EngineRun>> forced_runs(a.accept_lens.size()), gated_runs(a.accept_lens.size());
-    std::vector<MachineLimits> round_limits;
+    auto run = [&](const EngineOptions& options, int warm_up) {
+      return bracketed_run(model_limits, model, options, batch, a.prompt, a.decode, warm_up);
+    };
     for (int round = 0; round < a.repeat; ++round) {
-      round_limits.push_back(measure_round_limits());
-      model_limits.keep_best(round_limits.back());
       const bool reversed = round % 2 == 1;
-      if (!reversed) plains.push_back(engine_run(model, plain_options, batch, a.prompt, a.decode, 1));
+      if (!reversed) plains.push_back(run(plain_options, 1));
       for (size_t k = 0; k < a.accept_lens.size(); ++k) {
         const size_t i = reversed ? a.accept_lens.size() - 1 - k : k;
         const EngineOptions forced = options_for(a.accept_lens[i], false), gated = options_for(a.accept_lens[i], true);
-        if (reversed) gated_runs[i].push_back(engine_run(model, gated, batch, a.prompt, a.decode, 4));
-        forced_runs[i].push_back(engine_run(model, forced, batch, a.prompt, a.decode, 1));
-        if (!reversed) gated_runs[i].push_back(engine_run(model, gated, batch, a.prompt, a.decode, 4));
+        if (reversed) gated_runs[i].push_back(run(gated, 4));
+        forced_runs[i].push_back(run(forced, 1));
+        if (!reversed) gated_runs[i].push_back(run(gated, 4));
       }
-      if (reversed) plains.push_back(engine_run(model, plain_options, batch, a.prompt, a.decode, 1));
+      if (reversed) plains.push_back(run(plain_options, 1));
     }
     auto best = [](const std::vector<EngineRun>& runs) {
       return *std::max_element(runs.begin(), runs.end(), [](const EngineRun& x, const EngineRun& y) {
@@ -301,35 +330,46 @@ void run_speculative_bench(const std::shared_ptr<Model>& model, const Speculativ
       });
     };
     const EngineRun plain = best(plains);
-    const double plain_roof = double(batch) / step_floor(cost, batch);
-    std::printf("batch %3lld plain: %8.2f tokens/s (%.1f ms per step; the model allows %.2f tokens/s)",
-                (long long)batch, plain.tokens_per_second, plain.forward_ms_per_step, plain_roof);
+    const double plain_roof = double(batch) / step_floor(model_limits, cost, batch);
+    const double plain_roof_around = double(batch) / step_floor(plain.around, cost, batch);
+    std::printf(
+        "batch %3lld plain: %8.2f tokens/s (%.1f ms per step; the model allows %.2f tokens/s, %.0f%% of it; %.2f at "
+        "the limits read around the run, %.0f%%)",
+        (long long)batch, plain.tokens_per_second, plain.forward_ms_per_step, plain_roof,
+        100 * plain.tokens_per_second / plain_roof, plain_roof_around,
+        100 * plain.tokens_per_second / plain_roof_around);
     if (a.repeat > 1) {
       std::printf("; best of %d rounds:", a.repeat);
-      for (const EngineRun& run : plains) std::printf(" %.2f", run.tokens_per_second);
+      for (const EngineRun& r : plains) std::printf(" %.2f", r.tokens_per_second);
     }
-    std::printf("\n  limits read before each round (GB/s read; fp32 FMA GFLOP/s; G weights/s decoded, BF16/FP8/FP4):");
-    for (size_t round = 0; round < round_limits.size(); ++round)
-      std::printf("%s %s", round ? ";" : "", round_limits[round].text().c_str());
-    std::printf("; the model takes the best read so far in this run, %s\n", model_limits.text().c_str());
+    std::printf(
+        "\n  limits read around the counted runs (GB/s read; fp32 FMA GFLOP/s; G weights/s decoded, BF16/FP8/FP4): "
+        "plain %s",
+        plain.around.text().c_str());
+    for (size_t i = 0; i < a.accept_lens.size(); ++i)
+      std::printf("; accept %.1f %s", a.accept_lens[i], best(forced_runs[i]).around.text().c_str());
+    std::printf("; the model takes the best read in this run, %s\n", model_limits.text().c_str());
     if (csv)
       *csv << "speculative_plain," << batch << ",," << plain.forward_ms_per_step / 1e3 << "," << plain.tokens_per_second
            << ",,,,," << plain_roof << "\n";
     for (size_t i = 0; i < a.accept_lens.size(); ++i) {
       const double accept_len = a.accept_lens[i];
       const EngineRun forced = best(forced_runs[i]), gated = best(gated_runs[i]);
-      const double verify_seconds = step_floor(cost, batch * (drafts + 1));
-      const double draft_floor = draft_seconds(cost, batch, accept_len);
-      const double catch_up = catch_up_seconds(cost, batch, accept_len);
-      const double roof = double(batch) * accept_len / (verify_seconds + draft_floor + catch_up);
+      const double verify_seconds = step_floor(model_limits, cost, batch * (drafts + 1));
+      const double draft_floor = draft_seconds(model_limits, cost, batch, accept_len);
+      const double catch_up = catch_up_seconds(model_limits, cost, batch, accept_len);
+      const double roof = speculative_roof(model_limits, batch, accept_len);
+      const double roof_around = speculative_roof(forced.around, batch, accept_len);
       std::printf(
-          "  accept %.1f: speculative %8.2f tokens/s = %.2fx plain, %.0f%% of the %.2f the model allows (verify "
-          "%.1f ms, draft %.1f ms per step); with the bypass (after 4 warm-up batches) %8.2f tokens/s = %.2fx plain "
-          "(%lld of %lld steps plain; %.2f ms a step outside the forward pass and the drafts, plain %.2f)\n",
+          "  accept %.1f: speculative %8.2f tokens/s = %.2fx plain, %.0f%% of the %.2f the model allows, %.0f%% of "
+          "the %.2f at the limits read around the run (verify %.1f ms, draft %.1f ms per step); with the bypass "
+          "(after 4 warm-up batches) %8.2f tokens/s = %.2fx plain (%lld of %lld steps plain; %.2f ms a step outside "
+          "the forward pass and the drafts, plain %.2f)\n",
           accept_len, forced.tokens_per_second, forced.tokens_per_second / plain.tokens_per_second,
-          100 * forced.tokens_per_second / roof, roof, forced.forward_ms_per_step, forced.draft_ms_per_step,
-          gated.tokens_per_second, gated.tokens_per_second / plain.tokens_per_second, (long long)gated.bypassed_steps,
-          (long long)gated.steps, gated.outside_ms_per_step, plain.outside_ms_per_step);
+          100 * forced.tokens_per_second / roof, roof, 100 * forced.tokens_per_second / roof_around, roof_around,
+          forced.forward_ms_per_step, forced.draft_ms_per_step, gated.tokens_per_second,
+          gated.tokens_per_second / plain.tokens_per_second, (long long)gated.bypassed_steps, (long long)gated.steps,
+          gated.outside_ms_per_step, plain.outside_ms_per_step);
       if (a.repeat > 1) {
         std::printf("    rounds (speculative, with the bypass: tokens/s and x that round's plain):");
         for (int round = 0; round < a.repeat; ++round) {
