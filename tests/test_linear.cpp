@@ -95,13 +95,14 @@ TEST_P(LinearFormats, BatchAndThreadsDoNotChangeBits) {
 }
 
 // The SIMD paths follow the canonical reduction order exactly: same bits.
-// Tokens: register groups of 1-4 (FP4 below 8, the others below 17), the dot form's
-// packed groups of 6 (to 127), the outer form's groups of 12 (from 128). 70 rows leave
+// Tokens: register groups of 1-4 (FP4 below 8, F32 below 17, FP8 to 32 and
+// BF16 to 64 in balanced blocks of at most 16 tokens), the dot form's packed
+// groups of 6 (to 127), the outer form's groups of 12 (from 128). 70 rows leave
 // remainders after row groups of 4, 16 and 32 and row blocks of 64; 2304
 // columns are two chunks and a partial one.
 TEST_P(LinearFormats, SimdPathsGiveScalarBits) {
   for (int64_t cols : {512, 2304})
-    for (int64_t n : {1, 2, 3, 4, 5, 7, 8, 10, 13, 16, 17, 127, 128, 141, 200}) {
+    for (int64_t n : {1, 2, 3, 4, 5, 7, 8, 10, 13, 16, 17, 33, 64, 65, 127, 128, 141, 200}) {
       SCOPED_TRACE("tokens " + std::to_string(n) + ", columns " + std::to_string(cols));
       const int64_t rows = 70;
       RandomLinear w = random_linear(GetParam(), rows, cols, 21);

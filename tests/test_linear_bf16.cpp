@@ -60,13 +60,15 @@ class LinearBf16 : public ::testing::Test {
   }
 };
 
-// Dot form (17-127 tokens) and outer form (128 and more); 70 rows leave
+// Dot form (FP4 from 8 tokens, FP8 from 33, to 127; FP8 with 17-32 tokens
+// takes the register groups' eight-row kernel) and outer form (128 and
+// more); 70 rows leave
 // partial row groups; 1040 columns are a chunk of 65 steps (an odd count:
 // the padded pair; FP8 only), 2304 two chunks and a partial one.
 TEST_F(LinearBf16, PackedFormsGiveScalarBits) {
   for (WeightFormat format : {WeightFormat::FP8_BLOCK128, WeightFormat::FP4_BLOCK32})
     for (int64_t cols : {512, 1040, 2304})
-      for (int64_t n : {17, 30, 127, 128, 141, 300}) {
+      for (int64_t n : {17, 30, 33, 48, 127, 128, 141, 300}) {
         if (format == WeightFormat::FP4_BLOCK32 && cols % 32) continue;  // FP4 rows are whole 32-wide blocks
         SCOPED_TRACE(std::string(weight_format_name(format)) + ", tokens " + std::to_string(n) + ", columns " +
                      std::to_string(cols));

@@ -210,8 +210,9 @@ void linear_forward(KernelIsa isa, const Linear& w, const float* x, int64_t n, f
   check_width(w);
   const bool outer = n >= kOuterMinTokens;
   // AVX2 has the outer form only (its dot form is rows_tokens_avx2).
-  const bool packed = n >= packed_min_tokens(w) && out >= kPackedMinRows &&
-                      (isa == KernelIsa::Avx512 || (isa == KernelIsa::Avx2 && outer));
+  const bool packed =
+      n >= packed_min_tokens(w) && out >= kPackedMinRows &&
+      ((isa == KernelIsa::Avx512 && n > register_groups_max_tokens(w)) || (isa == KernelIsa::Avx2 && outer));
   const bool pairs_apply = !packed && register_pairs_apply(isa, w, n);
   float* xs = thread_scratch_array<float>(ScratchSlot::LinearInput, n * cols + (pairs_apply ? n * cols / 2 : 0));
   const int threads = threads_for(out * cols * std::max<int64_t>(n, 1));
@@ -238,17 +239,20 @@ void linear_forward(KernelIsa isa, const Linear& w, const float* x, int64_t n, f
     return;
   }
   if (isa == KernelIsa::Avx512) {
-    // Up to kMaxRegisterTokens tokens per item (more only for matrices of
-    // few rows, see kPackedMinRows).
+    // Up to kMaxRegisterTokens tokens per item (more for matrices of few
+    // rows, see kPackedMinRows, and up to register_groups_max_tokens), in
+    // blocks of as equal a size as they go: 17 tokens as 9 + 8, not 16 + 1,
+    // since each block streams the weights once.
     const int64_t token_blocks = (n + kMaxRegisterTokens - 1) / kMaxRegisterTokens;
 #pragma omp parallel num_threads(threads)
     {
       const int64_t pieces = register_pieces(out, omp_get_num_threads());
 #pragma omp for schedule(dynamic, 1)
       for (int64_t item = 0; item < token_blocks * pieces; ++item) {
-        const int64_t t0 = item / pieces * kMaxRegisterTokens, piece = item % pieces;
-        register_rows_piece(w, row_begin, out, xs + t0 * cols, std::min(kMaxRegisterTokens, n - t0), y + t0 * y_stride,
-                            y_stride, piece, pieces, pairs ? pairs + t0 * (cols / 2) : nullptr);
+        const int64_t block = item / pieces, piece = item % pieces;
+        const int64_t t0 = n * block / token_blocks, t1 = n * (block + 1) / token_blocks;
+        register_rows_piece(w, row_begin, out, xs + t0 * cols, t1 - t0, y + t0 * y_stride, y_stride, piece, pieces,
+                            pairs ? pairs + t0 * (cols / 2) : nullptr);
       }
     }
     return;

@@ -156,6 +156,22 @@ inline int64_t packed_min_tokens(const Linear& w) {
   return w.format == WeightFormat::FP4_BLOCK32 ? kPackedMinTokensFp4 : kPackedMinTokensBuffered;  // BF16, F32 and FP8
 }
 
+// Up to this many tokens, BF16 and FP8 products on AVX-512 stay on the
+// register path past packed_min_tokens, in balanced groups of at most
+// kMaxRegisterTokens tokens that each stream the weights again: the packed
+// GEMM's dot form packs every panel and folds a 4 x 6 block per chunk, and
+// below these counts that cost more than reading the weights once per
+// group (the LM head with 17 tokens: 122 ms packed, 74 ms in two groups;
+// docs/kernels.md, "Register groups"). FP4 rows decode again per group, so
+// they pack from kPackedMinTokensFp4 as before.
+constexpr int64_t kRegisterGroupsMaxTokensBf16 = 64, kRegisterGroupsMaxTokensFp8 = 32;
+
+inline int64_t register_groups_max_tokens(const Linear& w) {
+  return w.format == WeightFormat::BF16           ? kRegisterGroupsMaxTokensBf16
+         : w.format == WeightFormat::FP8_BLOCK128 ? kRegisterGroupsMaxTokensFp8
+                                                  : 0;
+}
+
 // From this many tokens on, the packed GEMM's outer form (below, its dot
 // form; gemm_driver.h). Its panel transpose and input packing pay off only
 // over many tokens: the dot form was as fast or faster up to 96 tokens, the
