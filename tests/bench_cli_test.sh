@@ -104,7 +104,7 @@ grep -q "^    rounds (speculative, with the bypass: tokens/s and x that round's 
   "$WORK/out.txt" || fail "no rounds line"
 grep -q "^  accept 2.0: speculative  *[0-9.]* tokens/s = [0-9.]*x plain, [0-9]*% of the [0-9.]* the model allows, [0-9]*% of the [0-9.]* at the limits read around the run (verify [0-9.]* ms, draft [0-9.]* ms per step); with the bypass .*; -\?[0-9.]* ms a step outside the forward pass and the drafts, plain -\?[0-9.]*)$" \
   "$WORK/out.txt" || fail "no speculative line"
-grep -q "^    the model, per step: verify [0-9.]* ms, draft [0-9.]* ms, the MTP block over the 20-token prompts [0-9.]* ms" \
+grep -q "^    the model, per step: verify [0-9.]* ms (the LM head on [0-9]* of its [0-9]* rows), draft [0-9.]* ms, the MTP block over the 20-token prompts [0-9.]* ms" \
   "$WORK/out.txt" || fail "no speculative model line"
 for phase in draft verify; do
   grep -A1 "^    $phase, per step: [0-9.]* ms; kernels: weight products [0-9.]* ms, .*; outside the kernels -\?[0-9.]* ms$" \

@@ -221,6 +221,46 @@ TEST(SpecEngine, NgramGreedyIsBitwisePlainAndAcceptsDrafts) {
   for (auto& [model, accepted] : accepted_by_model) EXPECT_GT(accepted, 0) << model;
 }
 
+// The verify step's head on each sequence's first rows, then on the rest
+// for those that accepted them (forced here at every step): still bitwise
+// plain, greedy and sampled, and both the skipped rows and (where greedy
+// n-gram drafts run long) the second passes happen.
+TEST(SpecEngine, VerifyHeadOnFirstRowsIsBitwisePlain) {
+  for (bool sampling : {false, true}) {
+    const auto batch = cases(8, sampling);
+    const auto plain = run("tiny-flash-fp8", plain_options(64), batch);
+    for (SpeculativeAlgorithm algorithm : {SpeculativeAlgorithm::Ngram, SpeculativeAlgorithm::Eagle}) {
+      EngineOptions options = spec_options(algorithm, 3, 64);
+      options.speculative.head_rows_skipped_min = 0;
+      Engine engine(model_named("tiny-flash-fp8"), options);
+      std::vector<std::shared_ptr<RequestHandle>> handles;
+      for (const Case& c : batch) handles.push_back(engine.submit(c.id, c.prompt, c.params));
+      std::vector<Outcome> spec;
+      for (auto& h : handles) spec.push_back(drain(h));
+      const std::string what = std::string(speculative_algorithm_name(algorithm)) + (sampling ? " sampled" : " greedy");
+      expect_same(plain, spec, what);
+      const EngineMetrics m = engine.metrics();
+      EXPECT_GT(m.spec_head_rows_skipped_total, 0) << what;
+      EXPECT_GT(m.spec_head_rows_total, 0) << what;
+      if (algorithm == SpeculativeAlgorithm::Ngram && !sampling) {  // looping greedy output accepts runs
+        EXPECT_GT(m.spec_head_second_passes_total, 0) << what;
+      }
+    }
+  }
+}
+
+// With the default threshold a lone sequence never skips: a second pass of
+// the head would cost more than the few rows it saves.
+TEST(SpecEngine, VerifyHeadRunsWholeForALoneSequence) {
+  const auto batch = cases(1, false);
+  Engine engine(model_named("tiny-flash-fp8"), spec_options(SpeculativeAlgorithm::Ngram, 3, 64));
+  drain(engine.submit(batch[0].id, batch[0].prompt, batch[0].params));
+  const EngineMetrics m = engine.metrics();
+  EXPECT_GT(m.spec_head_rows_total, 0);
+  EXPECT_EQ(m.spec_head_rows_skipped_total, 0);
+  EXPECT_EQ(m.spec_head_second_passes_total, 0);
+}
+
 TEST(SpecEngine, NgramSampledIsBitwisePlainAloneAndBatched) {
   const auto batch = cases(6, true);
   const auto plain = run("tiny-flash-fp8", plain_options(64), batch);

@@ -17,6 +17,11 @@ double expected_distinct_experts(const ModelConfig& c, int64_t batch);
 double decode_step_bytes(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch);
 double decode_step_floor_seconds(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch, int64_t position,
                                  const std::array<double, 4>& rates, double fma_macs_per_s);
+// The compute floor of a verify step of `tokens` rows whose LM head runs on
+// `head_rows` of them (the engine skips the rows past a sequence's expected
+// accept length where that pays: Engine::first_head_rows).
+double verify_step_floor_seconds(const ModelConfig& c, const Model::TokenCost& cost, int64_t tokens, int64_t head_rows,
+                                 int64_t position, const std::array<double, 4>& rates, double fma_macs_per_s);
 // Bytes one MTP block step of `batch` tokens reads: the block (the experts
 // its tokens pick) and the shared LM head.
 double mtp_step_bytes(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch);

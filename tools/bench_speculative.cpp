@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <random>
 #include <thread>
@@ -242,6 +243,27 @@ void run_speculative_bench(const std::shared_ptr<Model>& model, const Speculativ
     return std::max(decode_step_bytes(c, token_cost, tokens) / at.bandwidth,
                     decode_step_floor_seconds(c, token_cost, tokens, position, at.one_token_rates, at.fma_macs_per_s));
   };
+  // A verify step of `batch` sequences: batch * (drafts + 1) rows, the LM
+  // head on each sequence's first rows only (its accept length, rounded)
+  // where that skips at least SpeculativeOptions::head_rows_skipped_min rows
+  // of the batch, as the engine decides (Engine::first_head_rows); a
+  // fractional accept length adds the second passes of the sequences that
+  // accept more.
+  auto verify_head_rows = [&](int64_t batch, double accept_len) {
+    const int64_t rows = drafts + 1;
+    const int64_t first = std::clamp<int64_t>(std::llround(accept_len), 1, rows);
+    if (!model->head_from_final_hc() || batch * (rows - first) < spec.head_rows_skipped_min ||
+        batch * (rows - first) == 0)
+      return double(batch * rows);
+    const double second = std::clamp(accept_len - double(first), 0.0, 1.0);
+    return double(batch) * (double(first) + second * double(rows - first));
+  };
+  auto verify_floor = [&](const MachineLimits& at, int64_t batch, double accept_len) {
+    const int64_t rows = batch * (drafts + 1);
+    return std::max(decode_step_bytes(c, cost, rows) / at.bandwidth,
+                    verify_step_floor_seconds(c, cost, rows, int64_t(std::llround(verify_head_rows(batch, accept_len))),
+                                              position, at.one_token_rates, at.fma_macs_per_s));
+  };
   // Draft steps of the chain: the first runs the rows the last step accepted
   // (about the accept length per sequence; the head only on each sequence's
   // last), the others one row each.
@@ -285,7 +307,7 @@ void run_speculative_bench(const std::shared_ptr<Model>& model, const Speculativ
   // What a speculative step allows at `at`: verify + draft + the catch-up's share.
   auto speculative_roof = [&](const MachineLimits& at, int64_t batch, double accept_len) {
     return double(batch) * accept_len /
-           (step_floor(at, cost, batch * (drafts + 1)) + draft_seconds(at, cost, batch, accept_len) +
+           (verify_floor(at, batch, accept_len) + draft_seconds(at, cost, batch, accept_len) +
             catch_up_seconds(at, cost, batch, accept_len));
   };
   for (int64_t batch : a.batches) {
@@ -355,7 +377,7 @@ void run_speculative_bench(const std::shared_ptr<Model>& model, const Speculativ
     for (size_t i = 0; i < a.accept_lens.size(); ++i) {
       const double accept_len = a.accept_lens[i];
       const EngineRun forced = best(forced_runs[i]), gated = best(gated_runs[i]);
-      const double verify_seconds = step_floor(model_limits, cost, batch * (drafts + 1));
+      const double verify_seconds = verify_floor(model_limits, batch, accept_len);
       const double draft_floor = draft_seconds(model_limits, cost, batch, accept_len);
       const double catch_up = catch_up_seconds(model_limits, cost, batch, accept_len);
       const double roof = speculative_roof(model_limits, batch, accept_len);
@@ -380,7 +402,9 @@ void run_speculative_bench(const std::shared_ptr<Model>& model, const Speculativ
         }
         std::printf("\n");
       }
-      std::printf("    the model, per step: verify %.1f ms, draft %.1f ms", 1e3 * verify_seconds, 1e3 * draft_floor);
+      std::printf("    the model, per step: verify %.1f ms (the LM head on %.0f of its %lld rows), draft %.1f ms",
+                  1e3 * verify_seconds, verify_head_rows(batch, accept_len), (long long)(batch * (drafts + 1)),
+                  1e3 * draft_floor);
       if (eagle)
         std::printf(", the MTP block over the %lld-token prompts %.1f ms (once per request, spread over its steps)",
                     (long long)std::min(a.prompt, c.window), 1e3 * catch_up);

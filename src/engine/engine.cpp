@@ -205,6 +205,8 @@ void Engine::loop() {
       step_logits_ = StepLogits{};
       std::vector<RowBuffer>().swap(step_hc_);
       std::vector<RowBuffer>().swap(step_dspark_);
+      RowBuffer().swap(head_hc_);
+      RowBuffer().swap(head_logits_);
       malloc_trim(0);
     }
   }
@@ -303,6 +305,21 @@ void Engine::step(std::vector<std::unique_ptr<Sequence>>& running) {
     if (buffers->size() < plan.items.size()) buffers->resize(plan.items.size());
     for (RowBuffer& b : *buffers) b.clear();
   }
+  // A verified item's head may run on its first rows only, and later on the
+  // rest for the sequences that accepted those (first_head_rows): where that
+  // skips enough rows of the batch, the forward pass leaves all of a
+  // verified item's logits to Executor::head_rows.
+  std::vector<int64_t> head_first(plan.items.size(), 0);
+  bool defer_head = false;
+  if (spec.algorithm != SpeculativeAlgorithm::None && model_->head_from_final_hc()) {
+    int64_t skipped = 0;
+    for (size_t i = 0; i < plan.items.size(); ++i)
+      if (plan.items[i].logits == LogitRows::All) {
+        head_first[i] = first_head_rows(*running[plan.items[i].seq], plan.items[i].n);
+        skipped += plan.items[i].n - head_first[i];
+      }
+    defer_head = skipped > 0 && skipped >= spec.head_rows_skipped_min;
+  }
   std::vector<ExecItem> exec;
   exec.reserve(plan.items.size());
   bool has_prefill = false;
@@ -321,6 +338,11 @@ void Engine::step(std::vector<std::unique_ptr<Sequence>>& running) {
       exec.back().final_hc = &hc[i];
       exec.back().final_hc_rows = drafted > 0 ? item.n : std::min(item.n, model_->config().window);
     }
+    if (defer_head && item.logits == LogitRows::All) {
+      exec.back().defer_head = true;
+      exec.back().final_hc = &hc[i];
+      exec.back().final_hc_rows = item.n;
+    }
     if (keep_dspark) {
       exec.back().dspark_hidden = &dspark[i];
       exec.back().dspark_rows = drafted > 0 ? item.n : std::min(item.n, model_->config().window);
@@ -330,6 +352,17 @@ void Engine::step(std::vector<std::unique_ptr<Sequence>>& running) {
   if (options_.on_phase) options_.on_phase(StepPhase::Forward);
   const double t_forward = now_seconds();
   executor_.run(exec, step_logits_);
+  const int64_t hc_width = model_->config().hc_mult * model_->config().dim;
+  // The verified items' logits rows [from, to(i)) from their final HC rows,
+  // all in one product.
+  auto run_head = [&](const std::vector<int64_t>& from, auto&& to) {
+    std::vector<HeadRow> rows;
+    for (size_t i = 0; i < plan.items.size(); ++i)
+      if (exec[i].defer_head)
+        for (int64_t j = from[i]; j < to(i); ++j) rows.push_back({i, j, hc[i].data() + j * hc_width});
+    executor_.head_rows(rows, head_hc_, head_logits_, step_logits_);
+  };
+  if (defer_head) run_head(std::vector<int64_t>(plan.items.size(), 0), [&](size_t i) { return head_first[i]; });
   const StepLogits& logits = step_logits_;
   const double t_sample = now_seconds();
   if (options_.on_phase) options_.on_phase(StepPhase::Sample);
@@ -338,24 +371,60 @@ void Engine::step(std::vector<std::unique_ptr<Sequence>>& running) {
   // sequences sample in parallel; events are emitted in order afterwards.
   // Items wanting every row verify drafts.
   std::vector<SampledToken> drawn(plan.items.size());
-  std::vector<std::vector<SampledToken>> verified(plan.items.size());
-  std::vector<int64_t> accepted(plan.items.size(), 0);
+  std::vector<Verification> verified(plan.items.size());
   int64_t n_sampled = 0;
   for (const PlanItem& item : plan.items) n_sampled += item.logits != LogitRows::None;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads_for(n_sampled* V * 4))
   for (size_t i = 0; i < plan.items.size(); ++i) {
     const Sequence& s = *running[plan.items[i].seq];
     if (plan.items[i].logits == LogitRows::Last) drawn[i] = draw(s, logits.last_row(i));
-    if (plan.items[i].logits == LogitRows::All) verified[i] = verify(s, logits, i, &accepted[i]);
+    if (plan.items[i].logits == LogitRows::All) {
+      verified[i] = start_verification(s);
+      verify_rows(s, logits, i, exec[i].defer_head ? head_first[i] : plan.items[i].n, verified[i]);
+    }
+  }
+  // The rest of the rows, for the sequences that accepted every draft of
+  // their first rows: a second pass of the head, counted as forward time.
+  double late_head_seconds = 0;
+  if (defer_head) {
+    std::vector<size_t> open;
+    for (size_t i = 0; i < plan.items.size(); ++i)
+      if (exec[i].defer_head && !verified[i].done) open.push_back(i);
+    if (!open.empty()) {
+      if (options_.on_phase) options_.on_phase(StepPhase::Forward);
+      const double t0 = now_seconds();
+      run_head(head_first, [&](size_t i) { return verified[i].done ? head_first[i] : plan.items[i].n; });
+      late_head_seconds = now_seconds() - t0;
+      if (options_.on_phase) options_.on_phase(StepPhase::Sample);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads_for(int64_t(open.size()) * V * 4))
+      for (size_t k = 0; k < open.size(); ++k) {
+        const size_t i = open[k];
+        verify_rows(*running[plan.items[i].seq], logits, i, plan.items[i].n, verified[i]);
+      }
+    }
   }
   const double t_emit = now_seconds();
+  if (speculating) {
+    int64_t head_rows = 0, rows = 0;
+    for (size_t i = 0; i < plan.items.size(); ++i)
+      if (plan.items[i].logits == LogitRows::All) {
+        rows += plan.items[i].n;
+        head_rows += !exec[i].defer_head                                 ? plan.items[i].n
+                     : verified[i].tokens.size() > size_t(head_first[i]) ? plan.items[i].n
+                                                                         : head_first[i];
+      }
+    std::lock_guard<std::mutex> lock(mutex_);
+    totals_.spec_head_rows_total += head_rows;
+    totals_.spec_head_rows_skipped_total += rows - head_rows;
+    totals_.spec_head_second_passes_total += late_head_seconds > 0;
+  }
   int64_t emitted = 0;
   for (size_t i = 0; i < plan.items.size(); ++i) {
     const PlanItem& item = plan.items[i];
     Sequence& s = *running[item.seq];
     if (item.logits == LogitRows::All) {
-      emitted += int64_t(verified[i].size());
-      accept(s, item.start, verified[i], accepted[i], keep_hc_rows ? &hc[i] : nullptr,
+      emitted += int64_t(verified[i].tokens.size());
+      accept(s, item.start, verified[i].tokens, verified[i].accepted, keep_hc_rows ? &hc[i] : nullptr,
              keep_dspark ? &dspark[i] : nullptr, logits, i);
       continue;
     }
@@ -394,11 +463,11 @@ void Engine::step(std::vector<std::unique_ptr<Sequence>>& running) {
   if (decoding > 0 && options_.decode_log_interval > 0 && ++decode_steps_ % options_.decode_log_interval == 0)
     log_decode(decoding);
   last_step_decode_only_ = decoding > 0 && !has_prefill && plan.sample_cached.empty();
-  last_step_forward_seconds_ = t_sample - t_forward;
+  last_step_forward_seconds_ = t_sample - t_forward + late_head_seconds;
   std::lock_guard<std::mutex> lock(mutex_);
   totals_.draft_seconds += t_forward - t_draft;
-  totals_.forward_seconds += t_sample - t_forward;
-  totals_.sample_seconds += t_emit - t_sample;
+  totals_.forward_seconds += t_sample - t_forward + late_head_seconds;
+  totals_.sample_seconds += t_emit - t_sample - late_head_seconds;
   totals_.emit_seconds += t_end - t_emit;
 }
 

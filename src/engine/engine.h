@@ -80,6 +80,10 @@ struct EngineMetrics {
   // and steps where the gate chose plain decoding although speculation is on.
   int64_t spec_verify_total = 0, spec_draft_tokens_total = 0, spec_accepted_tokens_total = 0;
   int64_t spec_bypassed_steps_total = 0;
+  // The verify steps' LM head: rows it ran on, rows it skipped (after a
+  // sequence's first rejected draft), and second passes (some sequence
+  // accepted more than its first rows; Engine::first_head_rows).
+  int64_t spec_head_rows_total = 0, spec_head_rows_skipped_total = 0, spec_head_second_passes_total = 0;
   double draft_seconds = 0;
   // Per draft position j (0 = first draft): how often a verify step drafted
   // that far, and how often position j was accepted.
@@ -151,7 +155,22 @@ class Engine {
   void propose_mtp(const std::vector<Sequence*>& sequences, const std::vector<int64_t>& limits);
   void propose_dspark(const std::vector<Sequence*>& sequences, const std::vector<int64_t>& limits);
   void fit_drafts(Sequence& s, int64_t limit) const;
-  std::vector<SampledToken> verify(const Sequence& s, const StepLogits& logits, size_t item, int64_t* accepted) const;
+  // A verified item's decisions so far: verify_rows continues them as its
+  // logits rows arrive, row j deciding draft j, until a draft is rejected,
+  // a stop token or the token limit comes, or the last row adds one more.
+  struct Verification {
+    PenaltyState penalties;
+    std::vector<SampledToken> tokens;
+    int64_t accepted = 0;
+    int64_t forced = -1;  // SGLANG_SIMULATE_ACC_LEN: drafts accepted this step
+    bool done = false;
+  };
+  Verification start_verification(const Sequence& s) const;
+  void verify_rows(const Sequence& s, const StepLogits& logits, size_t item, int64_t available, Verification& v) const;
+  // How many of a verified item's first rows get logits before any is
+  // decided (docs/speculative.md, "The verify step's head"); all of them
+  // where the head does not run apart from the forward pass.
+  int64_t first_head_rows(const Sequence& s, int64_t rows) const;
   void accept(Sequence& s, int64_t start, const std::vector<SampledToken>& tokens, int64_t accepted,
               const RowBuffer* hc, const RowBuffer* dspark_hidden, const StepLogits& logits, size_t item);
   // Rows of positions first_position.. appended to a per-sequence buffer of
@@ -173,6 +192,7 @@ class Engine {
   // item), reused from step to step (RowBuffer); engine thread only.
   StepLogits step_logits_;
   std::vector<RowBuffer> step_hc_, step_dspark_;
+  RowBuffer head_hc_, head_logits_;  // Executor::head_rows's scratch
   CachePolicy cache_;
   SpeculationGate gate_;
   int64_t decode_steps_ = 0;  // engine thread only

@@ -1,6 +1,7 @@
 // The engine's side of speculative decoding: proposing drafts before a step,
 // verifying them after it (docs/speculative.md).
 #include <algorithm>
+#include <cmath>
 
 #include "engine/engine.h"
 #include "engine/sequence.h"
@@ -310,16 +311,19 @@ void Engine::fit_drafts(Sequence& s, int64_t limit) const {
 // replaced by the row's own token, and when every draft is accepted the last
 // row adds one more. Each row samples as plain decoding would at that index
 // (penalties and min_new_tokens included), so greedy output is unchanged.
-std::vector<SampledToken> Engine::verify(const Sequence& s, const StepLogits& logits, size_t item,
-                                         int64_t* accepted) const {
+Engine::Verification Engine::start_verification(const Sequence& s) const {
+  Verification v;
+  v.penalties = s.penalties;
+  const double simulate = options_.speculative.simulate_accept_len;
+  v.forced = simulate > 0 ? simulated_accepts(simulate, s.handle->spec_verify_ct()) : -1;
+  return v;
+}
+
+void Engine::verify_rows(const Sequence& s, const StepLogits& logits, size_t item, int64_t available,
+                         Verification& v) const {
   const int64_t vocab = model_->config().vocab_size;
   const int64_t drafted = int64_t(s.drafts.size());
-  const double simulate = options_.speculative.simulate_accept_len;
-  const int64_t forced = simulate > 0 ? simulated_accepts(simulate, s.handle->spec_verify_ct()) : -1;
-  PenaltyState penalties = s.penalties;
-  std::vector<SampledToken> out;
-  *accepted = 0;
-  for (int64_t j = 0; j <= drafted; ++j) {
+  for (int64_t j = int64_t(v.tokens.size()); !v.done && j < available && j <= drafted; ++j) {
     const float* row = logits.row(item, j);
     const int64_t step = int64_t(s.output.size()) + j;
     std::vector<int32_t> blocked;
@@ -331,25 +335,41 @@ std::vector<SampledToken> Engine::verify(const Sequence& s, const StepLogits& lo
     }
     SampledToken token;
     bool ok = false;
-    if (j < drafted && forced >= 0) {
-      ok = j < forced;
+    if (j < drafted && v.forced >= 0) {
+      ok = j < v.forced;
       token = ok ? forced_token(row, vocab, s.params, s.drafts[size_t(j)])
-                 : sample_token(row, vocab, s.params, penalties, s.prompt, step, blocked, nullptr, allowed);
+                 : sample_token(row, vocab, s.params, v.penalties, s.prompt, step, blocked, nullptr, allowed);
     } else if (j < drafted) {
-      VerifiedToken v =
-          verify_draft(row, vocab, s.params, penalties, s.prompt, step, blocked, s.drafts[size_t(j)], allowed);
-      token = std::move(v.token);
-      ok = v.accepted;
+      VerifiedToken verified =
+          verify_draft(row, vocab, s.params, v.penalties, s.prompt, step, blocked, s.drafts[size_t(j)], allowed);
+      token = std::move(verified.token);
+      ok = verified.accepted;
     } else {
-      token = sample_token(row, vocab, s.params, penalties, s.prompt, step, blocked, nullptr, allowed);
+      token = sample_token(row, vocab, s.params, v.penalties, s.prompt, step, blocked, nullptr, allowed);
     }
-    penalties.add(token.token);
-    *accepted += ok;
+    v.penalties.add(token.token);
+    v.accepted += ok;
     const bool stop = s.is_stop(token.token);
-    out.push_back(std::move(token));
-    if (!ok || stop || int64_t(s.output.size() + out.size()) >= s.params.max_new_tokens) break;
+    v.tokens.push_back(std::move(token));
+    v.done = !ok || stop || int64_t(s.output.size() + v.tokens.size()) >= s.params.max_new_tokens || j == drafted;
   }
-  return out;
+}
+
+// The sequence's accept length so far (tokens per verify), else the
+// engine's over the current log interval; before any verify every row.
+// Rounded: a sequence that accepts more than that pays a second pass of the
+// head for its later rows, one that accepts less skipped rows it never
+// needed.
+int64_t Engine::first_head_rows(const Sequence& s, int64_t rows) const {
+  if (!model_->head_from_final_hc()) return rows;
+  double expected = 0;
+  if (const int64_t verifies = s.handle->spec_verify_ct(); verifies > 0)
+    expected = 1.0 + double(s.handle->spec_accepted_tokens()) / double(verifies);
+  else if (spec_window_.verifies > 0)
+    expected = 1.0 + double(spec_window_.accepted) / double(spec_window_.verifies);
+  else
+    return rows;
+  return std::clamp<int64_t>(std::llround(expected), 1, rows);
 }
 
 // The state goes back to what the emitted tokens need (the last one is

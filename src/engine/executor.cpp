@@ -23,7 +23,7 @@ void Executor::run(std::vector<ExecItem>& items, StepLogits& out) const {
   batch.reserve(items.size());
   for (size_t i = 0; i < items.size(); ++i) {
     ExecItem& it = items[i];
-    float* logits = out.rows_[i] > 0 ? out.data_.data() + out.offset_[i] : nullptr;
+    float* logits = out.rows_[i] > 0 && !it.defer_head ? out.data_.data() + out.offset_[i] : nullptr;
     // Only the last row when that is all the item needs: the vocabulary-sized
     // head is then skipped for the other rows of a prefill chunk.
     float* hc = nullptr;
@@ -44,6 +44,18 @@ void Executor::run(std::vector<ExecItem>& items, StepLogits& out) const {
     batch.push_back(b);
   }
   if (!batch.empty()) model_.forward_batch(batch);
+}
+
+void Executor::head_rows(const std::vector<HeadRow>& rows, RowBuffer& hc_rows, RowBuffer& logits,
+                         StepLogits& out) const {
+  if (rows.empty()) return;
+  const int64_t width = model_.config().hc_mult * model_.config().dim, V = out.vocab_, n = int64_t(rows.size());
+  hc_rows.resize(size_t(n * width));
+  logits.resize(size_t(n * V));
+  for (int64_t i = 0; i < n; ++i) std::copy_n(rows[size_t(i)].final_hc, width, hc_rows.data() + i * width);
+  model_.head_logits(hc_rows.data(), n, logits.data());
+  for (int64_t i = 0; i < n; ++i)
+    std::copy_n(logits.data() + i * V, V, out.mutable_row(rows[size_t(i)].item, rows[size_t(i)].row));
 }
 
 }  // namespace dsv4

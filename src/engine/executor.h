@@ -37,6 +37,17 @@ struct ExecItem {
   RowBuffer* dspark_hidden = nullptr;
   int64_t dspark_rows = 0;
   int64_t replay_from = -1;  // BatchItem::replay_from
+  // With LogitRows::All: the forward pass leaves the logits rows unfilled
+  // (the head does not run on them) and `final_hc` must take all rows; the
+  // engine then fills the rows it needs with Executor::head_rows.
+  bool defer_head = false;
+};
+
+// A logits row to fill from a final HC row (Executor::head_rows).
+struct HeadRow {
+  size_t item;
+  int64_t row;
+  const float* final_hc;  // [hc_mult, dim]
 };
 
 // The logits of one forward pass: item i has rows(i) rows of `vocab` floats
@@ -46,6 +57,7 @@ class StepLogits {
   int64_t rows(size_t item) const { return rows_[item]; }
   const float* row(size_t item, int64_t r) const { return data_.data() + offset_[item] + r * vocab_; }
   const float* last_row(size_t item) const { return row(item, rows_[item] - 1); }
+  float* mutable_row(size_t item, int64_t r) { return data_.data() + offset_[item] + r * vocab_; }
 
  private:
   friend class Executor;
@@ -66,6 +78,11 @@ class Executor {
     run(items, out);
     return out;
   }
+  // The LM head on the listed rows, in one product (the head's weights read
+  // once for all of them), into their rows of `out`: the bits the forward
+  // pass would have written there. `hc_rows` and `logits` are scratch kept
+  // by the caller from step to step.
+  void head_rows(const std::vector<HeadRow>& rows, RowBuffer& hc_rows, RowBuffer& logits, StepLogits& out) const;
 
  private:
   const Model& model_;

@@ -48,6 +48,14 @@ struct SpeculativeOptions {
   // Turns speculation off for batch sizes where it measured slower than
   // plain decoding (SpeculationGate).
   bool auto_bypass = true;
+  // The verify step's head runs on each sequence's first rows (about its
+  // accept length so far) and on the others only for the sequences that
+  // accepted them all, where that skips at least this many rows of the
+  // batch; otherwise on every row with the forward pass. A second pass
+  // reads the head's weights again (1 GB at V4's vocabulary), which a few
+  // rows skipped do not pay for (docs/speculative.md, "The verify step's
+  // head"). 0: always (tests); a huge value: never.
+  int64_t head_rows_skipped_min = 8;
 };
 
 // Prompt-lookup drafting over one sequence's tokens (prompt and output).

@@ -178,6 +178,11 @@ void Model::head_forward(const Linear& head, const HyperConnectionWeights& hc_he
   kb.linear(head, y.data(), n, logits);
 }
 
+void Model::head_logits(const float* final_hc, int64_t n, float* logits) const {
+  if (!head_from_final_hc()) throw Error("head_logits: V4.1's head needs the rows' lagged pre, not only final_hc");
+  if (n > 0) head_forward(weights_.head, weights_.hc_head, weights_.norm, final_hc, n, logits);
+}
+
 void check_token_ids(int64_t vocab, const int32_t* ids, int64_t n, const char* what) {
   for (int64_t t = 0; t < n; ++t)
     if (ids[t] < 0 || ids[t] >= vocab)

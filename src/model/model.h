@@ -125,6 +125,14 @@ class Model {
   // Several sequences in one pass: every weight is read once for all their
   // tokens. Each sequence gets exactly the bits it would get alone.
   void forward_batch(const std::vector<BatchItem>& items) const;
+  // The LM head alone on rows of the final HC state that forward_batch
+  // handed out (BatchItem::final_hc): logits [n, vocab], the bits
+  // forward_batch gives those rows. A verify step asks for its rows' logits
+  // a few at a time this way (docs/speculative.md, "The verify step's
+  // head"). V4.1 collapses its rows with a lagged pre that final_hc does not
+  // carry: there it throws (head_from_final_hc() is false).
+  void head_logits(const float* final_hc, int64_t n, float* logits) const;
+  bool head_from_final_hc() const { return !config_.v41; }
 
   // MTP block over positions state.mtp_tokens ... +n-1: row i uses the main
   // model's final HC state of that position (hc [n, hc_mult, dim]) and the

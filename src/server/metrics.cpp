@@ -167,6 +167,11 @@ std::string ServerMetrics::render(const EngineMetrics& m, const std::string& mod
          "Drafted tokens accepted.");
   metric("counter", "dsv4:spec_bypassed_steps_total", double(m.spec_bypassed_steps_total),
          "Decode steps run without drafts because speculation measured slower at that batch size.");
+  metric("counter", "dsv4:spec_head_rows_total", double(m.spec_head_rows_total), "Verify rows the LM head ran on.");
+  metric("counter", "dsv4:spec_head_rows_skipped_total", double(m.spec_head_rows_skipped_total),
+         "Verify rows past a rejected draft that the LM head skipped.");
+  metric("counter", "dsv4:spec_head_second_passes_total", double(m.spec_head_second_passes_total),
+         "Verify steps whose LM head ran a second pass for sequences that accepted more than expected.");
   metric("counter", "dsv4:engine_draft_seconds_total", m.draft_seconds, "Seconds proposing drafts.");
   if (!m.spec_position_drafted.empty()) {
     o << "# HELP dsv4:spec_position_accept_rate Acceptance of the j-th draft of a step, when drafted.\n"
