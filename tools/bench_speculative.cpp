@@ -239,30 +239,26 @@ void run_speculative_bench(const std::shared_ptr<Model>& model, const Speculativ
   // a shared machine does not lower what the model allows. Each run is also
   // set against the limits read around it (EngineRun::around).
   MachineLimits model_limits = limits;
-  auto step_floor = [&](const MachineLimits& at, const Model::TokenCost& token_cost, int64_t tokens) {
-    return std::max(decode_step_bytes(c, token_cost, tokens) / at.bandwidth,
-                    decode_step_floor_seconds(c, token_cost, tokens, position, at.one_token_rates, at.fma_macs_per_s));
+  // A main-model step of `tokens` rows whose LM head runs on `head_rows`
+  // of them: the longer of its bytes at the bandwidth and its decoding floor.
+  auto step_floor = [&](const MachineLimits& at, int64_t tokens, int64_t head_rows) {
+    return std::max(
+        decode_step_bytes(c, cost, tokens) / at.bandwidth,
+        verify_step_floor_seconds(c, cost, tokens, head_rows, position, at.one_token_rates, at.fma_macs_per_s));
   };
   // A verify step of `batch` sequences: batch * (drafts + 1) rows, the LM
-  // head on each sequence's first rows only (its accept length, rounded)
-  // where that skips at least SpeculativeOptions::head_rows_skipped_min rows
-  // of the batch, as the engine decides (Engine::first_head_rows); a
-  // fractional accept length adds the second passes of the sequences that
-  // accept more.
+  // head on each sequence's first rows only where the engine skips the rest
+  // (first_head_rows_for, head_skip_pays); a fractional accept length adds
+  // the second passes of the sequences that accept more.
   auto verify_head_rows = [&](int64_t batch, double accept_len) {
     const int64_t rows = drafts + 1;
-    const int64_t first = std::clamp<int64_t>(std::llround(accept_len), 1, rows);
-    if (!model->head_from_final_hc() || batch * (rows - first) < spec.head_rows_skipped_min ||
-        batch * (rows - first) == 0)
-      return double(batch * rows);
+    const int64_t first = first_head_rows_for(accept_len, rows);
+    if (!model->head_from_final_hc() || !head_skip_pays(batch * (rows - first), spec)) return double(batch * rows);
     const double second = std::clamp(accept_len - double(first), 0.0, 1.0);
     return double(batch) * (double(first) + second * double(rows - first));
   };
   auto verify_floor = [&](const MachineLimits& at, int64_t batch, double accept_len) {
-    const int64_t rows = batch * (drafts + 1);
-    return std::max(decode_step_bytes(c, cost, rows) / at.bandwidth,
-                    verify_step_floor_seconds(c, cost, rows, int64_t(std::llround(verify_head_rows(batch, accept_len))),
-                                              position, at.one_token_rates, at.fma_macs_per_s));
+    return step_floor(at, batch * (drafts + 1), int64_t(std::llround(verify_head_rows(batch, accept_len))));
   };
   // Draft steps of the chain: the first runs the rows the last step accepted
   // (about the accept length per sequence; the head only on each sequence's
@@ -352,8 +348,8 @@ void run_speculative_bench(const std::shared_ptr<Model>& model, const Speculativ
       });
     };
     const EngineRun plain = best(plains);
-    const double plain_roof = double(batch) / step_floor(model_limits, cost, batch);
-    const double plain_roof_around = double(batch) / step_floor(plain.around, cost, batch);
+    const double plain_roof = double(batch) / step_floor(model_limits, batch, batch);
+    const double plain_roof_around = double(batch) / step_floor(plain.around, batch, batch);
     std::printf(
         "batch %3lld plain: %8.2f tokens/s (%.1f ms per step; the model allows %.2f tokens/s, %.0f%% of it; %.2f at "
         "the limits read around the run, %.0f%%)",

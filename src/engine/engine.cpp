@@ -318,7 +318,7 @@ void Engine::step(std::vector<std::unique_ptr<Sequence>>& running) {
         head_first[i] = first_head_rows(*running[plan.items[i].seq], plan.items[i].n);
         skipped += plan.items[i].n - head_first[i];
       }
-    defer_head = skipped > 0 && skipped >= spec.head_rows_skipped_min;
+    defer_head = head_skip_pays(skipped, spec);
   }
   std::vector<ExecItem> exec;
   exec.reserve(plan.items.size());
@@ -355,14 +355,14 @@ void Engine::step(std::vector<std::unique_ptr<Sequence>>& running) {
   const int64_t hc_width = model_->config().hc_mult * model_->config().dim;
   // The verified items' logits rows [from, to(i)) from their final HC rows,
   // all in one product.
-  auto run_head = [&](const std::vector<int64_t>& from, auto&& to) {
+  auto run_head = [&](auto&& from, auto&& to) {
     std::vector<HeadRow> rows;
     for (size_t i = 0; i < plan.items.size(); ++i)
       if (exec[i].defer_head)
-        for (int64_t j = from[i]; j < to(i); ++j) rows.push_back({i, j, hc[i].data() + j * hc_width});
+        for (int64_t j = from(i); j < to(i); ++j) rows.push_back({i, j, hc[i].data() + j * hc_width});
     executor_.head_rows(rows, head_hc_, head_logits_, step_logits_);
   };
-  if (defer_head) run_head(std::vector<int64_t>(plan.items.size(), 0), [&](size_t i) { return head_first[i]; });
+  if (defer_head) run_head([](size_t) { return int64_t(0); }, [&](size_t i) { return head_first[i]; });
   const StepLogits& logits = step_logits_;
   const double t_sample = now_seconds();
   if (options_.on_phase) options_.on_phase(StepPhase::Sample);
@@ -393,7 +393,8 @@ void Engine::step(std::vector<std::unique_ptr<Sequence>>& running) {
     if (!open.empty()) {
       if (options_.on_phase) options_.on_phase(StepPhase::Forward);
       const double t0 = now_seconds();
-      run_head(head_first, [&](size_t i) { return verified[i].done ? head_first[i] : plan.items[i].n; });
+      run_head([&](size_t i) { return head_first[i]; },
+               [&](size_t i) { return verified[i].done ? head_first[i] : plan.items[i].n; });
       late_head_seconds = now_seconds() - t0;
       if (options_.on_phase) options_.on_phase(StepPhase::Sample);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads_for(int64_t(open.size()) * V * 4))

@@ -1,7 +1,6 @@
 // The engine's side of speculative decoding: proposing drafts before a step,
 // verifying them after it (docs/speculative.md).
 #include <algorithm>
-#include <cmath>
 
 #include "engine/engine.h"
 #include "engine/sequence.h"
@@ -369,7 +368,7 @@ int64_t Engine::first_head_rows(const Sequence& s, int64_t rows) const {
     expected = 1.0 + double(spec_window_.accepted) / double(spec_window_.verifies);
   else
     return rows;
-  return std::clamp<int64_t>(std::llround(expected), 1, rows);
+  return first_head_rows_for(expected, rows);
 }
 
 // The state goes back to what the emitted tokens need (the last one is

@@ -57,10 +57,10 @@ class StepLogits {
   int64_t rows(size_t item) const { return rows_[item]; }
   const float* row(size_t item, int64_t r) const { return data_.data() + offset_[item] + r * vocab_; }
   const float* last_row(size_t item) const { return row(item, rows_[item] - 1); }
-  float* mutable_row(size_t item, int64_t r) { return data_.data() + offset_[item] + r * vocab_; }
 
  private:
   friend class Executor;
+  float* mutable_row(size_t item, int64_t r) { return data_.data() + offset_[item] + r * vocab_; }
   int64_t vocab_ = 0;
   RowBuffer data_;  // kept by the caller from step to step
   std::vector<int64_t> offset_, rows_;

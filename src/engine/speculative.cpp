@@ -157,6 +157,14 @@ VerifiedToken verify_draft(const float* logits, int64_t vocab, const SamplingPar
   return out;
 }
 
+int64_t first_head_rows_for(double accept_length, int64_t rows) {
+  return std::clamp<int64_t>(std::llround(accept_length), 1, rows);
+}
+
+bool head_skip_pays(int64_t skipped, const SpeculativeOptions& options) {
+  return skipped > 0 && skipped >= options.head_rows_skipped_min;
+}
+
 int64_t simulated_accepts(double accept_len, int64_t step) {
   // Tokens per step alternate between floor and ceil of accept_len so that
   // after k steps exactly floor(k * accept_len) tokens were produced.

@@ -108,6 +108,15 @@ SampledToken forced_token(const float* logits, int64_t vocab, const SamplingPara
 // mean tokens per step (accepted + 1) is exactly `accept_len`.
 int64_t simulated_accepts(double accept_len, int64_t step);
 
+// The verify step's head (SpeculativeOptions::head_rows_skipped_min): how
+// many of a verified item's `rows` rows its first pass covers for an
+// expected accept length (rounded, at least one), and whether skipping
+// `skipped` rows of the batch pays for a possible second pass. The engine
+// decides with these, and `dsv4 bench --speculative`'s model counts with
+// them.
+int64_t first_head_rows_for(double accept_length, int64_t rows);
+bool head_skip_pays(int64_t skipped, const SpeculativeOptions& options);
+
 // Decides per batch whether speculation pays: it compares the measured
 // tokens per second of speculative and plain steps for batches of about the
 // same size (buckets 1, 2, 3-4, 5-8, ...), uses the faster, and now and then
