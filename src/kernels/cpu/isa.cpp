@@ -181,6 +181,13 @@ bool bf16_dot_supported() {
   return supported;
 }
 bool bf16_dot_enabled() { return bf16_choice().on; }
+bool avx512_vbmi_supported() {
+  static const bool supported = [] {
+    __builtin_cpu_init();
+    return best_kernel_isa() == KernelIsa::Avx512 && __builtin_cpu_supports("avx512vbmi");
+  }();
+  return supported;
+}
 void set_bf16_dot(bool on) {
   Bf16Choice& c = bf16_choice();
   c.on = on && bf16_dot_supported();

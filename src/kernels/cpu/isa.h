@@ -14,6 +14,9 @@
 #define DSV4_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
 // AVX-512 plus AVX512-BF16 (VDPBF16PS).
 #define DSV4_TARGET_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+// AVX512-BF16 plus AVX512-VBMI (byte permutes across a register: the FP8
+// one-token kernel's table decoding, see kernels/cpu/linear_fp8_pairs.cpp).
+#define DSV4_TARGET_AVX512_BF16_VBMI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vbmi")))
 
 namespace dsv4 {
 
@@ -43,6 +46,9 @@ std::string kernel_isa_reason();
 // to compare (same bits either way).
 bool bf16_dot_supported();
 bool bf16_dot_enabled();
+// Whether the CPU also has AVX512-VBMI (Zen 4 and 5, Ice Lake and later;
+// not Cooper Lake, the one CPU with AVX512-BF16 without it).
+bool avx512_vbmi_supported();
 void set_bf16_dot(bool on);  // ignored (stays off) where unsupported
 
 }  // namespace dsv4

@@ -190,13 +190,16 @@ int64_t register_pieces(int64_t out, int threads) {
 
 // Whether an AVX-512 register-path product of w with n tokens also prepares
 // step-pair words for the kernels with VDPBF16PS: FP4 weights
-// (linear_fp4_pairs.cpp), and FP8 ones (linear_fp8_pairs.cpp, 32-column
-// steps) with enough tokens for the eight-row kernel; FP8-rounded inputs,
-// on a CPU where the startup measurement turned the bf16 kernels on.
+// (linear_fp4_pairs.cpp), and FP8 ones (linear_fp8_pairs.cpp) with enough
+// tokens for the eight-row kernel (32-column steps) or few enough for the
+// four-row one (64-column steps, AVX512-VBMI); FP8-rounded inputs, on a
+// CPU where the startup measurement turned the bf16 kernels on.
 bool register_pairs_apply(KernelIsa isa, const Linear& w, int64_t n) {
   if (isa != KernelIsa::Avx512 || !w.quantize_input || !bf16_dot_enabled()) return false;
-  return w.format == WeightFormat::FP4_BLOCK32 ||
-         (w.format == WeightFormat::FP8_BLOCK128 && n >= kEightRowMinTokensFp8 && w.cols % 32 == 0);
+  if (w.format == WeightFormat::FP4_BLOCK32) return true;
+  if (w.format != WeightFormat::FP8_BLOCK128) return false;
+  if (n >= kEightRowMinTokensFp8) return w.cols % 32 == 0;
+  return n <= kFp8FourRowMaxTokens && w.cols % 64 == 0 && avx512_vbmi_supported();
 }
 
 }  // namespace

@@ -1,14 +1,25 @@
-// FP8 rows against 5-16 tokens (a decode batch's attention and shared-expert
-// products, a verify step's) with AVX512-BF16's VDPBF16PS, where the CPU
-// runs that instruction at least as fast as the fp32 FMAs
-// (bf16_dot_enabled): eight rows of one 128-row block against the tokens in
-// pairs, in the shape of the BF16 eight-row kernel (dot8_bf16_avx512), but
-// each chunk of the rows is decoded once into step-pair words in an L1
-// buffer, and one VDPBF16PS per row, token and 32 columns replaces the
-// fp32 four-row kernel's two FMAs (FP8 rows without these pairs stay on
-// that kernel).
+// FP8 rows with AVX512-BF16's VDPBF16PS, where the CPU runs that
+// instruction at least as fast as the fp32 FMAs (bf16_dot_enabled). Two
+// kernels:
 //
-// Why it gives the canonical bits: see linear_bf16.cpp. The weights of a
+// - dot8_fp8_pairs, FP8 rows against 5-16 tokens (a decode batch's
+//   attention and shared-expert products, a verify step's): eight rows of
+//   one 128-row block against the tokens in pairs, in the shape of the BF16
+//   eight-row kernel (dot8_bf16_avx512), but each chunk of the rows is
+//   decoded once into step-pair words in an L1 buffer, and one VDPBF16PS
+//   per row, token and 32 columns replaces the fp32 four-row kernel's two
+//   FMAs (FP8 rows without these pairs stay on that kernel).
+// - dot4_fp8_pairs, FP8 rows against 1-4 tokens (decoding), where the CPU
+//   also has AVX512-VBMI: four rows of four long streams (rows of any
+//   blocks), each 64 weights decoded by two byte-table lookups (vpermi2b)
+//   straight into bf16 step-pair words, the row's block scale applied by
+//   one saturating subtraction per 32 words. Ten vector uops and two
+//   VDPBF16PS per 64 weights and token, where the fp32 kernel spends about
+//   20 decoding uops and four FMAs: on two cores of AMD Zen 5 the fp32
+//   kernel decodes FP8 more slowly than the memory delivers it
+//   (docs/kernels.md, "FP8 four rows with byte tables").
+//
+// Why they give the canonical bits: see linear_bf16.cpp. The weights of a
 // block with a scale of at least kBf16DotMinFp8Scale and the FP8-rounded
 // inputs that bf16_dot_inputs_qualify are exact in bf16, their products
 // exact in fp32, and the instruction adds a lane's two steps in order,
@@ -17,11 +28,13 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/cpu/avx512_common.h"
 #include "kernels/cpu/linear_internal.h"
 
 #define DSV4_BF16 DSV4_TARGET_AVX512_BF16
+#define DSV4_BF16_VBMI DSV4_TARGET_AVX512_BF16_VBMI
 
 namespace dsv4::linear_detail {
 
@@ -80,6 +93,135 @@ DSV4_BF16 inline void group_chunk(const uint32_t* const* rows, const char* const
                                                   fold16x4_avx512(a[r][t], a[r + 1][t], a[r + 2][t], a[r + 3][t])));
 }
 
+// The bf16 of every e4m3 code's magnitude (bits 0-6) with its exponent
+// raised by kExponentBias, split in its high byte (sign bit clear) and its
+// low byte, as vpermi2b tables: the lookup reads the low seven bits of each
+// index byte, so the code itself is the index and its sign goes into the
+// high byte after, for nonzero codes only. Code 0x7F (NaN) reads as 480, as
+// the other SIMD decoders read it (docs/kernels.md). Both zero codes give
+// the word 0: a -0 weight adds the same as a +0 one to a chain that starts
+// at +0, which never becomes -0 (a sum is -0 only if both terms are).
+//
+// The scale: a word w with exponent field f + kExponentBias (f: the code's
+// own, 118-135) minus (kExponentBias - (s - 127)) << 7 is the code times
+// 2^(s - 127), exactly, for every block scale s in [kBf16DotMinFp8Scale,
+// kMaxHalfPathScale] (the result's field f + s - 127 lies in [77, 254]);
+// a zero word stays zero under the saturating subtraction. One vpsubusw
+// per 32 words, without masks.
+constexpr int kExponentBias = 120;
+static_assert(kMaxHalfPathScale - 127 < kExponentBias && 135 + kExponentBias <= 255);
+struct E4m3ByteTables {
+  alignas(64) uint8_t high[128], low[128];
+  // Byte indices of vpermt2b (low bytes: 0-63, high bytes: 64-127) that
+  // lay 64 decoded columns out as two registers of step-pair words: dword
+  // j of the first holds column j in its high word (the step VDPBF16PS
+  // adds first) and column 16 + j in its low word; the second columns 32 +
+  // j and 48 + j.
+  alignas(64) uint8_t first_pairs[64], second_pairs[64];
+  E4m3ByteTables() {
+    for (int c = 0; c < 128; ++c) {
+      const float v = c == 0x7f ? 480.0f : e4m3_to_float(uint8_t(c));
+      uint32_t bits;
+      std::memcpy(&bits, &v, 4);
+      const uint32_t word = v == 0.0f ? 0 : (bits >> 16) + (uint32_t(kExponentBias) << 7);
+      high[c] = uint8_t(word >> 8);
+      low[c] = uint8_t(word);
+    }
+    for (int j = 0; j < 16; ++j)
+      for (int half = 0; half < 2; ++half) {
+        uint8_t* dst = (half == 0 ? first_pairs : second_pairs) + 4 * j;
+        const int first = 32 * half + j, second = first + 16;
+        dst[0] = uint8_t(second);
+        dst[1] = uint8_t(64 + second);
+        dst[2] = uint8_t(first);
+        dst[3] = uint8_t(64 + first);
+      }
+  }
+};
+const E4m3ByteTables& e4m3_byte_tables() {
+  static const E4m3ByteTables tables;
+  return tables;
+}
+
+// The subtrahend that applies scale byte s (see above), in every word.
+DSV4_BF16_VBMI inline __m512i scale_subtrahend(uint8_t s) {
+  return _mm512_set1_epi16(short((kExponentBias + 127 - int(s)) << 7));
+}
+
+struct E4m3PairDecoder {
+  __m512i high0, high1, low0, low1, first, second;
+  DSV4_BF16_VBMI explicit E4m3PairDecoder(const E4m3ByteTables& t)
+      : high0(_mm512_load_si512(t.high)),
+        high1(_mm512_load_si512(t.high + 64)),
+        low0(_mm512_load_si512(t.low)),
+        low1(_mm512_load_si512(t.low + 64)),
+        first(_mm512_load_si512(t.first_pairs)),
+        second(_mm512_load_si512(t.second_pairs)) {}
+  // 64 codes of a block with the subtrahend `scale` as the pair words of
+  // their four steps: (columns 0-15, 16-31) and (32-47, 48-63).
+  DSV4_BF16_VBMI void decode(const uint8_t* codes, __m512i scale, __m512bh& steps01, __m512bh& steps23) const {
+    const __m512i b = _mm512_loadu_si512(codes);
+    // The signs of the nonzero codes: a -0 (0x80) must give the word 0 like
+    // +0, which the subtraction keeps at 0 (0x8000 would lose its sign).
+    const __m512i signs = _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(b, _mm512_set1_epi8(0x7f)), b);
+    const __m512i high =
+        _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(high0, b, high1), signs, _mm512_set1_epi8(char(0x80)), 0xF8);
+    const __m512i low = _mm512_permutex2var_epi8(low0, b, low1);
+    steps01 = (__m512bh)_mm512_subs_epu16(_mm512_permutex2var_epi8(low, first, high), scale);
+    steps23 = (__m512bh)_mm512_subs_epu16(_mm512_permutex2var_epi8(low, second, high), scale);
+  }
+};
+
+// As dot4_fp8_avx512 with one token group: the four rows (codes p[r],
+// block scales s[r]) against T tokens (pair words x[t]) over the chunk
+// [c0, c1) (a multiple of 64 columns), the folded lanes added to
+// sums[r * kMaxRegisterTokens + t].
+template <int T>
+DSV4_BF16_VBMI inline void fp8_pairs_chunk(const E4m3PairDecoder& decoder, const uint8_t* const* p,
+                                           const uint8_t* const* s, int64_t c0, int64_t c1, const uint32_t* const* x,
+                                           bool prefetch, double* sums) {
+  __m512 a[4][T];
+  for (auto& r : a)
+    for (auto& t : r) t = _mm512_setzero_ps();
+  __m512i scale[4];
+  for (int64_t i = c0; i < c1; i += 64) {
+    if (i % 128 == 0 || i == c0)
+      for (int r = 0; r < 4; ++r) scale[r] = scale_subtrahend(s[r][i / 128]);
+    if (prefetch)  // one cache line per row
+      for (int r = 0; r < 4; ++r) _mm_prefetch((const char*)(p[r] + i) + kPrefetchBytesAhead, _MM_HINT_T0);
+    __m512bh x01[T], x23[T];
+    for (int t = 0; t < T; ++t) {
+      x01[t] = (__m512bh)_mm512_loadu_si512(x[t] + i / 2);
+      x23[t] = (__m512bh)_mm512_loadu_si512(x[t] + i / 2 + 16);
+    }
+    for (int r = 0; r < 4; ++r) {
+      __m512bh steps01, steps23;
+      decoder.decode(p[r] + i, scale[r], steps01, steps23);
+      for (int t = 0; t < T; ++t) {
+        a[r][t] = _mm512_dpbf16_ps(a[r][t], steps01, x01[t]);
+        a[r][t] = _mm512_dpbf16_ps(a[r][t], steps23, x23[t]);
+      }
+    }
+  }
+  add_folds_avx512<4, T>(a, sums, kMaxRegisterTokens);
+}
+
+template <int T>
+DSV4_BF16_VBMI void fp8_pairs_rows(const Linear& w, RowGroup g, const uint32_t* pairs, double* sums) {
+  const int64_t cols = w.cols;
+  const uint8_t* p[4];
+  const uint8_t* s[4];
+  for (int r = 0; r < 4; ++r) {
+    p[r] = w.data + g.row(r) * cols;
+    s[r] = w.scale + g.row(r) / 128 * w.scale_cols;
+  }
+  const uint32_t* x[T];
+  for (int t = 0; t < T; ++t) x[t] = pairs + t * (cols / 2);
+  const E4m3PairDecoder decoder(e4m3_byte_tables());
+  for (int64_t c0 = 0; c0 < cols; c0 += kChunk)
+    fp8_pairs_chunk<T>(decoder, p, s, c0, std::min(cols, c0 + kChunk), x, g.has_next, sums);
+}
+
 }  // namespace
 
 DSV4_BF16 void dot8_fp8_pairs(const Linear& w, const int64_t* rows, int64_t next_rows, const uint32_t* pairs, int64_t n,
@@ -112,6 +254,19 @@ DSV4_BF16 void dot8_fp8_pairs(const Linear& w, const int64_t* rows, int64_t next
   }
   for (int64_t t = 0; t < n; ++t)
     for (int r = 0; r < kEightRows; ++r) out[t * kEightRows + r] = sums[t][r];
+}
+
+DSV4_BF16_VBMI void dot4_fp8_pairs(const Linear& w, RowGroup g, const uint32_t* pairs, int64_t n, double* out,
+                                   int64_t out_stride) {
+  double sums[4][kMaxRegisterTokens] = {};
+  switch (n) {
+    case 4: fp8_pairs_rows<4>(w, g, pairs, &sums[0][0]); break;
+    case 3: fp8_pairs_rows<3>(w, g, pairs, &sums[0][0]); break;
+    case 2: fp8_pairs_rows<2>(w, g, pairs, &sums[0][0]); break;
+    default: fp8_pairs_rows<1>(w, g, pairs, &sums[0][0]); break;
+  }
+  for (int r = 0; r < 4; ++r)
+    for (int64_t t = 0; t < n; ++t) out[t * out_stride + r] = sums[r][t];
 }
 
 }  // namespace dsv4::linear_detail

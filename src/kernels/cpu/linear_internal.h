@@ -252,9 +252,9 @@ DSV4_TARGET_AVX512 void decode_row_avx512(const Linear& w, int64_t row, float* o
 DSV4_TARGET_AVX512 double dot_avx512(const Linear& w, int64_t row, const float* x);
 // The register path: rows [o0, o1) of rows [row_begin, ...) against n <=
 // kMaxRegisterTokens tokens (xs: [n][cols]), Y[t][o] at y[t * y_stride + o].
-// pairs: for FP4, and for FP8 from kEightRowMinTokensFp8 tokens, the
-// tokens' step-pair words (pair_token_steps) where the VDPBF16PS kernels
-// may run, else null.
+// pairs: for FP4, and for FP8 up to kFp8FourRowMaxTokens and from
+// kEightRowMinTokensFp8 tokens, the tokens' step-pair words
+// (pair_token_steps) where the VDPBF16PS kernels may run, else null.
 DSV4_TARGET_AVX512 void register_rows_avx512(const Linear& w, int64_t row_begin, int64_t o0, int64_t o1,
                                              const float* xs, int64_t n, float* y, int64_t y_stride,
                                              const uint32_t* pairs = nullptr);
@@ -332,5 +332,15 @@ DSV4_TARGET_AVX512_BF16 bool dot4_fp4_pairs(const Linear& w, RowGroup g, const u
 // next (0: none), whose first bytes the last chunk prefetches.
 DSV4_TARGET_AVX512_BF16 void dot8_fp8_pairs(const Linear& w, const int64_t* rows, int64_t next_rows,
                                             const uint32_t* pairs, int64_t n, double* out);
+
+// linear_fp8_pairs.cpp: the four rows of `g` (FP8, cols a multiple of 64;
+// rows of any blocks whose scales all lie in [kBf16DotMinFp8Scale,
+// kMaxHalfPathScale]) against n <= kFp8FourRowMaxTokens tokens whose pair
+// words (cols / 2 per token) qualify, with VDPBF16PS and byte-table
+// decoding (AVX512-VBMI); out[t * out_stride + r] receives the fp32
+// kernels' bits.
+constexpr int64_t kFp8FourRowMaxTokens = kEightRowMinTokensFp8 - 1;
+DSV4_TARGET_AVX512_BF16_VBMI void dot4_fp8_pairs(const Linear& w, RowGroup g, const uint32_t* pairs, int64_t n,
+                                                 double* out, int64_t out_stride);
 
 }  // namespace dsv4::linear_detail
