@@ -167,11 +167,15 @@ void linear_args(benchmark::internal::Benchmark* b) {
   // which see 1-3 tokens each (FP4), all from DRAM. Against the 1-token
   // cases they show where batched decode stops being bound by the bytes.
   b->Args({int(WeightFormat::BF16), int(KernelIsa::Avx512), 16, 512, 0});
-  // FP8 with a verify step's or a batch's tokens: the four-row kernel (4;
-  // all with bf16 off), the eight-row kernel with VDPBF16PS (5-16, bf16 on;
-  // linear_fp8_pairs.cpp).
-  for (int bf16 : {0, 1})
-    for (int n : {4, 5, 8, 16}) b->Args({int(WeightFormat::FP8_BLOCK128), int(KernelIsa::Avx512), n, 256, bf16});
+  // FP8 with decoding's, a verify step's or a batch's tokens: with bf16
+  // off the fp32 four-row kernel; with it on the four-row kernel with byte
+  // tables (1-4 tokens, where the CPU has AVX512-VBMI) and the eight-row
+  // kernel (5-16), both VDPBF16PS (linear_fp8_pairs.cpp); in cache and
+  // from DRAM.
+  for (int bf16 : {0, 1}) {
+    for (int n : {1, 2, 4}) b->Args({int(WeightFormat::FP8_BLOCK128), int(KernelIsa::Avx512), n, 0, bf16});
+    for (int n : {1, 2, 4, 5, 8, 16}) b->Args({int(WeightFormat::FP8_BLOCK128), int(KernelIsa::Avx512), n, 256, bf16});
+  }
   // The routed experts' FP4 register path, fp32 FMAs against VDPBF16PS
   // step pairs (linear_fp4_pairs.cpp), in cache and from DRAM.
   for (int bf16 : {0, 1}) {
