@@ -173,10 +173,10 @@ struct E4m3PairDecoder {
 };
 
 // How far ahead in each stream the four-row kernel asks for its rows: 2 KB,
-// twice the other register kernels' distance. It takes its bytes faster
-// than they do, and on AMD Zen 5 one layer's FP8 products ran 4% faster
-// with 2 KB than with 1 KB, the same with 3 KB and slower with 4 KB
-// (docs/kernels.md, "FP8 four rows with byte tables").
+// more than the other register kernels (kPrefetchBytesAhead). It takes its
+// bytes faster than they do, and on AMD Zen 5 one layer's FP8 products ran
+// 4% faster with 2 KB than with 1 KB, the same with 3 KB and slower with
+// 4 KB (docs/kernels.md, "FP8 four rows with byte tables").
 constexpr int64_t kFourRowPrefetchBytesAhead = 2048;
 
 // As dot4_fp8_avx512 with one token group: the four rows (codes p[r],
