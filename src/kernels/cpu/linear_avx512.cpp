@@ -591,7 +591,9 @@ inline void eight_rows(int64_t first, int64_t stride, int64_t row_begin, int64_t
 
 // Rows [lo, hi) of rows [row_begin, row_begin + out) against n register-path
 // tokens, as four streams (see RowGroup); the last rows of a range that
-// does not split in four go one by one.
+// does not split in four go one by one. With `pairs` (FP4, or FP8 against
+// at most kFp8FourRowMaxTokens tokens), each group goes to the format's
+// VDPBF16PS kernel where its scales allow, else to the fp32 one.
 void rows_as_four_streams(const Linear& w, int64_t row_begin, int64_t lo, int64_t hi, const float* xs, int64_t n,
                           float* y, int64_t y_stride, const uint32_t* pairs) {
   const int64_t quarter = (hi - lo) / 4;
@@ -607,47 +609,11 @@ void rows_as_four_streams(const Linear& w, int64_t row_begin, int64_t lo, int64_
   for (; j < quarter; ++j) {
     const RowGroup g{row_begin + lo + j, quarter, j + 1 < quarter};
     double r[4 * kMaxRegisterTokens];
-    if (!pairs || !dot4_fp4_pairs(w, g, pairs, n, r, 4)) dot4_all_tokens_avx512(w, g, xs, n, r, 4);
+    const bool paired = pairs && (w.format == WeightFormat::FP4_BLOCK32 ? dot4_fp4_pairs(w, g, pairs, n, r, 4)
+                                                                        : dot4_fp8_pairs(w, g, pairs, n, r, 4));
+    if (!paired) dot4_all_tokens_avx512(w, g, xs, n, r, 4);
     for (int64_t t = 0; t < n; ++t)
       for (int q = 0; q < 4; ++q) y[t * y_stride + lo + j + q * quarter] = float(r[t * 4 + q]);
-  }
-  for (int64_t o = lo + 4 * quarter; o < hi; ++o)
-    for (int64_t t = 0; t < n; ++t) y[t * y_stride + o] = float(dot_avx512(w, row_begin + o, xs + t * w.cols));
-}
-
-// FP8 rows [lo, hi) of rows [row_begin, ...) against n <=
-// kFp8FourRowMaxTokens tokens (pair words `pairs`) with dot4_fp8_pairs, as
-// four streams over the range like the other formats (see RowGroup), not
-// the 128-row blocks' four streams 32 rows apart: the kernel applies each
-// row's own block scales, so a stream runs on through block after block
-// instead of restarting every 128 rows (on AMD Zen 5, four streams per
-// block read 30-40% less from DRAM than four long ones; docs/kernels.md,
-// "FP8 four rows with byte tables"). A group with a row whose block has a
-// scale outside [kBf16DotMinFp8Scale, kMaxHalfPathScale] goes to the fp32
-// kernel.
-DSV4_AVX512 void fp8_pair_rows_as_four_streams(const Linear& w, int64_t row_begin, int64_t lo, int64_t hi,
-                                               const float* xs, int64_t n, float* y, int64_t y_stride,
-                                               const uint32_t* pairs) {
-  const int64_t quarter = (hi - lo) / 4;
-  int64_t block[4] = {-1, -1, -1, -1};
-  bool within[4] = {};
-  for (int64_t j = 0; j < quarter; ++j) {
-    const RowGroup g{row_begin + lo + j, quarter, j + 1 < quarter};
-    bool all = true;
-    for (int r = 0; r < 4; ++r) {
-      if (g.row(r) / 128 != block[r]) {
-        block[r] = g.row(r) / 128;
-        within[r] = fp8_block_scales_within(w, g.row(r), kBf16DotMinFp8Scale);
-      }
-      all = all && within[r];
-    }
-    double out[4 * kMaxRegisterTokens];
-    if (all)
-      dot4_fp8_pairs(w, g, pairs, n, out, 4);
-    else
-      dot4_all_tokens_avx512(w, g, xs, n, out, 4);
-    for (int64_t t = 0; t < n; ++t)
-      for (int q = 0; q < 4; ++q) y[t * y_stride + lo + j + q * quarter] = float(out[t * 4 + q]);
   }
   for (int64_t o = lo + 4 * quarter; o < hi; ++o)
     for (int64_t t = 0; t < n; ++t) y[t * y_stride + o] = float(dot_avx512(w, row_begin + o, xs + t * w.cols));
@@ -680,7 +646,12 @@ DSV4_AVX512 std::pair<int, int> prescalable_scales_avx512(const float* xs, int64
 DSV4_AVX512 void register_rows_avx512(const Linear& w, int64_t row_begin, int64_t o0, int64_t o1, const float* xs,
                                       int64_t n, float* y, int64_t y_stride, const uint32_t* pairs) {
   if (w.format == WeightFormat::FP8_BLOCK128 && pairs && n <= kFp8FourRowMaxTokens) {
-    fp8_pair_rows_as_four_streams(w, row_begin, o0, o1, xs, n, y, y_stride, pairs);
+    // The byte-table kernel applies each row's own block scales, so the
+    // rows go as four long streams over the range like the other formats,
+    // not as the blocks' four streams 32 rows apart below, which restart
+    // every 128 rows (on AMD Zen 5 those read 30-40% less from DRAM;
+    // docs/kernels.md, "FP8 four rows with byte tables").
+    rows_as_four_streams(w, row_begin, o0, o1, xs, n, y, y_stride, pairs);
     return;
   }
   const int64_t blocks_begin = (row_begin + o0 + 127) / 128 * 128 - row_begin;

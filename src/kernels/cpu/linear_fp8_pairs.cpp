@@ -263,8 +263,10 @@ DSV4_BF16 void dot8_fp8_pairs(const Linear& w, const int64_t* rows, int64_t next
     for (int r = 0; r < kEightRows; ++r) out[t * kEightRows + r] = sums[t][r];
 }
 
-DSV4_BF16_VBMI void dot4_fp8_pairs(const Linear& w, RowGroup g, const uint32_t* pairs, int64_t n, double* out,
+DSV4_BF16_VBMI bool dot4_fp8_pairs(const Linear& w, RowGroup g, const uint32_t* pairs, int64_t n, double* out,
                                    int64_t out_stride) {
+  for (int r = 0; r < 4; ++r)
+    if (!fp8_block_scales_within(w, g.row(r), kBf16DotMinFp8Scale)) return false;
   double sums[4][kMaxRegisterTokens] = {};
   switch (n) {
     case 4: fp8_pairs_rows<4>(w, g, pairs, &sums[0][0]); break;
@@ -274,6 +276,7 @@ DSV4_BF16_VBMI void dot4_fp8_pairs(const Linear& w, RowGroup g, const uint32_t* 
   }
   for (int r = 0; r < 4; ++r)
     for (int64_t t = 0; t < n; ++t) out[t * out_stride + r] = sums[r][t];
+  return true;
 }
 
 }  // namespace dsv4::linear_detail

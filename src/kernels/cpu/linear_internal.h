@@ -336,13 +336,13 @@ DSV4_TARGET_AVX512_BF16 void dot8_fp8_pairs(const Linear& w, const int64_t* rows
                                             const uint32_t* pairs, int64_t n, double* out);
 
 // linear_fp8_pairs.cpp: the four rows of `g` (FP8, cols a multiple of 64;
-// rows of any blocks whose scales all lie in [kBf16DotMinFp8Scale,
-// kMaxHalfPathScale]) against n <= kFp8FourRowMaxTokens tokens whose pair
+// rows of any blocks) against n <= kFp8FourRowMaxTokens tokens whose pair
 // words (cols / 2 per token) qualify, with VDPBF16PS and byte-table
 // decoding (AVX512-VBMI); out[t * out_stride + r] receives the fp32
-// kernels' bits.
+// kernels' bits. False (nothing written) where a block scale of the rows
+// lies outside [kBf16DotMinFp8Scale, kMaxHalfPathScale].
 constexpr int64_t kFp8FourRowMaxTokens = kEightRowMinTokensFp8 - 1;
-DSV4_TARGET_AVX512_BF16_VBMI void dot4_fp8_pairs(const Linear& w, RowGroup g, const uint32_t* pairs, int64_t n,
+DSV4_TARGET_AVX512_BF16_VBMI bool dot4_fp8_pairs(const Linear& w, RowGroup g, const uint32_t* pairs, int64_t n,
                                                  double* out, int64_t out_stride);
 
 }  // namespace dsv4::linear_detail
