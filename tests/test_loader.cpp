@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -12,6 +13,7 @@
 #include "editable_checkpoint.h"
 #include "golden_util.h"
 #include "io/config.h"
+#include "io/safetensors.h"
 
 namespace dsv4::test {
 namespace {
@@ -101,6 +103,25 @@ TEST(Residency, CopiedWeightsGiveTheMappedBits) {
   model = Model::load(model_dir("tiny-flash-fp8"), automatic);
   EXPECT_EQ(model->residency().residency, FileResidency::Copied) << model->residency().why;
   EXPECT_NE(model->residency().why.find("--load-mode auto"), std::string::npos) << model->residency().why;
+}
+
+// A copy puts every tensor on a cache-line boundary, whatever its offset in
+// the file (the tiny checkpoint's tensors follow each other unpadded, as
+// in the official files), with the file's bytes.
+TEST(Residency, CopiedTensorsStartOnCacheLines) {
+  const std::string dir = model_dir("tiny-flash-fp8");
+  const TensorStore mapped = TensorStore::open(dir, FileResidency::Mapped);
+  const TensorStore copied = TensorStore::open(dir, FileResidency::Copied);
+  ASSERT_EQ(mapped.tensors().size(), copied.tensors().size());
+  int unaligned_in_file = 0;
+  for (const auto& [name, in_file] : mapped.tensors()) {
+    const TensorInfo& copy = copied.get(name);
+    EXPECT_EQ(0u, reinterpret_cast<uintptr_t>(copy.data) % kCopiedTensorAlignment) << name;
+    ASSERT_EQ(in_file.nbytes, copy.nbytes) << name;
+    EXPECT_EQ(0, std::memcmp(in_file.data, copy.data, size_t(copy.nbytes))) << name;
+    unaligned_in_file += reinterpret_cast<uintptr_t>(in_file.data) % kCopiedTensorAlignment != 0;
+  }
+  EXPECT_GT(unaligned_in_file, 0) << "the test needs a file whose tensors are not aligned";
 }
 
 // Auto copies while the checkpoint and the caches fit in 90% of the memory

@@ -68,7 +68,67 @@ std::string TensorInfo::shape_string() const {
   return s + "]";
 }
 
-MappedFile::MappedFile(const std::string& path, FileResidency residency) : path_(path) {
+namespace {
+
+// Anonymous memory of at least `bytes`, rounded up to whole 2 MB pages and
+// advised to transparent huge pages; sets `mapped`.
+uint8_t* allocate_copy(const std::string& path, int64_t bytes, size_t& mapped) {
+  const size_t huge = size_t(2) << 20;
+  mapped = (size_t(std::max<int64_t>(bytes, 1)) + huge - 1) / huge * huge;
+  void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED)
+    throw Error("cannot allocate " + std::to_string(bytes >> 20) + " MiB to copy " + path + ": " +
+                std::strerror(errno));
+  madvise(p, mapped, MADV_HUGEPAGE);  // advisory: ignored where THP is off
+  return static_cast<uint8_t*>(p);
+}
+
+// Reads bytes [offset, offset + bytes) of fd into dst, in pieces of at most
+// 64 MB; an empty string, or why it failed.
+std::string read_range(int fd, uint8_t* dst, int64_t offset, int64_t bytes) {
+  int64_t done = 0;
+  while (done < bytes) {
+    const ssize_t got =
+        ::pread(fd, dst + done, size_t(std::min<int64_t>(bytes - done, int64_t(64) << 20)), offset + done);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return got < 0 ? std::strerror(errno) : "file shrank while reading";
+    done += got;
+  }
+  return "";
+}
+
+}  // namespace
+
+MappedFile::MappedFile(const std::string& path, std::vector<Segment>& segments) : path_(path) {
+  int64_t total = 0;
+  for (Segment& s : segments) {
+    s.placed = total;
+    total += (s.bytes + kCopiedTensorAlignment - 1) / kCopiedTensorAlignment * kCopiedTensorAlignment;
+  }
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) throw Error("cannot open " + path + ": " + std::strerror(errno));
+  uint8_t* dst = nullptr;
+  try {
+    dst = allocate_copy(path, total, mapped_bytes_);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  for (const Segment& s : segments) {
+    const std::string why = read_range(fd, dst + s.placed, s.offset, s.bytes);
+    if (!why.empty()) {
+      munmap(dst, mapped_bytes_);
+      ::close(fd);
+      throw Error("cannot read " + path + ": " + why);
+    }
+  }
+  ::close(fd);
+  mprotect(dst, mapped_bytes_, PROT_READ);
+  data_ = dst;
+  size_ = total;
+}
+
+MappedFile::MappedFile(const std::string& path) : path_(path) {
   int fd = ::open(path.c_str(), O_RDONLY);
   if (fd < 0) throw Error("cannot open " + path + ": " + std::strerror(errno));
   struct stat st {};
@@ -77,7 +137,7 @@ MappedFile::MappedFile(const std::string& path, FileResidency residency) : path_
     throw Error("cannot stat " + path + ": " + std::strerror(errno));
   }
   size_ = st.st_size;
-  if (size_ > 0 && residency == FileResidency::Mapped) {
+  if (size_ > 0) {
     mapped_bytes_ = size_t(size_);
     void* p = mmap(nullptr, mapped_bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) {
@@ -85,47 +145,8 @@ MappedFile::MappedFile(const std::string& path, FileResidency residency) : path_
       throw Error("cannot map " + path + ": " + std::strerror(errno));
     }
     data_ = static_cast<const uint8_t*>(p);
-  } else if (size_ > 0) {
-    const size_t huge = size_t(2) << 20;
-    mapped_bytes_ = (size_t(size_) + huge - 1) / huge * huge;
-    void* p = mmap(nullptr, mapped_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
-      ::close(fd);
-      throw Error("cannot allocate " + std::to_string(size_ >> 20) + " MiB to copy " + path + ": " +
-                  std::strerror(errno));
-    }
-    madvise(p, mapped_bytes_, MADV_HUGEPAGE);  // advisory: ignored where THP is off
-    auto* dst = static_cast<uint8_t*>(p);
-    int64_t done = 0;
-    while (done < size_) {
-      const ssize_t got = ::pread(fd, dst + done, size_t(std::min<int64_t>(size_ - done, int64_t(64) << 20)), done);
-      if (got < 0 && errno == EINTR) continue;
-      if (got <= 0) {
-        const std::string why = got < 0 ? std::strerror(errno) : "file shrank while reading";
-        munmap(p, mapped_bytes_);
-        ::close(fd);
-        throw Error("cannot read " + path + ": " + why);
-      }
-      done += got;
-    }
-    mprotect(p, mapped_bytes_, PROT_READ);
-    data_ = dst;
   }
   ::close(fd);
-}
-
-uint64_t MappedFile::prefault() const {
-  const int64_t page = 4096;
-  uint64_t sum = 0;
-#pragma omp parallel for schedule(static) reduction(+ : sum) num_threads(compute_threads())
-  for (int64_t i = 0; i < size_; i += page) sum += data_[i];
-  return sum;
-}
-
-uint64_t TensorStore::prefault() const {
-  uint64_t sum = 0;
-  for (const auto& f : files_) sum += f->prefault();
-  return sum;
 }
 
 MappedFile::~MappedFile() {
@@ -133,7 +154,9 @@ MappedFile::~MappedFile() {
 }
 
 void TensorStore::add_file(const std::string& path, bool first) {
-  auto file = std::make_shared<MappedFile>(path, residency_);
+  // The header is read from a mapping in either residency (only its pages
+  // are touched); a copy then takes the tensors, each cache-line aligned.
+  auto file = std::make_shared<MappedFile>(path);
   if (file->size() < 8) throw Error(path + ": truncated safetensors file (no header)");
   uint64_t header_len;
   std::memcpy(&header_len, file->data(), 8);
@@ -149,6 +172,7 @@ void TensorStore::add_file(const std::string& path, bool first) {
   if (!header.is_object()) throw Error(path + ": corrupt safetensors header (not an object)");
   const uint8_t* base = file->data() + 8 + header_len;
   const int64_t data_size = file->size() - 8 - int64_t(header_len);
+  std::vector<TensorInfo*> added;  // this file's tensors, in tensors_
   for (auto& [name, entry] : header.items()) {
     if (name == "__metadata__") {
       if (first && entry.is_object())
@@ -183,7 +207,14 @@ void TensorStore::add_file(const std::string& path, bool first) {
       throw Error(path + ": malformed header entry for tensor " + name + ": " + e.what());
     }
     if (tensors_.count(name)) throw Error(path + ": duplicate tensor " + name);
-    tensors_.emplace(name, std::move(info));
+    added.push_back(&tensors_.emplace(name, std::move(info)).first->second);
+  }
+  if (residency_ == FileResidency::Copied) {
+    std::vector<MappedFile::Segment> segments;
+    for (const TensorInfo* t : added) segments.push_back({t->data - file->data(), t->nbytes});
+    auto copy = std::make_shared<MappedFile>(path, segments);
+    for (size_t i = 0; i < added.size(); ++i) added[i]->data = copy->data() + segments[i].placed;
+    file = std::move(copy);  // unmaps the mapping the header was read from
   }
   files_.push_back(std::move(file));
 }

@@ -37,10 +37,26 @@ enum class FileResidency {
   Copied,
 };
 
-// One mapped (or copied) file. The memory lives as long as the object.
+// Tensors in a copied file start at multiples of this many bytes: a cache
+// line, so that a kernel's 64-byte loads of a row never straddle two lines.
+// The files themselves align nothing (a safetensors header has any length,
+// and tensors follow each other unpadded); see docs/loading.md.
+constexpr int64_t kCopiedTensorAlignment = 64;
+
+// One mapped file, or the tensors of one file copied. The memory lives as
+// long as the object.
 class MappedFile {
  public:
-  explicit MappedFile(const std::string& path, FileResidency residency = FileResidency::Mapped);
+  explicit MappedFile(const std::string& path);  // mmap of the whole file
+  // A byte range of the file, and where the copy below put it.
+  struct Segment {
+    int64_t offset = 0, bytes = 0;
+    int64_t placed = 0;  // offset in data()
+  };
+  // Copies only `segments` of the file, each to its own multiple of
+  // kCopiedTensorAlignment in anonymous (huge-page) memory, filling in
+  // their `placed`. The ranges must lie inside the file.
+  MappedFile(const std::string& path, std::vector<Segment>& segments);
   ~MappedFile();
   MappedFile(const MappedFile&) = delete;
   MappedFile& operator=(const MappedFile&) = delete;
