@@ -135,25 +135,28 @@ TEST(Linear, Bf16OneTokenLinesGiveScalarBits) {
 
 // The FP4 register path with VDPBF16PS (linear_fp4_pairs.cpp) runs on
 // FP8-rounded inputs (expert matrices): 1-7 tokens, rows that leave
-// remainders after the four streams, a partial last chunk; with a block
-// scale below 2^-50's bound in one row (its row group takes the fp32
-// kernel) and with a block of inputs below 2^-50 (the whole product does).
-// expect_simd_gives_scalar_bits runs AVX-512 with the bf16 kernels on and
-// off.
+// remainders after the four streams, a partial last chunk (in 2400
+// columns, three blocks after the last whole cache line); with
+// a block scale below 2^-50's bound in one row (its row group takes the
+// fp32 kernel) and with a block of inputs below 2^-50 (the whole product
+// does). expect_simd_gives_scalar_bits runs AVX-512 with the bf16 kernels
+// on and off.
 TEST(Linear, Fp4StepPairsGiveScalarBits) {
-  const int64_t rows = 70, cols = 2304;
-  for (int variant = 0; variant < 3; ++variant) {
-    RandomLinear w(WeightFormat::FP4_BLOCK32, rows, cols, 41, 100, 40);
-    w.linear.quantize_input = true;
-    if (variant == 1) w.scale[size_t(9 * w.linear.scale_cols + 5)] = 60;
-    for (int64_t n : {1, 2, 3, 4, 5, 7}) {
-      SCOPED_TRACE("variant " + std::to_string(variant) + ", tokens " + std::to_string(n));
-      std::vector<float> x = normal_floats(size_t(n * cols), 12);
-      if (variant == 2)
-        for (int64_t c = 256; c < 384; ++c) x[size_t(c)] = 1e-20f * x[size_t(c)];
-      expect_simd_gives_scalar_bits(size_t(n * rows), [&](float* y) { linear_forward(w.linear, x.data(), n, y); });
+  const int64_t rows = 70;
+  for (int64_t cols : {2304, 2400})
+    for (int variant = 0; variant < 3; ++variant) {
+      RandomLinear w(WeightFormat::FP4_BLOCK32, rows, cols, 41, 100, 40);
+      w.linear.quantize_input = true;
+      if (variant == 1) w.scale[size_t(9 * w.linear.scale_cols + 5)] = 60;
+      for (int64_t n : {1, 2, 3, 4, 5, 7}) {
+        SCOPED_TRACE("columns " + std::to_string(cols) + ", variant " + std::to_string(variant) + ", tokens " +
+                     std::to_string(n));
+        std::vector<float> x = normal_floats(size_t(n * cols), 12);
+        if (variant == 2)
+          for (int64_t c = 256; c < 384; ++c) x[size_t(c)] = 1e-20f * x[size_t(c)];
+        expect_simd_gives_scalar_bits(size_t(n * rows), [&](float* y) { linear_forward(w.linear, x.data(), n, y); });
+      }
     }
-  }
 }
 
 // FP4 blocks under every scale byte but NaN's, 2^-127 to 2^127, row r
