@@ -111,28 +111,6 @@ TEST_P(LinearFormats, SimdPathsGiveScalarBits) {
     }
 }
 
-// One token against a BF16 matrix of kBf16RolledMinBytes or more goes a
-// cache line of each row at a time (dot4_bf16_one_token): widths whose
-// chunks end in half a line (16 columns), a row range that leaves rows
-// after the four streams, and rows with subnormal, huge and -0 values. The
-// matrix declares 2^31 bytes of rows so that its size picks that kernel,
-// and only its first 70 rows (the ones allocated) are computed.
-TEST(Linear, Bf16OneTokenLinesGiveScalarBits) {
-  for (int64_t cols : {16, 48, 1040, 2320}) {
-    SCOPED_TRACE("columns " + std::to_string(cols));
-    const int64_t rows = 70;
-    RandomLinear w = random_linear(WeightFormat::BF16, rows, cols, 31);
-    uint16_t* bits = reinterpret_cast<uint16_t*>(w.data.data());
-    bits[0] = 0x0001;             // the smallest subnormal
-    bits[cols + 1] = 0x7f00;      // 2^127
-    bits[5 * cols - 1] = 0x8000;  // -0
-    w.linear.rows = (int64_t(1) << 30) / cols;
-    ASSERT_GE(w.linear.weight_bytes(), linear_detail::kBf16RolledMinBytes);
-    const std::vector<float> x = normal_floats(size_t(cols), 6);
-    expect_simd_gives_scalar_bits(size_t(rows), [&](float* y) { linear_forward(w.linear, x.data(), 1, y, 0, rows); });
-  }
-}
-
 // The FP4 register path with VDPBF16PS (linear_fp4_pairs.cpp) runs on
 // FP8-rounded inputs (expert matrices): 1-7 tokens, rows that leave
 // remainders after the four streams, a partial last chunk (in 2400

@@ -139,15 +139,6 @@ DSV4_AVX512 inline __m512 bf16x16_to_ps_avx512(const uint16_t* p, __m512i widen)
       __mmask32(0xAAAAAAAAu), widen, _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)p))));
 }
 
-// The same for 16 of 32 bf16 values held in a register: `index` selects
-// the low 16 (bf16_widen_index) or the high 16 (bf16_widen_high_index).
-DSV4_AVX512 inline __m512i bf16_widen_high_index() {
-  return _mm512_add_epi16(bf16_widen_index(), _mm512_set1_epi32(16 << 16));
-}
-DSV4_AVX512 inline __m512 bf16x32_half_to_ps_avx512(__m512i values, __m512i index) {
-  return _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(__mmask32(0xAAAAAAAAu), index, values));
-}
-
 template <int T>
 DSV4_AVX512 inline void fma16_tokens(__m512 v, const float* const* x, int64_t i, __m512* a) {
   for (int t = 0; t < T; ++t) a[t] = _mm512_fmadd_ps(v, _mm512_loadu_ps(x[t] + i), a[t]);
@@ -191,58 +182,9 @@ DSV4_AVX512 inline void dot4_token_groups(int64_t cols, const float* xs, int64_t
     for (int64_t t = 0; t < n; ++t) out[t * out_stride + r] = sums[r][t];
 }
 
-// BF16 rows against one token (batch 1: the LM head), a cache line of each
-// row per step: one 64-byte load widened twice in registers, the token's
-// inputs loaded once for the four rows. The row loop is kept rolled, with
-// the accumulators in L1: from DRAM it reads 8-15% faster than the general
-// kernel below (with the rows on cache lines, as a copied checkpoint has
-// them: docs/loading.md), while the same loop unrolled with the accumulators in
-// registers reads 5-10% slower than that kernel. From L2 the rolled loop is
-// the slower one (its accumulators' store-to-load chain), so it takes only
-// matrices of kBf16RolledMinBytes and more, which no cache keeps between
-// decode steps (AMD Zen 5; docs/kernels.md, "BF16 rows a cache line at a
-// time"). Each lane's chain is the sequence dot_avx512 gives it: same bits.
-DSV4_AVX512 void dot4_bf16_one_token(const Linear& w, RowGroup g, const float* x, double* out) {
-  const int64_t cols = w.cols;
-  const uint16_t* p[4];
-  for (int r = 0; r < 4; ++r) p[r] = reinterpret_cast<const uint16_t*>(w.data) + g.row(r) * cols;
-  const __m512i widen_low = bf16_widen_index(), widen_high = bf16_widen_high_index();
-  double sums[4] = {};
-  for (int64_t c0 = 0; c0 < cols; c0 += kChunk) {
-    const int64_t c1 = std::min(cols, c0 + kChunk);
-    __m512 a[4];
-    for (auto& lanes : a) lanes = _mm512_setzero_ps();
-    int64_t i = c0;
-    for (; i + 32 <= c1; i += 32) {
-      // Past a row's end: the stream's next row, which this thread takes next.
-      if (g.has_next)
-        for (int r = 0; r < 4; ++r) _mm_prefetch((const char*)(p[r] + i) + kBf16PrefetchBytesAhead, _MM_HINT_T0);
-      const __m512 x_low = _mm512_loadu_ps(x + i), x_high = _mm512_loadu_ps(x + i + 16);
-#pragma GCC unroll 1
-      for (int r = 0; r < 4; ++r) {
-        __m512i line = _mm512_loadu_si512(p[r] + i);
-        // Keeps the line in a register: GCC would otherwise fold the load
-        // into both permutations, two loads again.
-        __asm__("" : "+v"(line));
-        a[r] = _mm512_fmadd_ps(bf16x32_half_to_ps_avx512(line, widen_low), x_low, a[r]);
-        a[r] = _mm512_fmadd_ps(bf16x32_half_to_ps_avx512(line, widen_high), x_high, a[r]);
-      }
-    }
-    for (; i < c1; i += 16)
-      for (int r = 0; r < 4; ++r)
-        a[r] = _mm512_fmadd_ps(bf16x16_to_ps_avx512(p[r] + i, widen_low), _mm512_loadu_ps(x + i), a[r]);
-    for (int r = 0; r < 4; ++r) sums[r] += fold16_avx512(a[r]);
-  }
-  for (int r = 0; r < 4; ++r) out[r] = sums[r];
-}
-
 DSV4_AVX512 void dot4_float_avx512(const Linear& w, RowGroup g, const float* xs, int64_t n, double* out,
                                    int64_t out_stride) {
   const int64_t cols = w.cols;
-  if (w.format == WeightFormat::BF16 && n == 1 && w.weight_bytes() >= kBf16RolledMinBytes) {
-    dot4_bf16_one_token(w, g, xs, out);  // out[r]: one token, no stride
-    return;
-  }
   // With several token groups, the first decodes each chunk's BF16 rows
   // into this L1 buffer and the others load floats from it.
   alignas(64) float decoded[4 * kChunk];

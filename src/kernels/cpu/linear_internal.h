@@ -192,17 +192,6 @@ constexpr int64_t kOuterMinTokens = 128;
 // faster than with 1 KB, 2 KB was between them and 3 KB slower; the FP4
 // experts and FP8 products ran the same.
 constexpr int64_t kPrefetchBytesAhead = 1536;
-// The one-token BF16 kernel (a cache line of each row per step) goes
-// further: on AMD Zen 5 the LM head read the same with 2 and 3 KB, less
-// with 1.5 and 4 KB (docs/kernels.md, "BF16 rows a cache line at a time").
-constexpr int64_t kBf16PrefetchBytesAhead = 3072;
-// From this size on, a one-token BF16 product takes that kernel: larger
-// than the last-level cache of the CPUs we meet (32 MB per Zen 4/5 CCD, up
-// to 105 MB on a Sapphire Rapids socket is shared by all its cores), so its
-// rows come from DRAM, where the kernel is faster. Smaller ones (the
-// startup's one-token rate measure runs 1 MB matrices from L2) keep the
-// four-row kernel, faster in cache.
-constexpr int64_t kBf16RolledMinBytes = int64_t(256) << 20;
 
 struct RowGroup {
   int64_t first = 0, stride = 1;
