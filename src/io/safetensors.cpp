@@ -1,7 +1,6 @@
 #include "io/safetensors.h"
 
 #include <fcntl.h>
-#include <omp.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -14,7 +13,6 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "core/threads.h"
 
 namespace dsv4 {
 namespace fs = std::filesystem;

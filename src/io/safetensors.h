@@ -63,10 +63,6 @@ class MappedFile {
   const uint8_t* data() const { return data_; }
   int64_t size() const { return size_; }
   const std::string& path() const { return path_; }
-  // Reads one byte of every page so that later reads take no page faults
-  // (a mapped file is otherwise paged in on first use, in the middle of a
-  // timed decode step). Returns a checksum so the reads cannot be elided.
-  uint64_t prefault() const;
 
  private:
   std::string path_;
@@ -90,7 +86,6 @@ class TensorStore {
   const TensorInfo* find(const std::string& name) const;
   const TensorInfo& get(const std::string& name) const;  // throws naming the tensor
   const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
-  uint64_t prefault() const;                    // MappedFile::prefault of every file
   std::map<std::string, std::string> metadata;  // __metadata__ of the first file
 
  private:
