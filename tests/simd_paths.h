@@ -1,5 +1,6 @@
 // Kernel tests' check that every SIMD path (and, with AVX512-BF16, either
-// setting of the bf16 dot products) gives the scalar kernels' bits.
+// setting of the bf16 dot products; with AVX512-VBMI, also without the
+// kernels that need it) gives the scalar kernels' bits.
 #pragma once
 #include <gtest/gtest.h>
 
@@ -37,6 +38,13 @@ inline std::vector<float> expect_simd_gives_scalar_bits(size_t size, const std::
       product(other.data());
       set_bf16_dot(bf16);
       EXPECT_EQ(0, std::memcmp(other.data(), scalar.data(), size * 4)) << "avx512, bf16 dot " << !bf16;
+    }
+    if (isa == KernelIsa::Avx512 && avx512_vbmi_supported()) {  // and without the VBMI kernels
+      set_avx512_vbmi(false);
+      std::vector<float> other(size, -1.0f);
+      product(other.data());
+      set_avx512_vbmi(true);
+      EXPECT_EQ(0, std::memcmp(other.data(), scalar.data(), size * 4)) << "avx512 without the VBMI kernels";
     }
   }
   set_kernel_isa(saved);

@@ -137,6 +137,34 @@ TEST(Linear, Fp4StepPairsGiveScalarBits) {
     }
 }
 
+// The FP4 pairs kernel keeps its lanes in a permuted order (see
+// linear_fp4_pairs.cpp) and must fold them in the storage order, whose
+// fixed tree decides what survives a cancellation. Every weight 1.0 and
+// three nonzero inputs, each in its own 128-column block (so FP8 rounding
+// keeps them): 2^60 in storage lane 0, 1 in lane 4 and -2^60 in lane 8.
+// In storage order lanes 0 and 8 cancel first and the 1 survives; in the
+// kernel's order the 1 would meet 2^60 first and be lost.
+TEST(Linear, Fp4PairLanesFoldInStorageOrder) {
+  const int64_t rows = 8, cols = 512;
+  RandomLinear w(WeightFormat::FP4_BLOCK32, rows, cols, 43);
+  w.linear.quantize_input = true;
+  std::fill(w.data.begin(), w.data.end(), uint8_t(0x22));  // e2m1 code 2: 1.0, both nibbles
+  std::fill(w.scale.begin(), w.scale.end(), uint8_t(127));
+  for (int64_t n : {1, 2}) {
+    SCOPED_TRACE("tokens " + std::to_string(n));
+    std::vector<float> x(size_t(n * cols), 0.0f);
+    for (int64_t t = 0; t < n; ++t) {
+      // Storage lane j of a block holds its columns 2j and 2j + 1.
+      x[size_t(t * cols + 0)] = 0x1p60f;          // block 0, lane 0
+      x[size_t(t * cols + 256 + 8)] = 1.0f;       // block 8, lane 4
+      x[size_t(t * cols + 128 + 16)] = -0x1p60f;  // block 4, lane 8
+    }
+    const std::vector<float> y = expect_simd_gives_scalar_bits(
+        size_t(n * rows), [&](float* out) { linear_forward(w.linear, x.data(), n, out); });
+    for (float v : y) EXPECT_EQ(1.0f, v);
+  }
+}
+
 // FP4 blocks under every scale byte but NaN's, 2^-127 to 2^127, row r
 // taking bytes 32r to 32r + 31 (only the last row's products overflow the
 // float range; the first row's are subnormal): each SIMD decoder (AVX2's

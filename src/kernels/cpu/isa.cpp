@@ -188,6 +188,14 @@ bool avx512_vbmi_supported() {
   }();
   return supported;
 }
+namespace {
+bool& vbmi_on() {
+  static bool on = avx512_vbmi_supported();
+  return on;
+}
+}  // namespace
+bool avx512_vbmi_enabled() { return vbmi_on(); }
+void set_avx512_vbmi(bool on) { vbmi_on() = on && avx512_vbmi_supported(); }
 void set_bf16_dot(bool on) {
   Bf16Choice& c = bf16_choice();
   c.on = on && bf16_dot_supported();

@@ -47,8 +47,14 @@ std::string kernel_isa_reason();
 bool bf16_dot_supported();
 bool bf16_dot_enabled();
 // Whether the CPU also has AVX512-VBMI (Zen 4 and 5, Ice Lake and later;
-// not Cooper Lake, the one CPU with AVX512-BF16 without it).
+// not Cooper Lake, the one CPU with AVX512-BF16 without it), and whether
+// the VDPBF16PS kernels that decode with its byte permutes (FP8 against 1-4
+// tokens, FP4 against 1-7) run: where it is supported, unless tests switch
+// them off to compare (the fp32 kernels then take those products, same
+// bits).
 bool avx512_vbmi_supported();
-void set_bf16_dot(bool on);  // ignored (stays off) where unsupported
+bool avx512_vbmi_enabled();
+void set_bf16_dot(bool on);     // ignored (stays off) where unsupported
+void set_avx512_vbmi(bool on);  // ignored (stays off) where unsupported
 
 }  // namespace dsv4

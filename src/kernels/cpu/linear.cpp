@@ -136,7 +136,10 @@ bool prepare_token(const Linear& w, const float* x, int64_t n, int64_t t, Packin
     case Packing::Rows:
       if (pairs) {
         if (!bf16_dot_inputs_qualify(dst, cols)) return false;
-        pair_token_steps(dst, cols, pairs + t * (cols / 2));
+        if (w.format == WeightFormat::FP4_BLOCK32)
+          fp4_pair_token_steps(dst, cols, pairs + t * (cols / 2));
+        else
+          pair_token_steps(dst, cols, pairs + t * (cols / 2));
       }
       break;
     case Packing::Dot: pack_token_dot(dst, cols, n, t, xs); break;
@@ -190,16 +193,16 @@ int64_t register_pieces(int64_t out, int threads) {
 
 // Whether an AVX-512 register-path product of w with n tokens also prepares
 // step-pair words for the kernels with VDPBF16PS: FP4 weights
-// (linear_fp4_pairs.cpp), and FP8 ones (linear_fp8_pairs.cpp) with enough
-// tokens for the eight-row kernel (32-column steps) or few enough for the
-// four-row one (64-column steps, AVX512-VBMI); FP8-rounded inputs, on a
-// CPU where the startup measurement turned the bf16 kernels on.
+// (linear_fp4_pairs.cpp, AVX512-VBMI), and FP8 ones (linear_fp8_pairs.cpp)
+// with enough tokens for the eight-row kernel (32-column steps) or few
+// enough for the four-row one (64-column steps, AVX512-VBMI); FP8-rounded
+// inputs, on a CPU where the startup measurement turned the bf16 kernels on.
 bool register_pairs_apply(KernelIsa isa, const Linear& w, int64_t n) {
   if (isa != KernelIsa::Avx512 || !w.quantize_input || !bf16_dot_enabled()) return false;
-  if (w.format == WeightFormat::FP4_BLOCK32) return true;
+  if (w.format == WeightFormat::FP4_BLOCK32) return avx512_vbmi_enabled();
   if (w.format != WeightFormat::FP8_BLOCK128) return false;
   if (n >= kEightRowMinTokensFp8) return w.cols % 32 == 0;
-  return n <= kFp8FourRowMaxTokens && w.cols % 64 == 0 && avx512_vbmi_supported();
+  return n <= kFp8FourRowMaxTokens && w.cols % 64 == 0 && avx512_vbmi_enabled();
 }
 
 }  // namespace

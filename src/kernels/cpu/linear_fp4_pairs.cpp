@@ -1,16 +1,19 @@
 // The FP4 register path with AVX512-BF16's VDPBF16PS: four rows against up
 // to seven tokens (a decode step's routed experts), where the CPU runs that
-// instruction at least as fast as the fp32 FMAs (bf16_dot_enabled).
+// instruction at least as fast as the fp32 FMAs (bf16_dot_enabled) and also
+// has AVX512-VBMI (avx512_vbmi_enabled).
 //
 // Why it gives the canonical bits: see linear_bf16.cpp. A 32-column FP4
 // block in storage order is two steps of the 16 lanes (byte j: the low
 // nibble is step k of lane j, the high nibble step k + 1), so each byte
-// gives lane j's step pair directly: one word lookup (vpermw) turns a
-// widened block into the 16 pair words, where the fp32 kernel needs two
-// float lookups (vpermps) and two FMAs per token. Those lookups compete with
-// the FMAs for the vector ports, and on AMD Zen 5 the pair form decodes and
-// multiplies a one-token expert about a quarter faster (docs/kernels.md,
-// "FP4 step pairs").
+// gives lane j's step pair directly: one word lookup (vpermw) turns the
+// block's index words into the 16 pair words, where the fp32 kernel needs
+// two float lookups (vpermps) and two FMAs per token. Those lookups compete
+// with the FMAs for the vector ports, and on AMD Zen 5 the pair form
+// decodes and multiplies a one-token expert about a quarter faster
+// (docs/kernels.md, "FP4 step pairs"). The index words come from one
+// broadcast load and one vpmultishiftqb (VBMI), in a permuted lane order
+// (Fp4LaneOrder below).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -21,6 +24,7 @@
 #include "kernels/cpu/linear_internal.h"
 
 #define DSV4_BF16 DSV4_TARGET_AVX512_BF16
+#define DSV4_BF16_VBMI DSV4_TARGET_AVX512_BF16_VBMI
 
 namespace dsv4::linear_detail {
 
@@ -28,8 +32,8 @@ namespace {
 
 // Per scale byte, the bf16 of the 16 e2m1 codes times the scale (the top
 // half of the float, exact: two significant bits), twice: entries 16-31
-// repeat 0-15, since the lookup's index for a low nibble is the whole byte,
-// of which vpermw reads the low five bits.
+// repeat 0-15, since vpermw reads five index bits and the fifth is never
+// masked off (see Fp4LaneOrder).
 struct E2m1PairTables {
   alignas(64) uint16_t words[256][32];
   E2m1PairTables() {
@@ -47,11 +51,53 @@ const E2m1PairTables& e2m1_pair_tables() {
   return tables;
 }
 
-// A block's 16 bytes as 16 pair words: word 2j + 1 (the first step, which
-// VDPBF16PS adds first) the low nibble's value, word 2j the high nibble's.
-DSV4_BF16 inline __m512bh e2m1_block_pairs(const uint8_t* bytes16, __m512i table) {
-  const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)bytes16));
-  return (__m512bh)_mm512_permutexvar_epi16(_mm512_or_si512(_mm512_srli_epi32(b, 4), _mm512_slli_epi32(b, 16)), table);
+// The lane order of the decoder. A block's 16 bytes are loaded into each
+// 128-bit quarter of a register (a load, no shuffle), and vpmultishiftqb
+// takes each byte of the index words from bits of its own 64-bit word,
+// which holds bytes 0-7 of the block (the even words of a quarter) or 8-15
+// (the odd ones). So lane P = 4q + 2h + i (quarter q, 64-bit word h, dword
+// i) can index storage lane j = 8h + 2q + i, and does. The tokens' pair
+// words are permuted the same way once per product (fp4_pair_token_steps),
+// and the accumulators back to the storage lanes before they are folded:
+// every lane then sums the same products in the same order as in the other
+// kernels (docs/kernels.md, "FP4 step pairs").
+struct Fp4LaneOrder {
+  alignas(64) uint8_t control[64];    // vpmultishiftqb: each byte's bit offset
+  alignas(64) uint32_t permuted[16];  // lane P <- storage lane j(P)
+  alignas(64) uint32_t storage[16];   // storage lane j <- lane P(j)
+  Fp4LaneOrder() {
+    for (int lane = 0; lane < 16; ++lane) {
+      const int quarter = lane / 4, word = lane / 2 % 2, dword = lane % 2;
+      const int byte = 8 * word + 2 * quarter + dword;
+      const int offset = 8 * (2 * quarter + dword);  // of the byte within its 64-bit word
+      // Word 2P (the step VDPBF16PS adds second) looks up the high nibble:
+      // the 8 bits from bit 4 of the byte, whose fifth (vpermw reads five)
+      // is bit 0 of the next byte (of the word's first byte for its last:
+      // the offsets wrap around the 64-bit word). Word 2P + 1 looks up the
+      // byte itself: its low five bits are the low nibble and bit 4. Both
+      // stray bits meet the repeated table; the upper byte of each index
+      // word is not read.
+      uint8_t* c = control + 4 * lane;
+      c[0] = c[1] = uint8_t(offset + 4);
+      c[2] = c[3] = uint8_t(offset);
+      permuted[lane] = uint32_t(byte);
+      storage[byte] = uint32_t(lane);
+    }
+  }
+};
+const Fp4LaneOrder& fp4_lane_order() {
+  static const Fp4LaneOrder order;
+  return order;
+}
+
+// A block's 16 bytes as its 16 pair words in the lane order above: word
+// 2P + 1 (the first step, which VDPBF16PS adds first) the low nibble's
+// value, word 2P the high nibble's. Besides the lookup, one load and one
+// vpmultishiftqb, where widening the bytes to dwords took a widening, two
+// shifts and an OR (docs/kernels.md).
+DSV4_BF16_VBMI inline __m512bh e2m1_block_pairs(const uint8_t* bytes16, __m512i table, __m512i control) {
+  const __m512i b = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i*)bytes16));
+  return (__m512bh)_mm512_permutexvar_epi16(_mm512_multishift_epi64_epi8(control, b), table);
 }
 
 // Whether every block scale of the four rows keeps the weights at 2^-50 or
@@ -68,11 +114,12 @@ DSV4_BF16 bool scales_qualify(const uint8_t* const* scales, int64_t count) {
 
 // As dot4_fp4_avx512: the group's T tokens over the chunk [c0, c1), the
 // folded lanes added to sums[row * kMaxRegisterTokens + t]; x[t] are the
-// tokens' pair words (cols / 2 per token).
+// tokens' pair words (cols / 2 per token) in the lane order above.
 template <int T>
-DSV4_BF16 inline void fp4_pairs_group_chunk(const uint8_t* const* p, const uint8_t* const* s, int64_t c0, int64_t c1,
-                                            const uint32_t* const* x, bool prefetch, double* sums) {
+DSV4_BF16_VBMI inline void fp4_pairs_group_chunk(const uint8_t* const* p, const uint8_t* const* s, int64_t c0,
+                                                 int64_t c1, const uint32_t* const* x, bool prefetch, double* sums) {
   const E2m1PairTables& tables = e2m1_pair_tables();
+  const __m512i control = _mm512_load_si512(fp4_lane_order().control);
   __m512 a[4][T];
   for (auto& r : a)
     for (auto& t : r) t = _mm512_setzero_ps();
@@ -88,19 +135,29 @@ DSV4_BF16 inline void fp4_pairs_group_chunk(const uint8_t* const* p, const uint8
     __m512bh xv[T];
     for (int t = 0; t < T; ++t) xv[t] = (__m512bh)_mm512_loadu_si512(x[t] + b / 2);
     for (int r = 0; r < 4; ++r) {
-      const __m512bh w = e2m1_block_pairs(bytes[r], _mm512_load_si512(tables.words[*scales[r]]));
+      const __m512bh w = e2m1_block_pairs(bytes[r], _mm512_load_si512(tables.words[*scales[r]]), control);
       bytes[r] += 16;
       ++scales[r];
       for (int t = 0; t < T; ++t) a[r][t] = _mm512_dpbf16_ps(a[r][t], w, xv[t]);
     }
   }
+  const __m512i storage = _mm512_load_si512(fp4_lane_order().storage);
+  for (auto& r : a)
+    for (auto& t : r) t = _mm512_permutexvar_ps(storage, t);
   add_folds_avx512<4, T>(a, sums, kMaxRegisterTokens);
 }
 
 }  // namespace
 
-DSV4_BF16 bool dot4_fp4_pairs(const Linear& w, RowGroup g, const uint32_t* pairs, int64_t n, double* out,
-                              int64_t out_stride) {
+DSV4_BF16 void fp4_pair_token_steps(const float* src, int64_t cols, uint32_t* dst) {
+  pair_token_steps(src, cols, dst);
+  const __m512i permuted = _mm512_load_si512(fp4_lane_order().permuted);
+  for (int64_t b = 0; b < cols; b += 32)
+    _mm512_storeu_si512(dst + b / 2, _mm512_permutexvar_epi32(permuted, _mm512_loadu_si512(dst + b / 2)));
+}
+
+DSV4_BF16_VBMI bool dot4_fp4_pairs(const Linear& w, RowGroup g, const uint32_t* pairs, int64_t n, double* out,
+                                   int64_t out_stride) {
   const int64_t cols = w.cols, row_bytes = cols / 2;
   const uint8_t* p[4];
   const uint8_t* s[4];

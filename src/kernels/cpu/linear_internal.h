@@ -319,12 +319,17 @@ void packed_gemm_outer_bf16(const Linear& w, int64_t row_begin, int64_t out, con
 // linear_bf16.cpp, beside the packed forms' pair packing): dst[b / 2 + j]
 // holds positions b + j (high half) and b + 16 + j of each 32-column block b.
 DSV4_TARGET_AVX512_BF16 void pair_token_steps(const float* src, int64_t cols, uint32_t* dst);
-// linear_fp4_pairs.cpp: the four rows of `g` (FP4) against n < kPackedMinTokensFp4 tokens whose
-// pair words (cols / 2 per token) qualify (bf16_dot_inputs_qualify), as
-// dot4_fp4_avx512 gives them, same bits; false (nothing written) where a
-// block scale of the rows is below kBf16DotMinFp4Scale.
-DSV4_TARGET_AVX512_BF16 bool dot4_fp4_pairs(const Linear& w, RowGroup g, const uint32_t* pairs, int64_t n, double* out,
-                                            int64_t out_stride);
+// linear_fp4_pairs.cpp (AVX512-BF16 and AVX512-VBMI): a token's pair
+// words as pair_token_steps gives them, with each block's 16 words in the
+// lane order of the FP4 kernel below.
+DSV4_TARGET_AVX512_BF16 void fp4_pair_token_steps(const float* src, int64_t cols, uint32_t* dst);
+// The four rows of `g` (FP4) against n < kPackedMinTokensFp4 tokens whose
+// pair words (fp4_pair_token_steps, cols / 2 per token) qualify
+// (bf16_dot_inputs_qualify), as dot4_fp4_avx512 gives them, same bits;
+// false (nothing written) where a block scale of the rows is below
+// kBf16DotMinFp4Scale.
+DSV4_TARGET_AVX512_BF16_VBMI bool dot4_fp4_pairs(const Linear& w, RowGroup g, const uint32_t* pairs, int64_t n,
+                                                 double* out, int64_t out_stride);
 // linear_fp8_pairs.cpp: FP8 rows[0..8) of one 128-row block (two of each
 // stream, as the eight-row kernels take them) whose scales all lie in
 // [kBf16DotMinFp8Scale, kMaxHalfPathScale], against n <= kMaxRegisterTokens
