@@ -118,7 +118,7 @@ TEST_P(LinearFormats, SimdPathsGiveScalarBits) {
 // a block scale below 2^-50's bound in one row (its row group takes the
 // fp32 kernel) and with a block of inputs below 2^-50 (the whole product
 // does). expect_simd_gives_scalar_bits runs AVX-512 with the bf16 kernels
-// on and off.
+// on and off, and without the VBMI kernels (FP4 then takes the fp32 one).
 TEST(Linear, Fp4StepPairsGiveScalarBits) {
   const int64_t rows = 70;
   for (int64_t cols : {2304, 2400})

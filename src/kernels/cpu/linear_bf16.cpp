@@ -182,9 +182,13 @@ bool bf16_dot_inputs_qualify(const float* xs, int64_t count) {
   return tiny == 0;
 }
 
-DSV4_BF16 void pair_token_steps(const float* src, int64_t cols, uint32_t* dst) {
-  for (int64_t b = 0; b < cols; b += 32)
-    _mm512_storeu_si512(dst + b / 2, pair_words(_mm512_loadu_ps(src + b), _mm512_loadu_ps(src + b + 16)));
+DSV4_BF16 void pair_token_steps(const float* src, int64_t cols, uint32_t* dst, const uint32_t* lane_order) {
+  const __m512i order = lane_order ? _mm512_loadu_si512(lane_order) : _mm512_setzero_si512();
+  for (int64_t b = 0; b < cols; b += 32) {
+    __m512i words = pair_words(_mm512_loadu_ps(src + b), _mm512_loadu_ps(src + b + 16));
+    if (lane_order) words = _mm512_permutexvar_epi32(order, words);
+    _mm512_storeu_si512(dst + b / 2, words);
+  }
 }
 
 void pack_token_dot_bf16(const float* src, int64_t cols, int64_t n, int64_t t, float* xp) {

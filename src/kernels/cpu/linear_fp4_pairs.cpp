@@ -150,10 +150,7 @@ DSV4_BF16_VBMI inline void fp4_pairs_group_chunk(const uint8_t* const* p, const 
 }  // namespace
 
 DSV4_BF16 void fp4_pair_token_steps(const float* src, int64_t cols, uint32_t* dst) {
-  pair_token_steps(src, cols, dst);
-  const __m512i permuted = _mm512_load_si512(fp4_lane_order().permuted);
-  for (int64_t b = 0; b < cols; b += 32)
-    _mm512_storeu_si512(dst + b / 2, _mm512_permutexvar_epi32(permuted, _mm512_loadu_si512(dst + b / 2)));
+  pair_token_steps(src, cols, dst, fp4_lane_order().permuted);
 }
 
 DSV4_BF16_VBMI bool dot4_fp4_pairs(const Linear& w, RowGroup g, const uint32_t* pairs, int64_t n, double* out,

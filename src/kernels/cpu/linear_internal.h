@@ -318,10 +318,12 @@ void packed_gemm_outer_bf16(const Linear& w, int64_t row_begin, int64_t out, con
 // order, FP8-rounded, cols a multiple of 32) as step-pair words (in
 // linear_bf16.cpp, beside the packed forms' pair packing): dst[b / 2 + j]
 // holds positions b + j (high half) and b + 16 + j of each 32-column block b.
-DSV4_TARGET_AVX512_BF16 void pair_token_steps(const float* src, int64_t cols, uint32_t* dst);
-// linear_fp4_pairs.cpp (AVX512-BF16 and AVX512-VBMI): a token's pair
-// words as pair_token_steps gives them, with each block's 16 words in the
-// lane order of the FP4 kernel below.
+// With lane_order (16 entries), word j of each block goes to the place P
+// with lane_order[P] == j instead.
+DSV4_TARGET_AVX512_BF16 void pair_token_steps(const float* src, int64_t cols, uint32_t* dst,
+                                              const uint32_t* lane_order = nullptr);
+// linear_fp4_pairs.cpp (AVX512-BF16 and AVX512-VBMI): pair_token_steps in
+// the lane order of the FP4 kernel below.
 DSV4_TARGET_AVX512_BF16 void fp4_pair_token_steps(const float* src, int64_t cols, uint32_t* dst);
 // The four rows of `g` (FP4) against n < kPackedMinTokensFp4 tokens whose
 // pair words (fp4_pair_token_steps, cols / 2 per token) qualify
