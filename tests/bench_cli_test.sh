@@ -33,14 +33,16 @@ grep -q "^  by product (the whole prefill, slowest first): .*experts .* (.* toke
   || fail "no by-product line for the prefill"
 grep -q "^decode_product_experts_[a-z0-9]*,2,6," "$WORK/b.csv" || fail "no decode product rows"
 awk -F, '$1 ~ /_product_/ && !($4 > 0 && $6 > 0 && $7 > 0) { exit 1 }' "$WORK/b.csv" || fail "product rows' seconds, bytes or rate"
-# Each decode batch against the bandwidth read around its run; batch 1 with its decoding floor.
-grep -q "^decode batch   1: .*\[read bandwidth around this run [0-9.]* GB/s\] .* of the bandwidth around this run (.* of the run-wide best); decoding the weights at the one-token rates + the FMAs: [0-9.]* ms .*, so the roofline is [0-9.]* tokens/s (bound by \(the bytes\|decoding the weights\)) and the step is at [0-9]*% of it$" \
+# Each decode batch against the limits read around its run (bandwidth, FMA ceiling, one-token rates)
+# and at the run-wide best; batch 1 with its decoding floor.
+limits="[0-9.]*, [0-9]*, [0-9.]*/[0-9.]*/[0-9.]*"
+grep -q "^decode batch   1: .*\[limits around this run: $limits; run-wide best: $limits\] .* of the bandwidth around this run (.* of the run-wide best); decoding the weights at the one-token rates + the FMAs: [0-9.]* ms .*, so the roofline is [0-9.]* tokens/s (bound by \(the bytes\|decoding the weights\)) and the step is at [0-9]*% of it ([0-9]*% of the [0-9.]* at the run-wide best limits)$" \
   "$WORK/out.txt" || fail "no batch-1 roofline line"
 awk -F, '$1 == "prefill" && !($9 > 0 && $10 > 0) { exit 1 }' "$WORK/b.csv" || fail "prefill FLOP/s or peak missing"
 grep -q "measured memory read bandwidth" "$WORK/out.txt" || fail "no bandwidth line"
 grep -q "of the peak GEMM" "$WORK/out.txt" || fail "no peak GEMM share"
 grep -q "^decode batch   2: .*x batch 1, [0-9]*% of the roofline" "$WORK/out.txt" || fail "no batched roofline share"
-grep -q "^decode batch   2: .*decoding the weights once + the FMAs: [0-9]* ms); the roofline allows [0-9.]*x batch 1" "$WORK/out.txt" \
+grep -q "^decode batch   2: .*decoding the weights once + the FMAs: [0-9]* ms; at the run-wide best limits the roofline is [0-9.]*, [0-9]*% of it); the roofline allows [0-9.]*x batch 1" "$WORK/out.txt" \
   || fail "no decoding floor on the batched line"
 grep -q "one-token products from L2 .*: BF16 [0-9.]*, FP8 [0-9.]*, FP4 [0-9.]*$" "$WORK/out.txt" || fail "no one-token rates"
 grep -q "^  decode batch 1: .* tokens/s at the measured .*; decoding its weights at the one-token rates takes [0-9]* ms per token here" \

@@ -313,18 +313,28 @@ int run_bench(const BenchArgs& a) {
       return now_seconds() - t0;
     };
     // On a shared machine the bandwidth a run gets moves with its
-    // neighbours' load (37-67 GB/s within minutes on the development VM):
-    // each decode run is bracketed by two reads of the bandwidth, and the
-    // batch's roofline uses the better of the two around its best run (the
-    // run's own moment); the run-wide best is printed beside it.
-    double bandwidth_here = 0, best_dt = 0;
+    // neighbours' load (37-67 GB/s within minutes on the development VM),
+    // and the cores' speed with it (the one-token decoding rates by up to
+    // 1.8x): each decode run is bracketed by two reads of all the limits
+    // (bandwidth, FMA ceiling, one-token rates), and the batch's roofline
+    // uses the better of each around its best run (the run's own moment).
+    // The roofline at the run-wide best limits is printed beside it.
+    MachineLimits here;
+    double best_dt = 0;
     const double dt = best_of_runs(num("decode batch %.0f", double(batch)).c_str(), [&] {
-      const double before = measure_read_bandwidth(int64_t(1) << 30, 1);
+      const MachineLimits before = read_machine_limits(1);
       const double t = decode_run(nullptr);
-      const double after = measure_read_bandwidth(int64_t(1) << 30, 1);
-      if (best_dt == 0 || t < best_dt) best_dt = t, bandwidth_here = std::max(before, after);
+      const MachineLimits after = read_machine_limits(1);
+      limits.keep_best(before);
+      limits.keep_best(after);
+      if (best_dt == 0 || t < best_dt) {
+        best_dt = t;
+        here = before;
+        here.keep_best(after);
+      }
       return t;
     });
+    const double bandwidth_here = here.bandwidth;
     double rate = double(batch * a.decode) / dt;
     double achieved = double(bytes_per_token) * double(a.decode) / dt;
     if (batch == 1) single_rate = rate, decode_bytes_rate = achieved;
@@ -340,24 +350,31 @@ int run_bench(const BenchArgs& a) {
     const int64_t position = 16 + a.decode / 2;
     const double step_flops = 2.0 * decode_step_macs(c, cost, batch, position);
     const double compute_seconds = step_flops / peak.flops;
-    const double floor_seconds =
-        decode_step_floor_seconds(c, cost, batch, position, limits.one_token_rates, limits.fma_macs_per_s);
+    auto floor_at = [&](const MachineLimits& m) {
+      return decode_step_floor_seconds(c, cost, batch, position, m.one_token_rates, m.fma_macs_per_s);
+    };
+    const double floor_seconds = floor_at(here);
     const double roof = double(batch) / std::max({memory_seconds, compute_seconds, floor_seconds});
+    // The same roofline at the best limits read in the whole run: the
+    // fastest this machine was seen to be, not the run's own moment.
+    const double roof_best =
+        double(batch) / std::max({step_bytes / limits.bandwidth, compute_seconds, floor_at(limits)});
     decode_bars.bars.push_back(
         {num("batch %.0f", double(batch)), num("%.2f tokens/s", rate) + num(" (roofline %.1f)", roof), rate, roof});
     std::printf("decode batch %3lld: %8.3f ms/step  %10.2f tokens/s", (long long)batch, 1e3 * dt / double(a.decode),
                 rate);
-    std::printf("  [read bandwidth around this run %.2f GB/s]", bandwidth_here / 1e9);
+    std::printf("  [limits around this run: %s; run-wide best: %s]", here.text().c_str(), limits.text().c_str());
     if (batch == 1) {
       // At batch 1 the bytes are the roofline, unless decoding the weights
       // at the one-token rates takes longer on this CPU (few cores per GB/s).
       std::printf(
           "  %.2f GB/s of weights = %.1f%% of the bandwidth around this run (%.1f%% of the run-wide best); decoding "
           "the weights at the one-token rates + the FMAs: %.1f ms (%.0f%% of the step), so the roofline is %.1f "
-          "tokens/s (%s) and the step is at %.0f%% of it",
+          "tokens/s (%s) and the step is at %.0f%% of it (%.0f%% of the %.1f at the run-wide best limits)",
           achieved / 1e9, 100 * achieved / bandwidth_here, 100 * achieved / limits.bandwidth, 1e3 * floor_seconds,
           100 * floor_seconds * rate, double(batch) / std::max(memory_seconds, floor_seconds),
-          floor_seconds > memory_seconds ? "bound by decoding the weights" : "bound by the bytes", 100 * rate / roof);
+          floor_seconds > memory_seconds ? "bound by decoding the weights" : "bound by the bytes", 100 * rate / roof,
+          100 * rate / roof_best, roof_best);
     } else {
       if (single_rate > 0)
         std::printf("  %.2fx batch 1,", rate / single_rate);
@@ -365,9 +382,10 @@ int run_bench(const BenchArgs& a) {
         std::printf(" ");
       std::printf(
           " %.0f%% of the roofline %.1f tokens/s (%.2f GB per step: %.0f ms at the bandwidth; "
-          "%.1f GFLOP: %.0f ms at the peak GEMM; decoding the weights once + the FMAs: %.0f ms)",
+          "%.1f GFLOP: %.0f ms at the peak GEMM; decoding the weights once + the FMAs: %.0f ms; at the run-wide "
+          "best limits the roofline is %.1f, %.0f%% of it)",
           100 * rate / roof, roof, step_bytes / 1e9, 1e3 * memory_seconds, step_flops / 1e9, 1e3 * compute_seconds,
-          1e3 * floor_seconds);
+          1e3 * floor_seconds, roof_best, 100 * rate / roof_best);
       if (single_rate > 0) std::printf("; the roofline allows %.2fx batch 1", roof / single_rate);
     }
     std::printf("\n");
