@@ -152,8 +152,8 @@ DSV4_BF16_VBMI inline void fp4_pairs_group_chunk(const uint8_t* const* p, const 
 // index. The same products, chunks and folds as fp4_pairs_group_chunk<1>
 // (the same bits), without its per-chunk pointer arrays and sums in memory:
 // the general form spent about a quarter of its time outside the step loop,
-// and a one-token FP4 product ran 8-10% slower (docs/kernels.md, "FP4 one
-// token").
+// and a one-token FP4 product ran 8-10% slower (docs/kernels.md, "FP8 and FP4
+// one token").
 DSV4_BF16_VBMI void fp4_pairs_one_token(const uint8_t* const* p, const uint8_t* const* s, int64_t cols,
                                         const uint32_t* x, bool prefetch, double* out) {
   const E2m1PairTables& tables = e2m1_pair_tables();
