@@ -147,24 +147,29 @@ DSV4_BF16_VBMI inline void fp4_pairs_group_chunk(const uint8_t* const* p, const 
   add_folds_avx512<4, T>(a, sums, kMaxRegisterTokens);
 }
 
-// One token (a decode step's routed experts): the group's whole rows in one
-// call, the four sums in registers and every row addressed from the block
-// index. The same products, chunks and folds as fp4_pairs_group_chunk<1>
-// (the same bits), without its per-chunk pointer arrays and sums in memory:
-// the general form spent about a quarter of its time outside the step loop,
-// and a one-token FP4 product ran 8-10% slower (docs/kernels.md, "FP8 and FP4
-// one token").
-DSV4_BF16_VBMI void fp4_pairs_one_token(const uint8_t* const* p, const uint8_t* const* s, int64_t cols,
-                                        const uint32_t* x, bool prefetch, double* out) {
+// Up to four tokens (a decode step's routed experts see one to four): the
+// group's whole rows in one call, the sums in registers and every row
+// addressed from the block index. The same products, chunks and folds as
+// fp4_pairs_group_chunk (the same bits), without its per-chunk pointer
+// arrays and sums in memory: with one token that form spent about a quarter
+// of its time outside the step loop and ran 8-10% slower (docs/kernels.md,
+// "FP8 and FP4 one token").
+template <int T>
+DSV4_BF16_VBMI void fp4_pairs_whole_rows(const uint8_t* const* p, const uint8_t* const* s, int64_t cols,
+                                         const uint32_t* pairs, bool prefetch, double* out, int64_t out_stride) {
   const E2m1PairTables& tables = e2m1_pair_tables();
   const __m512i control = _mm512_load_si512(fp4_lane_order().control);
   const __m512i storage = _mm512_load_si512(fp4_lane_order().storage);
   const uint8_t *p0 = p[0], *p1 = p[1], *p2 = p[2], *p3 = p[3];
   const uint8_t *s0 = s[0], *s1 = s[1], *s2 = s[2], *s3 = s[3];
-  double sum0 = 0, sum1 = 0, sum2 = 0, sum3 = 0;
+  const uint32_t* x[T];
+  for (int t = 0; t < T; ++t) x[t] = pairs + t * (cols / 2);
+  __m256d sums[T];  // rows 0-3 of each token
+  for (auto& sum : sums) sum = _mm256_setzero_pd();
   for (int64_t c0 = 0; c0 < cols; c0 += kChunk) {
     const int64_t first = c0 / 32, end = std::min(cols, c0 + kChunk) / 32;  // blocks
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    __m512 a0[T], a1[T], a2[T], a3[T];
+    for (int t = 0; t < T; ++t) a0[t] = a1[t] = a2[t] = a3[t] = _mm512_setzero_ps();
     for (int64_t k = first; k < end; ++k) {
       if (prefetch && k % 4 == 0) {  // one cache line per row, as fp4_pairs_group_chunk
         _mm_prefetch((const char*)p0 + 16 * k + kPrefetchBytesAhead, _MM_HINT_T0);
@@ -172,21 +177,25 @@ DSV4_BF16_VBMI void fp4_pairs_one_token(const uint8_t* const* p, const uint8_t* 
         _mm_prefetch((const char*)p2 + 16 * k + kPrefetchBytesAhead, _MM_HINT_T0);
         _mm_prefetch((const char*)p3 + 16 * k + kPrefetchBytesAhead, _MM_HINT_T0);
       }
-      const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + 16 * k);
-      a0 = _mm512_dpbf16_ps(a0, e2m1_block_pairs(p0 + 16 * k, _mm512_load_si512(tables.words[s0[k]]), control), xv);
-      a1 = _mm512_dpbf16_ps(a1, e2m1_block_pairs(p1 + 16 * k, _mm512_load_si512(tables.words[s1[k]]), control), xv);
-      a2 = _mm512_dpbf16_ps(a2, e2m1_block_pairs(p2 + 16 * k, _mm512_load_si512(tables.words[s2[k]]), control), xv);
-      a3 = _mm512_dpbf16_ps(a3, e2m1_block_pairs(p3 + 16 * k, _mm512_load_si512(tables.words[s3[k]]), control), xv);
+      __m512bh xv[T];
+      for (int t = 0; t < T; ++t) xv[t] = (__m512bh)_mm512_loadu_si512(x[t] + 16 * k);
+      const __m512bh w0 = e2m1_block_pairs(p0 + 16 * k, _mm512_load_si512(tables.words[s0[k]]), control);
+      for (int t = 0; t < T; ++t) a0[t] = _mm512_dpbf16_ps(a0[t], w0, xv[t]);
+      const __m512bh w1 = e2m1_block_pairs(p1 + 16 * k, _mm512_load_si512(tables.words[s1[k]]), control);
+      for (int t = 0; t < T; ++t) a1[t] = _mm512_dpbf16_ps(a1[t], w1, xv[t]);
+      const __m512bh w2 = e2m1_block_pairs(p2 + 16 * k, _mm512_load_si512(tables.words[s2[k]]), control);
+      for (int t = 0; t < T; ++t) a2[t] = _mm512_dpbf16_ps(a2[t], w2, xv[t]);
+      const __m512bh w3 = e2m1_block_pairs(p3 + 16 * k, _mm512_load_si512(tables.words[s3[k]]), control);
+      for (int t = 0; t < T; ++t) a3[t] = _mm512_dpbf16_ps(a3[t], w3, xv[t]);
     }
-    sum0 += fold16_avx512(_mm512_permutexvar_ps(storage, a0));
-    sum1 += fold16_avx512(_mm512_permutexvar_ps(storage, a1));
-    sum2 += fold16_avx512(_mm512_permutexvar_ps(storage, a2));
-    sum3 += fold16_avx512(_mm512_permutexvar_ps(storage, a3));
+    // Each register back in storage order, folded by the same tree as
+    // fold16_avx512 (four rows at once), added to its row's sum.
+    for (int t = 0; t < T; ++t)
+      sums[t] = _mm256_add_pd(
+          sums[t], fold16x4_avx512(_mm512_permutexvar_ps(storage, a0[t]), _mm512_permutexvar_ps(storage, a1[t]),
+                                   _mm512_permutexvar_ps(storage, a2[t]), _mm512_permutexvar_ps(storage, a3[t])));
   }
-  out[0] = sum0;
-  out[1] = sum1;
-  out[2] = sum2;
-  out[3] = sum3;
+  for (int t = 0; t < T; ++t) _mm256_storeu_pd(out + t * out_stride, sums[t]);
 }
 
 }  // namespace
@@ -205,9 +214,11 @@ DSV4_BF16_VBMI bool dot4_fp4_pairs(const Linear& w, RowGroup g, const uint32_t* 
     s[r] = w.scale + g.row(r) * w.scale_cols;
   }
   if (!scales_qualify(s, w.scale_cols)) return false;
-  if (n == 1) {
-    fp4_pairs_one_token(p, s, cols, pairs, g.has_next, out);
-    return true;
+  switch (n) {
+    case 1: fp4_pairs_whole_rows<1>(p, s, cols, pairs, g.has_next, out, out_stride); return true;
+    case 2: fp4_pairs_whole_rows<2>(p, s, cols, pairs, g.has_next, out, out_stride); return true;
+    case 3: fp4_pairs_whole_rows<3>(p, s, cols, pairs, g.has_next, out, out_stride); return true;
+    case 4: fp4_pairs_whole_rows<4>(p, s, cols, pairs, g.has_next, out, out_stride); return true;
   }
   double sums[4][kMaxRegisterTokens] = {};
   const int64_t groups = (n + 3) / 4;
