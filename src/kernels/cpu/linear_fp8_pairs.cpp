@@ -234,8 +234,8 @@ DSV4_BF16_VBMI void fp8_pairs_one_token(const Linear& w, RowGroup g, const uint3
   for (int64_t c0 = 0; c0 < cols; c0 += kChunk) {
     const int64_t c1 = std::min(cols, c0 + kChunk);
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    __m512i scale0 = scale_subtrahend(s0[c0 / 128]), scale1 = scale_subtrahend(s1[c0 / 128]);
-    __m512i scale2 = scale_subtrahend(s2[c0 / 128]), scale3 = scale_subtrahend(s3[c0 / 128]);
+    // Set at the chunk's first step: c0 is a multiple of kChunk, so of 128.
+    __m512i scale0 = _mm512_setzero_si512(), scale1 = scale0, scale2 = scale0, scale3 = scale0;
     for (int64_t i = c0; i < c1; i += 64) {
       if (i % 128 == 0) {
         scale0 = scale_subtrahend(s0[i / 128]);
