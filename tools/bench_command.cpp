@@ -322,15 +322,12 @@ int run_bench(const BenchArgs& a) {
     MachineLimits here;
     double best_dt = 0;
     const double dt = best_of_runs(num("decode batch %.0f", double(batch)).c_str(), [&] {
-      const MachineLimits before = read_machine_limits(1);
-      const double t = decode_run(nullptr);
-      const MachineLimits after = read_machine_limits(1);
-      limits.keep_best(before);
-      limits.keep_best(after);
+      double t = 0;
+      const MachineLimits around = read_limits_around(
+          limits, [] { return read_machine_limits(1); }, [&] { t = decode_run(nullptr); });
       if (best_dt == 0 || t < best_dt) {
         best_dt = t;
-        here = before;
-        here.keep_best(after);
+        here = around;
       }
       return t;
     });

@@ -189,19 +189,15 @@ MachineLimits measure_limits_now() {
 }
 
 // engine_run with the limits read just before its engine starts and just
-// after the run (EngineRun::around). On a shared machine the bandwidth and
-// the cores' speed move by a third within minutes, together, so a run is
-// also set against the limits of its own moment, as `dsv4 bench`'s decode
-// lines set each batch against the bandwidth read around its run. Both
+// after the run (EngineRun::around, read_limits_around), as `dsv4 bench`'s
+// decode lines set each batch against the limits read around its run; both
 // reads also raise `best`, the run-wide best that the model uses.
 EngineRun bracketed_run(MachineLimits& best, const std::shared_ptr<const Model>& model, const EngineOptions& options,
                         int64_t batch, int64_t prompt_tokens, int64_t decode, int warm_up) {
-  const MachineLimits before = measure_limits_now();
-  EngineRun run = engine_run(model, options, batch, prompt_tokens, decode, warm_up);
-  const MachineLimits after = measure_limits_now();
-  run.around = before;
-  run.around.keep_best(after);
-  best.keep_best(run.around);
+  EngineRun run;
+  const MachineLimits around = read_limits_around(
+      best, measure_limits_now, [&] { run = engine_run(model, options, batch, prompt_tokens, decode, warm_up); });
+  run.around = around;
   return run;
 }
 

@@ -40,4 +40,14 @@ MachineLimits read_machine_limits(int bandwidth_repeats) {
   return m;
 }
 
+MachineLimits read_limits_around(MachineLimits& best, const std::function<MachineLimits()>& read,
+                                 const std::function<void()>& run) {
+  MachineLimits around = read();
+  run();
+  const MachineLimits after = read();
+  around.keep_best(after);
+  best.keep_best(around);
+  return around;
+}
+
 }  // namespace dsv4::tools

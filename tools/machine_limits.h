@@ -7,6 +7,7 @@
 // flatter every percentage set against it.
 #pragma once
 #include <array>
+#include <functional>
 #include <string>
 
 namespace dsv4::tools {
@@ -28,5 +29,15 @@ struct MachineLimits {
 // placed now: the bandwidth over 1 GiB, best of `bandwidth_repeats` passes,
 // then the fp32 FMA chains, then the one-token rates.
 MachineLimits read_machine_limits(int bandwidth_repeats);
+
+// `run` bracketed by two reads of the limits (`read` just before it and just
+// after): returns the better of each limit over the two reads, the limits of
+// the run's own moment, and raises `best`, the run-wide best, by both. On a
+// shared machine the bandwidth and the cores' speed move by a third within
+// minutes, together, so a run is set against the limits read around it.
+// The callers differ in how they read (the speculative bench places its
+// OpenMP team again first).
+MachineLimits read_limits_around(MachineLimits& best, const std::function<MachineLimits()>& read,
+                                 const std::function<void()>& run);
 
 }  // namespace dsv4::tools
