@@ -357,6 +357,48 @@ DSV4_AVX512 void dot4_fp4_avx512(const Linear& w, RowGroup g, const float* xs, i
                         });
 }
 
+// One token against the four rows of `g` (FP8, one 128-row block, so one
+// scale per 128 columns for all four) whose every 128-column span has its
+// scale in g.scaled_inputs: the prescaled fp16 decoding of dot4_fp8_avx512
+// as one function over the whole rows, the four sums in registers. The same
+// steps, chunks and folds (fold16x4_avx512 gives each row fold16_avx512's
+// bits), so the same results, without the per-chunk calls, pointer arrays
+// and sums in memory around the step loop, which took about a quarter of a
+// one-token product's time (docs/kernels.md, "FP8 and FP4 one token").
+// V4's wo_a takes this path: its inputs are not FP8-rounded, so the
+// VDPBF16PS kernels do not serve it. cols is a multiple of 32.
+DSV4_AVX512 void fp8_prescaled_one_token(const Linear& w, RowGroup g, double* out) {
+  const int64_t cols = w.cols;
+  const uint8_t *p0 = w.data + g.row(0) * cols, *p1 = w.data + g.row(1) * cols;
+  const uint8_t *p2 = w.data + g.row(2) * cols, *p3 = w.data + g.row(3) * cols;
+  const float* x = g.scaled_inputs;
+  __m256d sums = _mm256_setzero_pd();
+  for (int64_t c0 = 0; c0 < cols; c0 += kChunk) {
+    const int64_t c1 = std::min(cols, c0 + kChunk);
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t i = c0; i < c1; i += 32) {
+      if (g.has_next && i % 64 == 0) {  // one cache line per row, as dot4_fp8_avx512
+        _mm_prefetch((const char*)(p0 + i) + kPrefetchBytesAhead, _MM_HINT_T0);
+        _mm_prefetch((const char*)(p1 + i) + kPrefetchBytesAhead, _MM_HINT_T0);
+        _mm_prefetch((const char*)(p2 + i) + kPrefetchBytesAhead, _MM_HINT_T0);
+        _mm_prefetch((const char*)(p3 + i) + kPrefetchBytesAhead, _MM_HINT_T0);
+      }
+      const __m512 x0 = _mm512_loadu_ps(x + i), x1 = _mm512_loadu_ps(x + i + 16);
+      __m512 lo, hi;
+      e4m3x32_to_ps_times_2m8(p0 + i, lo, hi);
+      a0 = _mm512_fmadd_ps(hi, x1, _mm512_fmadd_ps(lo, x0, a0));
+      e4m3x32_to_ps_times_2m8(p1 + i, lo, hi);
+      a1 = _mm512_fmadd_ps(hi, x1, _mm512_fmadd_ps(lo, x0, a1));
+      e4m3x32_to_ps_times_2m8(p2 + i, lo, hi);
+      a2 = _mm512_fmadd_ps(hi, x1, _mm512_fmadd_ps(lo, x0, a2));
+      e4m3x32_to_ps_times_2m8(p3 + i, lo, hi);
+      a3 = _mm512_fmadd_ps(hi, x1, _mm512_fmadd_ps(lo, x0, a3));
+    }
+    sums = _mm256_add_pd(sums, fold16x4_avx512(a0, a1, a2, a3));
+  }
+  _mm256_storeu_pd(out, sums);
+}
+
 // The four rows of `g` against n < packed_min_tokens(w) tokens.
 DSV4_AVX512 void dot4_all_tokens_avx512(const Linear& w, RowGroup g, const float* xs, int64_t n, double* out,
                                         int64_t out_stride) {
@@ -695,10 +737,16 @@ DSV4_AVX512 void register_rows_avx512(const Linear& w, int64_t row_begin, int64_
         eight_rows(row_begin + block + j, 32, row_begin, n, y, y_stride,
                    [&](const int64_t* rows, double* out) { dot8_fp8_pairs(w, rows, next_rows, pairs, n, out); });
       }
+    // One token whose every span is prescaled: the whole-row function.
+    const bool whole_rows =
+        prescale && cols % 32 == 0 && std::all_of(scaled_spans, scaled_spans + spans, [](uint8_t on) { return on; });
     for (; j < 32; ++j) {
       const RowGroup g{row_begin + block + j, 32, j + 1 < 32, scaled, scaled_spans};
       double r[4 * kMaxRegisterTokens];
-      dot4_all_tokens_avx512(w, g, xs, n, r, 4);
+      if (whole_rows)
+        fp8_prescaled_one_token(w, g, r);
+      else
+        dot4_all_tokens_avx512(w, g, xs, n, r, 4);
       for (int64_t t = 0; t < n; ++t)
         for (int q = 0; q < 4; ++q) y[t * y_stride + block + j + 32 * q] = float(r[t * 4 + q]);
     }
