@@ -278,14 +278,20 @@ DSV4_TARGET_AVX512 void decode_16_rows_avx512(const Linear& w, int64_t row, int 
 // The outer form's fold: lanes[(l * tokens + t) * 32 + row] -> sums[t * stride + row] (+=).
 DSV4_TARGET_AVX512 void fold_lanes_avx512(const float* lanes, int tokens, double* sums, int64_t sums_stride);
 
-// The eight-row kernels: eight rows (two of each of the four streams)
-// against the tokens in pairs, so that an input vector feeds eight
-// accumulators (docs/kernels.md, "Eight rows"). BF16 rows from two tokens
-// (one token keeps the four-row kernel's streaming prefetches, as fast or
-// faster); FP8 rows of whole 128-row blocks with VDPBF16PS from
-// kEightRowMinTokensFp8 (linear_fp8_pairs.cpp).
+// The eight-row kernels: eight rows against the tokens in pairs, so that
+// an input vector feeds eight accumulators (docs/kernels.md, "Eight rows").
+// BF16 rows from two tokens (one token keeps the four-row kernel's
+// streaming prefetches, as fast or faster); FP8 rows of whole 128-row
+// blocks with VDPBF16PS from kEightRowMinTokensFp8 (linear_fp8_pairs.cpp).
+// The eight rows are consecutive (one 64 KB stretch of a BF16 matrix with
+// 4096 columns), except for BF16 products of more than
+// kEightRowConsecutiveMaxTokensBf16 tokens, which take two neighbours of
+// each of four streams: where the product streams near the bandwidth (two
+// to six tokens) the consecutive rows read 15-25% faster from DRAM, where
+// its FMAs bound it (seven and more) the four streams are as fast or up to
+// 10% faster (docs/kernels.md, "Eight consecutive rows").
 constexpr int kEightRows = 8, kEightRowTokenGroup = 2;
-constexpr int64_t kEightRowMinTokens = 2, kEightRowMinTokensFp8 = 5;
+constexpr int64_t kEightRowMinTokens = 2, kEightRowMinTokensFp8 = 5, kEightRowConsecutiveMaxTokensBf16 = 6;
 // Whether every span of the 128-row block holding `row` has a scale in
 // [min_scale, kMaxHalfPathScale].
 inline bool fp8_block_scales_within(const Linear& w, int64_t row, int min_scale) {
