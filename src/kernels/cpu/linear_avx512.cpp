@@ -614,18 +614,17 @@ DSV4_AVX512 void micro_kernel_any_avx512(int rows, int tokens, const float* w, c
   });
 }
 
-// The rows an eight-row kernel takes: rows[2q + u] = first + u + q * stride,
-// two neighbours of each of four streams `stride` apart, or with stride 0
-// the eight consecutive rows from `first` (dot8_fp8_pairs reads its block
-// scales from rows[0]: all eight lie in one 128-row block). kernel(rows,
-// out) fills out[t * 8 + r] for the n tokens; each result goes to y[t *
-// y_stride + rows[r] - row_begin].
+// The rows an eight-row kernel takes: rows[r] = first + r % run + (r / run)
+// * stride, runs of `run` consecutive rows `stride` apart (run 8: the eight
+// consecutive rows from `first`; dot8_fp8_pairs reads its block scales from
+// rows[0], so all eight lie in one 128-row block). kernel(rows, out) fills
+// out[t * 8 + r] for the n tokens; each result goes to y[t * y_stride +
+// rows[r] - row_begin].
 template <class Kernel>
-inline void eight_rows(int64_t first, int64_t stride, int64_t row_begin, int64_t n, float* y, int64_t y_stride,
+inline void eight_rows(int64_t first, int run, int64_t stride, int64_t row_begin, int64_t n, float* y, int64_t y_stride,
                        Kernel&& kernel) {
   int64_t rows[kEightRows];
-  for (int q = 0; q < 4; ++q)
-    for (int u = 0; u < 2; ++u) rows[2 * q + u] = stride == 0 ? first + 2 * q + u : first + u + q * stride;
+  for (int r = 0; r < kEightRows; ++r) rows[r] = first + r % run + (r / run) * stride;
   double out[kEightRows * kMaxRegisterTokens];
   kernel(static_cast<const int64_t*>(rows), out);
   for (int64_t t = 0; t < n; ++t)
@@ -633,32 +632,36 @@ inline void eight_rows(int64_t first, int64_t stride, int64_t row_begin, int64_t
 }
 
 // Rows [lo, hi) of rows [row_begin, row_begin + out) against n register-path
-// tokens, as four streams (see RowGroup), or for BF16 with two to
-// kEightRowConsecutiveMaxTokensBf16 tokens eight consecutive rows at a time;
-// the last rows of a range that does not split in four go one by one. With `pairs` (FP4, or FP8 against
-// at most kFp8FourRowMaxTokens tokens), each group goes to the format's
-// VDPBF16PS kernel where its scales allow, else to the fp32 one.
+// tokens, as four streams (see RowGroup); BF16 rows against two or more
+// tokens first go eight at a time (kEightRowConsecutiveMaxTokensBf16); the
+// last rows of a range that does not split in four go one by one. With
+// `pairs` (FP4, or FP8 against at most kFp8FourRowMaxTokens tokens), each
+// group goes to the format's VDPBF16PS kernel where its scales allow, else
+// to the fp32 one.
 void rows_as_four_streams(const Linear& w, int64_t row_begin, int64_t lo, int64_t hi, const float* xs, int64_t n,
                           float* y, int64_t y_stride, const uint32_t* pairs) {
-  if (w.format == WeightFormat::BF16 && n >= kEightRowMinTokens && n <= kEightRowConsecutiveMaxTokensBf16) {
-    // Eight consecutive rows at a time (kEightRowConsecutiveMaxTokensBf16);
-    // the last chunk prefetches the next eight. A tail of fewer than eight
-    // rows goes on below.
-    for (; lo + kEightRows <= hi; lo += kEightRows)
-      eight_rows(row_begin + lo, 0, row_begin, n, y, y_stride, [&](const int64_t* rows, double* out) {
-        dot8_bf16_avx512(w, rows, lo + 2 * kEightRows <= hi ? kEightRows : 0, xs, n, out);
-      });
+  if (w.format == WeightFormat::BF16 && n >= kEightRowMinTokens) {
+    if (n <= kEightRowConsecutiveMaxTokensBf16) {
+      // Eight consecutive rows at a time; the last chunk prefetches the
+      // next eight.
+      for (; lo + kEightRows <= hi; lo += kEightRows)
+        eight_rows(row_begin + lo, kEightRows, 0, row_begin, n, y, y_stride, [&](const int64_t* rows, double* out) {
+          dot8_bf16_avx512(w, rows, lo + 2 * kEightRows <= hi ? kEightRows : 0, xs, n, out);
+        });
+    } else {
+      // Row j of each of eight streams an eighth of the range apart, then
+      // row j + 1.
+      const int64_t eighth = (hi - lo) / kEightRows;
+      for (int64_t j = 0; j < eighth; ++j)
+        eight_rows(row_begin + lo + j, 1, eighth, row_begin, n, y, y_stride, [&](const int64_t* rows, double* out) {
+          dot8_bf16_avx512(w, rows, j + 1 < eighth ? 1 : 0, xs, n, out);
+        });
+      lo += kEightRows * eighth;
+    }
+    // Fewer than eight rows are left: they go on below.
   }
   const int64_t quarter = (hi - lo) / 4;
   int64_t j = 0;
-  if (w.format == WeightFormat::BF16 && n >= kEightRowMinTokens)
-    // Two rows of each stream at a time: rows j and j + 1 of the four
-    // quarters, the next pair two rows on.
-    for (; j + 2 <= quarter; j += 2) {
-      eight_rows(row_begin + lo + j, quarter, row_begin, n, y, y_stride, [&](const int64_t* rows, double* out) {
-        dot8_bf16_avx512(w, rows, j + 4 <= quarter ? 2 : 0, xs, n, out);
-      });
-    }
   for (; j < quarter; ++j) {
     const RowGroup g{row_begin + lo + j, quarter, j + 1 < quarter};
     double r[4 * kMaxRegisterTokens];
@@ -745,7 +748,7 @@ DSV4_AVX512 void register_rows_avx512(const Linear& w, int64_t row_begin, int64_
       // eight (after the block's last, the next block's first).
       for (int64_t k = 0; k < 128; k += kEightRows) {
         const int64_t next_rows = k + kEightRows < 128 || block + 128 < blocks_end ? kEightRows : 0;
-        eight_rows(row_begin + block + k, 0, row_begin, n, y, y_stride,
+        eight_rows(row_begin + block + k, kEightRows, 0, row_begin, n, y, y_stride,
                    [&](const int64_t* rows, double* out) { dot8_fp8_pairs(w, rows, next_rows, pairs, n, out); });
       }
       j = 32;

@@ -285,11 +285,14 @@ DSV4_TARGET_AVX512 void fold_lanes_avx512(const float* lanes, int tokens, double
 // blocks with VDPBF16PS from kEightRowMinTokensFp8 (linear_fp8_pairs.cpp).
 // The eight rows are consecutive (one 64 KB stretch of a BF16 matrix with
 // 4096 columns), except for BF16 products of more than
-// kEightRowConsecutiveMaxTokensBf16 tokens, which take two neighbours of
-// each of four streams: where the product streams near the bandwidth (two
-// to six tokens) the consecutive rows read 15-25% faster from DRAM, where
-// its FMAs bound it (seven and more) the four streams are as fast or up to
-// 10% faster (docs/kernels.md, "Eight consecutive rows").
+// kEightRowConsecutiveMaxTokensBf16 tokens, which take one row of each of
+// eight streams an eighth of the thread's rows apart. Measured on AMD Zen 5
+// against the two neighbours of four streams these kernels took before:
+// where the product streams near the bandwidth (two to six tokens) the
+// consecutive rows read 13-24% faster from DRAM and the eight streams 5-8%
+// slower than those; where its FMAs bound it (seven and more) the eight
+// streams are 7-15% faster and the consecutive rows up to 10% slower
+// (docs/kernels.md, "Eight consecutive rows").
 constexpr int kEightRows = 8, kEightRowTokenGroup = 2;
 constexpr int64_t kEightRowMinTokens = 2, kEightRowMinTokensFp8 = 5, kEightRowConsecutiveMaxTokensBf16 = 6;
 // Whether every span of the 128-row block holding `row` has a scale in
