@@ -1,7 +1,8 @@
 // The weight-format products on the CPU: the scalar reference path, the
 // preparation of the inputs, and the choice, per call, of the kernel that
-// runs a product (the AVX2 and AVX-512 kernels are in linear_avx2.cpp and
-// linear_avx512.cpp; the design is in docs/kernels.md).
+// runs a product (the AVX2 and AVX-512 kernels are in linear_avx2.cpp,
+// linear_avx512.cpp and linear_avx512_rows.cpp; the design is in
+// docs/kernels.md).
 #include "kernels/cpu/linear.h"
 
 #include <omp.h>
