@@ -29,6 +29,14 @@ awk -F, '$1 ~ /^decode_split_/ && !($4 >= 0) { exit 1 }' "$WORK/b.csv" || fail "
 # Each split names its weight products by kind, with time, bytes and rate; CSV rows carry them.
 [ "$(grep -c "^  by product (per step, slowest first): [A-Z].* [0-9.]* ms, [0-9.]* GB at [0-9.]* GB/s" "$WORK/out.txt")" = 2 ] \
   || fail "not one by-product line per decode batch"
+# ... and each kind against its own floor: as many "% of its floor" as products, then what the floor is.
+while read -r line; do
+  products=$(echo "$line" | grep -o " GB at [0-9.]* GB/s" | wc -l)
+  floors=$(echo "$line" | grep -o " GB at [0-9.]* GB/s, [0-9]*% of its floor" | wc -l)
+  [ "$products" -gt 0 ] && [ "$products" = "$floors" ] || fail "a product without its floor: $line"
+  echo "$line" | grep -q " (floor: the bytes at [0-9.]* GB/s or each weight decoded at its one-token rate and the other multiply-adds at the FMA ceiling, whichever is longer)$" \
+    || fail "no floor definition: $line"
+done < <(grep "^  by product (per step, slowest first): " "$WORK/out.txt")
 grep -q "^  by product (the whole prefill, slowest first): .*experts .* (.* tokens per matrix)" "$WORK/out.txt" \
   || fail "no by-product line for the prefill"
 grep -q "^decode_product_experts_[a-z0-9]*,2,6," "$WORK/b.csv" || fail "no decode product rows"
@@ -114,7 +122,8 @@ for phase in draft verify; do
   # class comes first; the printed times are rounded, which keeps the order.
   split=$(grep -A1 "^    $phase, per step: [0-9.]* ms; kernels: weight products [0-9.]* ms, .*; outside the kernels -\?[0-9.]* ms$" \
     "$WORK/out.txt" | grep "^    by product (per step, slowest first): ") || fail "no $phase split"
-  echo "$split" | grep -q "BF16 x[0-9]* [0-9.]* ms, [0-9.]* GB at [0-9.]* GB/s" || fail "no BF16 product in the $phase split"
+  echo "$split" | grep -q "BF16 x[0-9]* [0-9.]* ms, [0-9.]* GB at [0-9.]* GB/s, [0-9]*% of its floor" \
+    || fail "no BF16 product against its floor in the $phase split"
   echo "$split" | grep -o "[0-9.]* ms, [0-9.]* GB at" | awk '{ if (NR > 1 && $1 > prev) bad = 1; prev = $1 } END { exit bad }' \
     || fail "the $phase split is not slowest first: $split"
   grep -q "^speculative_2_${phase}_product_bf16_x[0-9]*,1,[0-9]*,[0-9.e-]*,,[0-9.e+]*,[0-9.e+-]*,,,$" "$WORK/s.csv" \

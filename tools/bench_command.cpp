@@ -99,10 +99,14 @@ void print_prefill_split(Model& model, const std::vector<int32_t>& tokens, int64
 }
 
 // One more decode run of `batch` sequences through a TimedBackend: each
-// operation's time per step, and the rate at which the weight products
-// read the step's bytes (what batch 1's bandwidth target is about).
+// operation's time per step, the rate at which the weight products read
+// the step's bytes (what batch 1's bandwidth target is about), and each
+// kind of product against its own floor at the limits read around the
+// batch's best run (`limits`).
 void print_decode_split(const KernelBackend& backend, const std::function<double(TimedBackend*)>& decode_run,
-                        int64_t batch, int64_t steps, double step_bytes, double bandwidth, std::ofstream& csv) {
+                        int64_t batch, int64_t steps, double step_bytes, const MachineLimits& limits,
+                        std::ofstream& csv) {
+  const double bandwidth = limits.bandwidth;
   TimedBackend timed(backend);
   const double total = decode_run(&timed) / double(steps);
   const double products = (timed.account(OpAccount::Linear).seconds + timed.account(OpAccount::Experts).seconds) /
@@ -118,7 +122,7 @@ void print_decode_split(const KernelBackend& backend, const std::function<double
   }
   const double outside = total - timed.total_seconds() / double(steps);
   std::printf(", model code between operations %.2f ms\n", 1e3 * outside);
-  print_products(timed, "decode", batch, batch * steps, double(steps), "per step", csv ? &csv : nullptr);
+  print_products(timed, "decode", batch, batch * steps, double(steps), "per step", csv ? &csv : nullptr, &limits);
   if (csv)
     for (int i = 0; i < kOpAccounts; ++i)
       csv << "decode_split_" << op_account_key(OpAccount(i)) << "," << batch << "," << batch * steps << ","
@@ -386,7 +390,7 @@ int run_bench(const BenchArgs& a) {
       if (single_rate > 0) std::printf("; the roofline allows %.2fx batch 1", roof / single_rate);
     }
     std::printf("\n");
-    if (a.split) print_decode_split(model->backend(), decode_run, batch, a.decode, step_bytes, bandwidth_here, csv);
+    if (a.split) print_decode_split(model->backend(), decode_run, batch, a.decode, step_bytes, here, csv);
     if (csv) {
       csv << "decode," << batch << "," << batch * a.decode << "," << dt << "," << rate << ",";
       if (batch == 1)

@@ -9,8 +9,21 @@
 
 namespace dsv4::tools {
 
+double product_floor_seconds(const TimedBackend::ProductAccount& p, const MachineLimits& limits) {
+  double decoding = 0, decoded = 0;
+  for (size_t f = 0; f < p.weights.size(); ++f) {
+    const double rate = limits.one_token_rates[f];
+    if (p.weights[f] <= 0 || rate <= 0) continue;
+    decoding += p.weights[f] / rate;
+    decoded += p.weights[f];
+  }
+  const double fmas = limits.fma_macs_per_s > 0 ? std::max(0.0, p.macs - decoded) / limits.fma_macs_per_s : 0.0;
+  const double bytes = limits.bandwidth > 0 ? p.bytes / limits.bandwidth : 0.0;
+  return std::max(bytes, decoding + fmas);
+}
+
 void print_products(const TimedBackend& timed, const char* phase, int64_t batch, int64_t tokens, double steps,
-                    const char* per, std::ostream* csv) {
+                    const char* per, std::ostream* csv, const MachineLimits* limits) {
   std::vector<std::pair<std::string, TimedBackend::ProductAccount>> kinds(timed.products().begin(),
                                                                           timed.products().end());
   std::sort(kinds.begin(), kinds.end(),
@@ -23,8 +36,15 @@ void print_products(const TimedBackend& timed, const char* phase, int64_t batch,
       std::printf(" (%.1f tokens per matrix)", double(p.tokens) / double(p.passes));
     std::printf(" %.2f ms, %.3f GB at %.1f GB/s", 1e3 * p.seconds / steps, p.bytes / steps / 1e9,
                 p.seconds > 0 ? p.bytes / p.seconds / 1e9 : 0.0);
+    if (limits && p.seconds > 0)
+      std::printf(", %.0f%% of its floor", 100 * product_floor_seconds(p, *limits) / p.seconds);
     separator = "; ";
   }
+  if (limits)
+    std::printf(
+        " (floor: the bytes at %.1f GB/s or each weight decoded at its one-token rate and the other "
+        "multiply-adds at the FMA ceiling, whichever is longer)",
+        limits->bandwidth / 1e9);
   std::printf("\n");
   if (!csv) return;
   for (const auto& [kind, p] : kinds) {

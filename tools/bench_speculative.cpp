@@ -160,9 +160,10 @@ struct PhaseTimers {
 };
 
 // One phase's time per step: the kernel operations by account, the model
-// and engine code between them, then the weight products by kind.
+// and engine code between them, then the weight products by kind, each
+// against its own floor at `limits` (the model's: the best read in the run).
 void print_phase(const TimedBackend& timed, const char* name, double seconds, int64_t steps, int64_t batch,
-                 const std::string& csv_phase, std::ostream* csv) {
+                 const std::string& csv_phase, std::ostream* csv, const MachineLimits& limits) {
   const double per_step = seconds / double(steps);
   std::printf("    %s, per step: %.1f ms; kernels:", name, 1e3 * per_step);
   const char* separator = " ";
@@ -174,7 +175,7 @@ void print_phase(const TimedBackend& timed, const char* name, double seconds, in
   }
   std::printf("; outside the kernels %.2f ms\n", 1e3 * (seconds - timed.total_seconds()) / double(steps));
   std::printf("  ");  // print_products' line, indented under this one
-  print_products(timed, csv_phase.c_str(), batch, batch * steps, double(steps), "per step", csv);
+  print_products(timed, csv_phase.c_str(), batch, batch * steps, double(steps), "per step", csv, &limits);
 }
 
 // The limits again, quicker than the calibration (1 GB read once), around
@@ -414,10 +415,10 @@ void run_speculative_bench(const std::shared_ptr<Model>& model, const Speculativ
         if (timers.steps > 0) {
           char key[64];
           std::snprintf(key, sizeof key, "speculative_%g_", accept_len);
-          print_phase(timers.draft, "draft", timers.draft_seconds, timers.steps, batch, std::string(key) + "draft",
-                      csv);
+          print_phase(timers.draft, "draft", timers.draft_seconds, timers.steps, batch, std::string(key) + "draft", csv,
+                      model_limits);
           print_phase(timers.verify, "verify", timers.verify_seconds, timers.steps, batch, std::string(key) + "verify",
-                      csv);
+                      csv, model_limits);
         }
       }
     }

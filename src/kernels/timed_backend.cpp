@@ -45,6 +45,15 @@ const char* short_format_name(WeightFormat format) {
   return "?";
 }
 
+// One pass of `rows` rows of w against n tokens.
+void add_pass(TimedBackend::ProductAccount& p, const Linear& w, int64_t rows, int64_t n) {
+  const double weights = double(rows) * double(w.cols);
+  p.weights[size_t(w.format)] += weights;
+  p.macs += weights * double(n);
+  ++p.passes;
+  p.tokens += n;
+}
+
 }  // namespace
 
 template <class F>
@@ -69,8 +78,7 @@ void TimedBackend::linear(const Linear& w, const float* x, int64_t n, float* y, 
   p.seconds += accounts_[size_t(OpAccount::Linear)].seconds - before;
   p.bytes += w.rows > 0 ? double(w.weight_bytes()) * double(rows) / double(w.rows) : 0.0;
   ++p.calls;
-  ++p.passes;
-  p.tokens += n;
+  add_pass(p, w, rows, n);
 }
 void TimedBackend::linear_many(const LinearProduct* products, size_t count) const {
   const double before = accounts_[size_t(OpAccount::Linear)].seconds;
@@ -80,8 +88,7 @@ void TimedBackend::linear_many(const LinearProduct* products, size_t count) cons
   ++p.calls;
   for (size_t i = 0; i < count; ++i) {
     p.bytes += double(products[i].w->weight_bytes());
-    ++p.passes;
-    p.tokens += products[i].n;
+    add_pass(p, *products[i].w, products[i].w->rows, products[i].n);
   }
 }
 void TimedBackend::embed(const Linear& table, const int32_t* ids, int64_t n, int64_t copies, float* out) const {
@@ -177,8 +184,7 @@ void TimedBackend::experts(const float* x, int64_t rows, int64_t dim, int64_t in
     const ExpertTask& t = tasks[i];
     if (t.count == 0) continue;
     p.bytes += double(t.w1->weight_bytes() + t.w2->weight_bytes() + t.w3->weight_bytes());
-    p.passes += 3;
-    p.tokens += 3 * t.count;
+    for (const Linear* w : {t.w1, t.w2, t.w3}) add_pass(p, *w, w->rows, t.count);
   }
 }
 

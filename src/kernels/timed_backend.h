@@ -55,13 +55,17 @@ class TimedBackend : public KernelBackend {
   // format ("experts FP4"; their shared expert's bytes are counted with
   // them). Bytes are one pass over the rows used, scales included; `tokens`
   // adds up the tokens of every matrix pass, so tokens / passes is the mean
-  // number of tokens an expert matrix was read for.
+  // number of tokens an expert matrix was read for. `weights` counts one
+  // pass's weights by format (WeightFormat), `macs` the multiply-adds (each
+  // pass's weights times its tokens): what a product's compute floor needs.
   struct ProductAccount {
     double seconds = 0;
     double bytes = 0;
     int64_t calls = 0;
     int64_t passes = 0;
     int64_t tokens = 0;
+    std::array<double, 4> weights{};
+    double macs = 0;
   };
   const std::map<std::string, ProductAccount>& products() const { return products_; }
 
