@@ -330,8 +330,12 @@ DSV4_AVX512 void dot4_all_tokens_avx512(const Linear& w, RowGroup g, const float
 // tokens of a chunk are 64 KB), one input load per four FMAs, and the first
 // group also stores the widened rows for the others; here an input load
 // feeds eight FMAs, the raw rows of a chunk (16 KB) stay in L1 for the later
-// pairs, and nothing is stored (docs/kernels.md, "Eight rows"). Each (row,
-// token) still sees the sequence dot_avx512 gives it: same bits.
+// pairs, and nothing is stored (docs/kernels.md, "Eight rows"). From
+// kEightRowTriplesMinTokensBf16 tokens most groups take three tokens: 24
+// accumulators, each row widened as it is used (one register for it), so a
+// widening feeds three FMAs instead of two (docs/kernels.md, "Token
+// triples"). Each (row, token) still sees the sequence dot_avx512 gives it:
+// same bits.
 template <int T>
 DSV4_AVX512 inline void dot8_bf16_group_chunk(const uint16_t* const* p, const uint16_t* const* ahead, int64_t c0,
                                               int64_t c1, const float* const* x, int group, int groups,
@@ -346,11 +350,20 @@ DSV4_AVX512 inline void dot8_bf16_group_chunk(const uint16_t* const* p, const ui
     if ((i - c0) % 32 == 0)
       for (int r = group; r < kEightRows; r += groups)
         if (ahead[r]) _mm_prefetch((const char*)(ahead[r] + (i - c0)), _MM_HINT_T0);
-    __m512 v[kEightRows];
-    for (int r = 0; r < kEightRows; ++r) v[r] = bf16x16_to_ps_avx512(p[r] + i, widen);
-    for (int t = 0; t < T; ++t) {
-      const __m512 xv = _mm512_loadu_ps(x[t] + i);
-      for (int r = 0; r < kEightRows; ++r) a[r][t] = _mm512_fmadd_ps(v[r], xv, a[r][t]);
+    if constexpr (T == 3) {
+      __m512 xv[T];
+      for (int t = 0; t < T; ++t) xv[t] = _mm512_loadu_ps(x[t] + i);
+      for (int r = 0; r < kEightRows; ++r) {
+        const __m512 v = bf16x16_to_ps_avx512(p[r] + i, widen);
+        for (int t = 0; t < T; ++t) a[r][t] = _mm512_fmadd_ps(v, xv[t], a[r][t]);
+      }
+    } else {
+      __m512 v[kEightRows];
+      for (int r = 0; r < kEightRows; ++r) v[r] = bf16x16_to_ps_avx512(p[r] + i, widen);
+      for (int t = 0; t < T; ++t) {
+        const __m512 xv = _mm512_loadu_ps(x[t] + i);
+        for (int r = 0; r < kEightRows; ++r) a[r][t] = _mm512_fmadd_ps(v[r], xv, a[r][t]);
+      }
     }
   }
   for (int t = 0; t < T; ++t)
@@ -368,20 +381,30 @@ DSV4_AVX512 void dot8_bf16_avx512(const Linear& w, const int64_t* rows, int64_t 
   const uint16_t* p[kEightRows];
   for (int r = 0; r < kEightRows; ++r) p[r] = reinterpret_cast<const uint16_t*>(w.data) + rows[r] * cols;
   double sums[kMaxRegisterTokens][kEightRows] = {};
-  const int groups = int((n + kEightRowTokenGroup - 1) / kEightRowTokenGroup);
+  // The token groups: pairs (the last one alone when n is odd), or from
+  // kEightRowTriplesMinTokensBf16 tokens triples, with pairs where four or
+  // two tokens are left (16 tokens: 3, 3, 3, 3, 2, 2).
+  int64_t first[kMaxRegisterTokens], size[kMaxRegisterTokens];
+  int groups = 0;
+  for (int64_t t = 0; t < n; t += size[groups++]) {
+    const int64_t left = n - t;
+    first[groups] = t;
+    size[groups] = n >= kEightRowTriplesMinTokensBf16 && left != 4 && left >= 3 ? 3 : std::min<int64_t>(left, 2);
+  }
   for (int64_t c0 = 0; c0 < cols; c0 += kChunk) {
     const int64_t c1 = std::min(cols, c0 + kChunk);
     const uint16_t* ahead[kEightRows];
     for (int r = 0; r < kEightRows; ++r)
       ahead[r] = c1 < cols ? p[r] + c1 : next_rows ? p[r] + next_rows * cols : nullptr;
     for (int g = 0; g < groups; ++g) {
-      const int64_t t = int64_t(g) * kEightRowTokenGroup;
-      const float* x[kEightRowTokenGroup];
-      for (int u = 0; u < kEightRowTokenGroup; ++u) x[u] = xs + std::min(t + u, n - 1) * cols;
-      if (n - t >= 2)
-        dot8_bf16_group_chunk<2>(p, ahead, c0, c1, x, g, groups, sums + t);
-      else
-        dot8_bf16_group_chunk<1>(p, ahead, c0, c1, x, g, groups, sums + t);
+      const int64_t t = first[g];
+      const float* x[3];
+      for (int u = 0; u < 3; ++u) x[u] = xs + std::min(t + u, n - 1) * cols;
+      switch (size[g]) {
+        case 3: dot8_bf16_group_chunk<3>(p, ahead, c0, c1, x, g, groups, sums + t); break;
+        case 2: dot8_bf16_group_chunk<2>(p, ahead, c0, c1, x, g, groups, sums + t); break;
+        default: dot8_bf16_group_chunk<1>(p, ahead, c0, c1, x, g, groups, sums + t); break;
+      }
     }
   }
   for (int64_t t = 0; t < n; ++t)
