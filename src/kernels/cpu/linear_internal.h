@@ -138,11 +138,11 @@ inline void with_block_size(int n, const F& f) {
 // ------------------------------------------------------ which path runs ---
 
 // Below this many tokens, weights are decoded in registers (the register
-// path, linear_avx512_rows.cpp) instead of into packed panels. With several token
-// groups the first decodes each chunk's rows into an L1 buffer that the
-// others read (BF16, FP8), so a second decoding costs nothing and the
-// register path stays faster up to 16 tokens; FP4 rows (no buffer) are
-// packed from 8 tokens (measurements in docs/kernels.md).
+// path, linear_avx512_rows.cpp) instead of into packed panels. With
+// several token groups the first decodes each chunk's rows into an L1
+// buffer that the others read (BF16, FP8), so a second decoding costs
+// nothing and the register path stays faster up to 16 tokens; FP4 rows (no
+// buffer) are packed from 8 tokens (measurements in docs/kernels.md).
 constexpr int64_t kPackedMinTokensFp4 = 8, kPackedMinTokensBuffered = 17;
 constexpr int64_t kMaxRegisterTokens = std::max(kPackedMinTokensFp4, kPackedMinTokensBuffered) - 1;
 
@@ -223,8 +223,9 @@ inline std::pair<int, int> prescalable_scale_range(int min_field, int max_field)
   return {std::max(0, 120 - min_field), std::min<int>(kMaxHalfPathScale, 373 - max_field)};
 }
 // The range for the inputs xs[0 .. count): linear.cpp (scalar, for AVX2)
-// and linear_avx512_rows.cpp (count a multiple of 16). It runs once per piece of
-// rows of a one-token FP8 product, so it must cost little beside the rows.
+// and linear_avx512_rows.cpp (count a multiple of 16). It runs once per
+// piece of rows of a one-token FP8 product, so it must cost little beside
+// the rows.
 std::pair<int, int> prescalable_scales(const float* xs, int64_t count);
 DSV4_TARGET_AVX512 std::pair<int, int> prescalable_scales_avx512(const float* xs, int64_t count);
 
@@ -252,8 +253,9 @@ DSV4_TARGET_AVX512 void decode_row_avx512(const Linear& w, int64_t row, float* o
 
 // linear_avx512.cpp
 DSV4_TARGET_AVX512 double dot_avx512(const Linear& w, int64_t row, const float* x);
-// The register path (linear_avx512_rows.cpp): rows [o0, o1) of rows [row_begin, ...) against n <=
-// kMaxRegisterTokens tokens (xs: [n][cols]), Y[t][o] at y[t * y_stride + o].
+// The register path (linear_avx512_rows.cpp): rows [o0, o1) of rows
+// [row_begin, ...) against n <= kMaxRegisterTokens tokens (xs: [n][cols]),
+// Y[t][o] at y[t * y_stride + o].
 // pairs: for FP4, and for FP8 up to kFp8FourRowMaxTokens and from
 // kEightRowMinTokensFp8 tokens, the tokens' step-pair words
 // (pair_token_steps) where the VDPBF16PS kernels may run, else null.
@@ -278,8 +280,9 @@ DSV4_TARGET_AVX512 void decode_16_rows_avx512(const Linear& w, int64_t row, int 
 // The outer form's fold: lanes[(l * tokens + t) * 32 + row] -> sums[t * stride + row] (+=).
 DSV4_TARGET_AVX512 void fold_lanes_avx512(const float* lanes, int tokens, double* sums, int64_t sums_stride);
 
-// The eight-row kernels: eight rows against the tokens in pairs, so that
-// an input vector feeds eight accumulators (docs/kernels.md, "Eight rows").
+// The eight-row kernels: eight rows against the tokens in pairs (BF16 from
+// kEightRowTriplesMinTokensBf16 tokens mostly in triples), so that an input
+// vector feeds eight accumulators (docs/kernels.md, "Eight rows").
 // BF16 rows from two tokens (one token keeps the four-row kernel's
 // streaming prefetches, as fast or faster); FP8 rows of whole 128-row
 // blocks with VDPBF16PS from kEightRowMinTokensFp8 (linear_fp8_pairs.cpp).
