@@ -87,33 +87,35 @@ double decode_step_bytes(const ModelConfig& c, const Model::TokenCost& cost, int
   return step_bytes(c, cost, main_head(cost), cost.layers, batch);
 }
 
+double decoding_floor_seconds(const std::array<double, 4>& weights, double macs, const std::array<double, 4>& rates,
+                              double fma_macs_per_s) {
+  double seconds = 0, decoded = 0;
+  for (size_t f = 0; f < weights.size(); ++f) {
+    if (weights[f] <= 0 || rates[f] <= 0) continue;
+    seconds += weights[f] / rates[f];
+    decoded += weights[f];
+  }
+  return seconds + (fma_macs_per_s > 0 ? std::max(0.0, macs - decoded) / fma_macs_per_s : 0.0);
+}
+
 // The compute floor of a step of `tokens` rows through `layers`, the head on
-// `head_rows` of them: each weight the step reads is decoded once, at the
-// rate its format reaches with one token from L2 (`rates`, weights/s; that
-// includes one FMA lane per weight), and every other multiply-add (the other
-// tokens', attention) runs at the fp32 FMA ceiling. A kernel that decodes in
-// registers cannot beat it; on a machine with few cores per GB/s it, not the
-// bytes, bounds a batched step.
+// `head_rows` of them (decoding_floor_seconds over the weights the step
+// reads). A kernel that decodes in registers cannot beat it; on a machine
+// with few cores per GB/s it, not the bytes, bounds a batched step.
 namespace {
 
 double step_floor_seconds(const ModelConfig& c, const Model::TokenCost& cost, const HeadCost& head,
                           const std::vector<Model::LayerCost>& layers, int64_t tokens, int64_t head_rows,
                           int64_t position, const std::array<double, 4>& rates, double fma_macs_per_s) {
   const double distinct = expected_distinct_experts(c, tokens);
-  double seconds = 0, decoded = 0;
-  auto decode = [&](WeightFormat format, double weights) {
-    const double rate = rates[size_t(format)];
-    if (weights <= 0 || rate <= 0) return;
-    seconds += weights / rate;
-    decoded += weights;
-  };
-  for (size_t f = 0; f < head.weights.size(); ++f) decode(WeightFormat(f), double(head.weights[f]));
+  std::array<double, 4> weights{};
+  for (size_t f = 0; f < head.weights.size(); ++f) weights[f] += double(head.weights[f]);
   for (const Model::LayerCost& l : layers) {
-    for (size_t f = 0; f < l.dense_weights.size(); ++f) decode(WeightFormat(f), double(l.dense_weights[f]));
-    decode(cost.expert_format, distinct * double(l.expert_weights));
+    for (size_t f = 0; f < l.dense_weights.size(); ++f) weights[f] += double(l.dense_weights[f]);
+    weights[size_t(cost.expert_format)] += distinct * double(l.expert_weights);
   }
-  const double macs = step_macs(c, head, layers, tokens, head_rows, position);
-  return seconds + std::max(0.0, macs - decoded) / fma_macs_per_s;
+  return decoding_floor_seconds(weights, step_macs(c, head, layers, tokens, head_rows, position), rates,
+                                fma_macs_per_s);
 }
 
 }  // namespace

@@ -15,6 +15,15 @@ int64_t prefill_macs(const ModelConfig& c, const Model::TokenCost& cost, int64_t
 double decode_step_macs(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch, int64_t position);
 double expected_distinct_experts(const ModelConfig& c, int64_t batch);
 double decode_step_bytes(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch);
+// The compute floor of work that reads weights[f] weights of each format
+// (WeightFormat) and does `macs` multiply-adds: each weight decoded once at
+// the rate its format reaches with one token from L2 (`rates`, weights/s;
+// that includes one FMA lane per weight; a format without a rate is left to
+// the FMAs), every other multiply-add (other tokens', attention) at the fp32
+// FMA ceiling. The steps' floors below and each product kind's in `dsv4
+// bench`'s splits (bench_products.h) are this.
+double decoding_floor_seconds(const std::array<double, 4>& weights, double macs, const std::array<double, 4>& rates,
+                              double fma_macs_per_s);
 double decode_step_floor_seconds(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch, int64_t position,
                                  const std::array<double, 4>& rates, double fma_macs_per_s);
 // The compute floor of a verify step of `tokens` rows whose LM head runs on

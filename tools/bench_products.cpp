@@ -7,19 +7,13 @@
 #include <utility>
 #include <vector>
 
+#include "bench_costs.h"
+
 namespace dsv4::tools {
 
 double product_floor_seconds(const TimedBackend::ProductAccount& p, const MachineLimits& limits) {
-  double decoding = 0, decoded = 0;
-  for (size_t f = 0; f < p.weights.size(); ++f) {
-    const double rate = limits.one_token_rates[f];
-    if (p.weights[f] <= 0 || rate <= 0) continue;
-    decoding += p.weights[f] / rate;
-    decoded += p.weights[f];
-  }
-  const double fmas = limits.fma_macs_per_s > 0 ? std::max(0.0, p.macs - decoded) / limits.fma_macs_per_s : 0.0;
   const double bytes = limits.bandwidth > 0 ? p.bytes / limits.bandwidth : 0.0;
-  return std::max(bytes, decoding + fmas);
+  return std::max(bytes, decoding_floor_seconds(p.weights, p.macs, limits.one_token_rates, limits.fma_macs_per_s));
 }
 
 void print_products(const TimedBackend& timed, const char* phase, int64_t batch, int64_t tokens, double steps,

@@ -20,10 +20,8 @@ void print_products(const TimedBackend& timed, const char* phase, int64_t batch,
                     const char* per, std::ostream* csv, const MachineLimits* limits = nullptr);
 
 // The least time a kind's products can take on this machine: the longer of
-// its bytes at the read bandwidth and its compute floor, each weight decoded
-// once at its format's one-token rate (which includes one FMA lane) and the
-// other multiply-adds at the fp32 FMA ceiling (the step floor of
-// bench_costs.h, for one kind).
+// its bytes at the read bandwidth and its compute floor
+// (decoding_floor_seconds, bench_costs.h, as the batches' rooflines).
 double product_floor_seconds(const TimedBackend::ProductAccount& p, const MachineLimits& limits);
 
 }  // namespace dsv4::tools
