@@ -458,8 +458,7 @@ void rows_as_four_streams(const Linear& w, int64_t row_begin, int64_t lo, int64_
     // Fewer than eight rows are left: they go on below.
   }
   const int64_t quarter = (hi - lo) / 4;
-  int64_t j = 0;
-  for (; j < quarter; ++j) {
+  for (int64_t j = 0; j < quarter; ++j) {
     const RowGroup g{row_begin + lo + j, quarter, j + 1 < quarter};
     double r[4 * kMaxRegisterTokens];
     const bool paired = pairs && (w.format == WeightFormat::FP4_BLOCK32 ? dot4_fp4_pairs(w, g, pairs, n, r, 4)
