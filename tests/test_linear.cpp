@@ -7,7 +7,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -412,7 +415,8 @@ TEST(Linear, Fp8FourRowPairsGiveScalarBits) {
 // products) gives each product the bits of its own linear_forward call, on
 // every path: few-token products share one parallel region, many-token
 // ones (packed GEMMs) run as single calls. Matrices of every format, rows
-// that do not split in four streams per thread, and an empty product.
+// that do not split in four streams per thread, and an empty product;
+// then row ranges written with a stride (a grouped projection's slices).
 TEST(Linear, ManyProductsGiveEachProductsBits) {
   std::vector<RandomLinear> weights;
   weights.push_back(random_linear(WeightFormat::FP4_BLOCK32, 70, 512, 31));
@@ -448,6 +452,43 @@ TEST(Linear, ManyProductsGiveEachProductsBits) {
     EXPECT_EQ(0, std::memcmp(one.data(), many.data(), one.size() * 4));
   }
   set_kernel_isa(saved);
+}
+
+// Row ranges of one matrix, each against its own inputs and written into
+// its columns of a shared output (as V4's grouped wo_a slices are): the
+// bits of linear_forward on each range, whatever the batch. Ranges that
+// start inside an FP8 128-row block and ones that end past a four-stream
+// split; the rest of each output row is left alone.
+TEST(Linear, ManyRowRangesGiveEachRangesBits) {
+  const int64_t rows = 448, stride = 460;
+  const std::pair<int64_t, int64_t> ranges[] = {{0, 128}, {128, 200}, {200, 333}, {333, 448}};
+  for (WeightFormat format :
+       {WeightFormat::FP8_BLOCK128, WeightFormat::FP4_BLOCK32, WeightFormat::BF16, WeightFormat::F32}) {
+    RandomLinear w = random_linear(format, rows, 512, 51);
+    w.linear.quantize_input = format == WeightFormat::FP8_BLOCK128 || format == WeightFormat::FP4_BLOCK32;
+    for (int64_t n : {int64_t(1), int64_t(4), int64_t(16), int64_t(40)}) {
+      std::vector<std::vector<float>> x;
+      for (size_t g = 0; g < std::size(ranges); ++g) x.push_back(normal_floats(size_t(n * 512), uint32_t(60 + g)));
+      const KernelIsa saved = active_kernel_isa();
+      for (KernelIsa isa : {KernelIsa::Scalar, KernelIsa::Avx2, KernelIsa::Avx512}) {
+        if (!kernel_isa_supported(isa)) continue;
+        SCOPED_TRACE(std::string(weight_format_name(format)) + " n=" + std::to_string(n) + " " + kernel_isa_name(isa));
+        set_kernel_isa(isa);
+        std::vector<float> one(size_t(n * stride), -1.0f), many(size_t(n * stride), -1.0f);
+        std::vector<LinearProduct> products;
+        for (size_t g = 0; g < std::size(ranges); ++g) {
+          const auto [begin, end] = ranges[g];
+          linear_forward(w.linear, x[g].data(), n, one.data() + begin, begin, end, stride);
+          products.push_back({&w.linear, x[g].data(), n, many.data() + begin, begin, end, stride});
+        }
+        linear_forward_many(products.data(), products.size());
+        EXPECT_EQ(0, std::memcmp(one.data(), many.data(), one.size() * 4));
+        for (int64_t t = 0; t < n; ++t)
+          for (int64_t o = rows; o < stride; ++o) EXPECT_EQ(-1.0f, many[size_t(t * stride + o)]);
+      }
+      set_kernel_isa(saved);
+    }
+  }
 }
 
 TEST(Linear, Fp4WidthMustBeWholeScaleBlocks) {

@@ -40,6 +40,36 @@ TEST(TimedBackend, LinearCountsTheRowsItReads) {
   EXPECT_DOUBLE_EQ(weights * double(n), p.macs);
 }
 
+// A batch of products: slices of one kind (a grouped projection's) count
+// as that kind, each slice's rows once; a mix counts as "several
+// products". Timing changes no result.
+TEST(TimedBackend, ManyCountsSlicesOfOneKindAsThatKind) {
+  const KernelBackend& inner = default_backend();
+  TimedBackend timed(inner);
+  const int64_t rows = 64, cols = 256, n = 2;
+  RandomLinear w(WeightFormat::BF16, rows, cols, 11), other(WeightFormat::F32, 16, cols, 12);
+  const std::vector<float> x = normal_floats(size_t(2 * n * cols), 13);
+  std::vector<float> got(size_t(n * rows)), want(size_t(n * rows));
+  const LinearProduct slices[2] = {{&w.linear, x.data(), n, got.data(), 0, 24, rows},
+                                   {&w.linear, x.data() + n * cols, n, got.data() + 24, 24, 64, rows}};
+  timed.linear_many(slices, 2);
+  inner.linear(w.linear, x.data(), n, want.data(), 0, 24, rows);
+  inner.linear(w.linear, x.data() + n * cols, n, want.data() + 24, 24, 64, rows);
+  EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)));
+  ASSERT_EQ(1u, timed.products().size());
+  const TimedBackend::ProductAccount& p = timed.products().at("BF16 x2");
+  EXPECT_EQ(1, p.calls);
+  EXPECT_EQ(2, p.passes);
+  EXPECT_DOUBLE_EQ(2.0 * double(rows * cols), p.bytes);
+  EXPECT_DOUBLE_EQ(double(rows * cols * n), p.macs);
+
+  std::vector<float> y(size_t(n * 16));
+  const LinearProduct mixed[2] = {slices[0], {&other.linear, x.data(), n, y.data()}};
+  timed.linear_many(mixed, 2);
+  ASSERT_EQ(1u, timed.products().count("several products"));
+  EXPECT_EQ(2, timed.products().at("several products").passes);
+}
+
 // The experts of one call: each task's three matrices once, by format, and
 // the multiply-adds of its rows; the shared expert (no routing weights)
 // counts with them.

@@ -65,12 +65,20 @@ struct Linear {
   int64_t weight_bytes() const;  // bytes read for one full pass over the weight
 };
 
-// One product Y = X W^T: X is [n, w->cols], Y is [n, w->rows].
+// One product Y = X W^T over rows [row_begin, row_end) of W, as
+// KernelBackend::linear takes it: X is [n, w->cols], Y is [n, y_stride]
+// with row o of W in column o - row_begin (row_end < 0: to the last row;
+// y_stride < 0: the range's row count).
 struct LinearProduct {
   const Linear* w = nullptr;
   const float* x = nullptr;
   int64_t n = 0;
   float* y = nullptr;
+  int64_t row_begin = 0, row_end = -1, y_stride = -1;
+
+  int64_t end() const { return row_end < 0 ? w->rows : row_end; }
+  int64_t rows() const { return end() - row_begin; }
+  int64_t stride() const { return y_stride < 0 ? rows() : y_stride; }
 };
 
 }  // namespace dsv4

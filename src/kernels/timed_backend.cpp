@@ -46,12 +46,22 @@ const char* short_format_name(WeightFormat format) {
 }
 
 // One pass of `rows` rows of w against n tokens.
-void add_pass(TimedBackend::ProductAccount& p, const Linear& w, int64_t rows, int64_t n) {
+// "FP8 x4": a product's format and token count.
+std::string product_kind(const LinearProduct& product) {
+  return std::string(short_format_name(product.w->format)) + " x" + std::to_string(product.n);
+}
+
+// One pass over the product's rows: their bytes (scales included, in
+// proportion), weights and multiply-adds.
+void add_pass(TimedBackend::ProductAccount& p, const LinearProduct& product) {
+  const Linear& w = *product.w;
+  const int64_t rows = product.rows();
+  p.bytes += w.rows > 0 ? double(w.weight_bytes()) * double(rows) / double(w.rows) : 0.0;
   const double weights = double(rows) * double(w.cols);
   p.weights[size_t(w.format)] += weights;
-  p.macs += weights * double(n);
+  p.macs += weights * double(product.n);
   ++p.passes;
-  p.tokens += n;
+  p.tokens += product.n;
 }
 
 }  // namespace
@@ -73,23 +83,24 @@ void TimedBackend::linear(const Linear& w, const float* x, int64_t n, float* y, 
                           int64_t y_stride) const {
   const double before = accounts_[size_t(OpAccount::Linear)].seconds;
   timed(OpAccount::Linear, [&] { inner_.linear(w, x, n, y, row_begin, row_end, y_stride); });
-  const int64_t rows = (row_end < 0 ? w.rows : row_end) - row_begin;
-  ProductAccount& p = products_[std::string(short_format_name(w.format)) + " x" + std::to_string(n)];
+  const LinearProduct product{&w, x, n, y, row_begin, row_end, y_stride};
+  ProductAccount& p = products_[product_kind(product)];
   p.seconds += accounts_[size_t(OpAccount::Linear)].seconds - before;
-  p.bytes += w.rows > 0 ? double(w.weight_bytes()) * double(rows) / double(w.rows) : 0.0;
   ++p.calls;
-  add_pass(p, w, rows, n);
+  add_pass(p, product);
 }
+// Products of one kind (a grouped projection's slices) are counted as that
+// kind; a mix as "several products".
 void TimedBackend::linear_many(const LinearProduct* products, size_t count) const {
   const double before = accounts_[size_t(OpAccount::Linear)].seconds;
   timed(OpAccount::Linear, [&] { inner_.linear_many(products, count); });
-  ProductAccount& p = products_["several products"];
+  std::string kind = count > 0 ? product_kind(products[0]) : "several products";
+  for (size_t i = 1; i < count; ++i)
+    if (product_kind(products[i]) != kind) kind = "several products";
+  ProductAccount& p = products_[kind];
   p.seconds += accounts_[size_t(OpAccount::Linear)].seconds - before;
   ++p.calls;
-  for (size_t i = 0; i < count; ++i) {
-    p.bytes += double(products[i].w->weight_bytes());
-    add_pass(p, *products[i].w, products[i].w->rows, products[i].n);
-  }
+  for (size_t i = 0; i < count; ++i) add_pass(p, products[i]);
 }
 void TimedBackend::embed(const Linear& table, const int32_t* ids, int64_t n, int64_t copies, float* out) const {
   timed(OpAccount::Linear, [&] { inner_.embed(table, ids, n, copies, out); });
@@ -183,8 +194,7 @@ void TimedBackend::experts(const float* x, int64_t rows, int64_t dim, int64_t in
   for (size_t i = 0; i < count; ++i) {
     const ExpertTask& t = tasks[i];
     if (t.count == 0) continue;
-    p.bytes += double(t.w1->weight_bytes() + t.w2->weight_bytes() + t.w3->weight_bytes());
-    for (const Linear* w : {t.w1, t.w2, t.w3}) add_pass(p, *w, w->rows, t.count);
+    for (const Linear* w : {t.w1, t.w2, t.w3}) add_pass(p, LinearProduct{w, nullptr, t.count, nullptr});
   }
 }
 

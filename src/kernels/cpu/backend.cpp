@@ -33,7 +33,10 @@ class CpuBackend final : public KernelBackend {
   }
   void linear_many(const LinearProduct* products, size_t count) const override {
     if (!exact_) return linear_forward_many(isa_, products, count);
-    for (size_t i = 0; i < count; ++i) linear_forward_exact(isa_, *products[i].w, products[i].x, products[i].n, products[i].y);
+    for (size_t i = 0; i < count; ++i) {
+      const LinearProduct& p = products[i];
+      linear_forward_exact(isa_, *p.w, p.x, p.n, p.y, p.row_begin, p.end(), p.stride());
+    }
   }
   void embed(const Linear& table, const int32_t* ids, int64_t n, int64_t copies, float* out) const override {
     const int64_t dim = table.cols;

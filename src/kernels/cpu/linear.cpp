@@ -302,15 +302,15 @@ bool runs_on_register_kernels(KernelIsa isa, const LinearProduct& p) {
   return false;
 }
 
-// Piece `id` of `pieces` of a whole matrix on AVX2, as linear_forward runs
-// it: one token as four streams, more tokens a row at a time (y: [n][rows]).
-void avx2_rows_piece(const Linear& w, const float* xs, int64_t n, float* y, int64_t id, int64_t pieces) {
-  const int64_t lo = w.rows * id / pieces, hi = w.rows * (id + 1) / pieces;
-  if (n == 1) {
-    rows_one_token_avx2(w, 0, lo, hi, xs, y);
+// Piece `id` of `pieces` of a product's rows on AVX2, as linear_forward runs
+// it: one token as four streams, more tokens a row at a time.
+void avx2_rows_piece(const LinearProduct& p, const float* xs, int64_t id, int64_t pieces) {
+  const int64_t out = p.rows(), lo = out * id / pieces, hi = out * (id + 1) / pieces;
+  if (p.n == 1) {
+    rows_one_token_avx2(*p.w, p.row_begin, lo, hi, xs, p.y);
     return;
   }
-  rows_tokens_avx2(w, lo, hi, xs, n, y + lo, w.rows);
+  rows_tokens_avx2(*p.w, p.row_begin + lo, p.row_begin + hi, xs, p.n, p.y + lo, p.stride());
 }
 
 }  // namespace
@@ -323,7 +323,7 @@ void linear_forward_many(KernelIsa isa, const LinearProduct* products, size_t co
     const LinearProduct& p = products[i];
     check_width(*p.w);
     if (!runs_on_register_kernels(isa, p)) {
-      linear_forward(isa, *p.w, p.x, p.n, p.y);
+      linear_forward(isa, *p.w, p.x, p.n, p.y, p.row_begin, p.end(), p.stride());
       continue;
     }
     fused.push_back(i);
@@ -331,7 +331,7 @@ void linear_forward_many(KernelIsa isa, const LinearProduct* products, size_t co
     floats += p.n * p.w->cols;
     pairs_offset.push_back(register_pairs_apply(isa, *p.w, p.n) ? floats : -1);
     if (pairs_offset.back() >= 0) floats += p.n * p.w->cols / 2;
-    work += p.n * p.w->cols * p.w->rows;
+    work += p.n * p.w->cols * p.rows();
   }
   if (fused.empty()) return;
   float* xs = thread_scratch_array<float>(ScratchSlot::LinearInput, floats);
@@ -359,7 +359,7 @@ void linear_forward_many(KernelIsa isa, const LinearProduct* products, size_t co
     }
 #pragma omp single
     for (size_t k = 0; k < fused.size(); ++k) {
-      const int64_t count = register_pieces(products[fused[k]].w->rows, nt);
+      const int64_t count = register_pieces(products[fused[k]].rows(), nt);
       for (int64_t piece = 0; piece < count; ++piece) pieces.push_back({k, piece, count});
     }
     // (The single's barrier also waits for every token's prepared input.)
@@ -368,10 +368,10 @@ void linear_forward_many(KernelIsa isa, const LinearProduct* products, size_t co
       const Piece& q = pieces[item];
       const LinearProduct& p = products[fused[q.product]];
       if (isa == KernelIsa::Avx2)
-        avx2_rows_piece(*p.w, xs + offset[q.product], p.n, p.y, q.piece, q.pieces);
+        avx2_rows_piece(p, xs + offset[q.product], q.piece, q.pieces);
       else
-        register_rows_piece(*p.w, 0, p.w->rows, xs + offset[q.product], p.n, p.y, p.w->rows, q.piece, q.pieces,
-                            pairs_ok[q.product] ? pairs_of(q.product) : nullptr);
+        register_rows_piece(*p.w, p.row_begin, p.rows(), xs + offset[q.product], p.n, p.y, p.stride(), q.piece,
+                            q.pieces, pairs_ok[q.product] ? pairs_of(q.product) : nullptr);
     }
   }
 }
