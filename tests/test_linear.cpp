@@ -411,6 +411,30 @@ TEST(Linear, Fp8FourRowPairsGiveScalarBits) {
   set_compute_threads(saved_threads);
 }
 
+// A stream of the four-row kernel runs on through several 128-row blocks
+// (one thread: four pieces of five blocks, streams of 160 rows), and the
+// VDPBF16PS kernel may take a group only while all four of its rows' blocks
+// have scales in its range. Every fifth block has scale 9 (products too
+// small for the bf16 kernel, which flushes subnormals): the last stream of
+// a piece enters it while the other three are still in blocks that
+// qualify, so a group that kept a stream's first verdict would lose bits.
+TEST(Linear, Fp8FourRowPairsCheckEveryBlockOfAStream) {
+  const int saved_threads = compute_threads();
+  set_compute_threads(1);
+  const int64_t rows = 20 * 128, cols = 256;
+  RandomLinear w(WeightFormat::FP8_BLOCK128, rows, cols, 53);
+  w.linear.quantize_input = true;
+  const int64_t spans = w.linear.scale_cols;
+  for (int64_t b = 0; b < rows / 128; ++b)
+    for (int64_t k = 0; k < spans; ++k) w.scale[size_t(b * spans + k)] = b % 5 == 4 ? 9 : 127;
+  for (int64_t n : {1, 2, 3, 4}) {
+    SCOPED_TRACE("tokens " + std::to_string(n));
+    const std::vector<float> x = normal_floats(size_t(n * cols), 23);
+    expect_simd_gives_scalar_bits(size_t(n * rows), [&](float* y) { linear_forward(w.linear, x.data(), n, y); });
+  }
+  set_compute_threads(saved_threads);
+}
+
 // linear_forward_many (the routed experts of a step in one batch of
 // products) gives each product the bits of its own linear_forward call, on
 // every path: few-token products share one parallel region, many-token

@@ -458,11 +458,26 @@ void rows_as_four_streams(const Linear& w, int64_t row_begin, int64_t lo, int64_
     // Fewer than eight rows are left: they go on below.
   }
   const int64_t quarter = (hi - lo) / 4;
+  // FP8's scales belong to 128-row blocks: each stream's block is checked
+  // once for the VDPBF16PS kernel's range, not its rows at every group.
+  const bool fp8_pairs = pairs && w.format == WeightFormat::FP8_BLOCK128;
+  int64_t checked_block[4] = {-1, -1, -1, -1};
+  bool block_within[4] = {};
   for (int64_t j = 0; j < quarter; ++j) {
-    const RowGroup g{row_begin + lo + j, quarter, j + 1 < quarter};
+    RowGroup g{row_begin + lo + j, quarter, j + 1 < quarter};
     double r[4 * kMaxRegisterTokens];
-    const bool paired = pairs && (w.format == WeightFormat::FP4_BLOCK32 ? dot4_fp4_pairs(w, g, pairs, n, r, 4)
-                                                                        : dot4_fp8_pairs(w, g, pairs, n, r, 4));
+    bool pair_kernel = pairs != nullptr;
+    if (fp8_pairs) {
+      for (int q = 0; q < 4; ++q)
+        if (g.row(q) / 128 != checked_block[q]) {
+          checked_block[q] = g.row(q) / 128;
+          block_within[q] = fp8_block_scales_within(w, g.row(q), kBf16DotMinFp8Scale);
+        }
+      pair_kernel = block_within[0] && block_within[1] && block_within[2] && block_within[3];
+      g.scales_checked = true;
+    }
+    const bool paired = pair_kernel && (w.format == WeightFormat::FP4_BLOCK32 ? dot4_fp4_pairs(w, g, pairs, n, r, 4)
+                                                                              : dot4_fp8_pairs(w, g, pairs, n, r, 4));
     if (!paired) dot4_all_tokens_avx512(w, g, xs, n, r, 4);
     for (int64_t t = 0; t < n; ++t)
       for (int q = 0; q < 4; ++q) y[t * y_stride + lo + j + q * quarter] = float(r[t * 4 + q]);

@@ -324,8 +324,9 @@ DSV4_BF16 void dot8_fp8_pairs(const Linear& w, const int64_t* rows, int64_t next
 
 DSV4_BF16_VBMI bool dot4_fp8_pairs(const Linear& w, RowGroup g, const uint32_t* pairs, int64_t n, double* out,
                                    int64_t out_stride) {
-  for (int r = 0; r < 4; ++r)
-    if (!fp8_block_scales_within(w, g.row(r), kBf16DotMinFp8Scale)) return false;
+  if (!g.scales_checked)
+    for (int r = 0; r < 4; ++r)
+      if (!fp8_block_scales_within(w, g.row(r), kBf16DotMinFp8Scale)) return false;
   if (n == 1) {
     fp8_pairs_one_token(w, g, pairs, out);
     return true;

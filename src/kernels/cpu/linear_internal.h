@@ -202,6 +202,9 @@ struct RowGroup {
   // scaled_spans[k] (see prescalable_scales).
   const float* scaled_inputs = nullptr;
   const uint8_t* scaled_spans = nullptr;
+  // FP8 with step pairs: the caller found every block scale of the four
+  // rows within the VDPBF16PS kernel's range (see dot4_fp8_pairs).
+  bool scales_checked = false;
   int64_t row(int r) const { return first + r * stride; }
 };
 
@@ -307,10 +310,11 @@ constexpr int64_t kEightRowTriplesMinTokensBf16 = 5;
 // [min_scale, kMaxHalfPathScale].
 inline bool fp8_block_scales_within(const Linear& w, int64_t row, int min_scale) {
   const uint8_t* s = w.scale + row / 128 * w.scale_cols;
-  // Without an early exit, so that the compiler vectorizes it: the four-row
-  // kernels check their rows' blocks at every call, and the loop that left
-  // at the first bad scale took 13% of a four-token product (5-12% of a
-  // one-token one; docs/kernels.md, "FP8 and FP4 one token").
+  // Without an early exit, so that the compiler vectorizes it: the loop that
+  // left at the first bad scale took 13% of a four-token product (5-12% of
+  // a one-token one; docs/kernels.md, "FP8 and FP4 one token"), when the
+  // four-row kernel checked its rows at every call. Its caller now checks
+  // each stream's block once (rows_as_four_streams).
   unsigned outside = 0;
   for (int64_t k = 0; k < w.scale_cols; ++k) outside |= unsigned(s[k] < min_scale) | unsigned(s[k] > kMaxHalfPathScale);
   return outside == 0;
@@ -368,7 +372,8 @@ DSV4_TARGET_AVX512_BF16 void dot8_fp8_pairs(const Linear& w, const int64_t* rows
 // words (cols / 2 per token) qualify, with VDPBF16PS and byte-table
 // decoding (AVX512-VBMI); out[t * out_stride + r] receives the fp32
 // kernels' bits. False (nothing written) where a block scale of the rows
-// lies outside [kBf16DotMinFp8Scale, kMaxHalfPathScale].
+// lies outside [kBf16DotMinFp8Scale, kMaxHalfPathScale], which it checks
+// unless g.scales_checked.
 constexpr int64_t kFp8FourRowMaxTokens = kEightRowMinTokensFp8 - 1;
 DSV4_TARGET_AVX512_BF16_VBMI bool dot4_fp8_pairs(const Linear& w, RowGroup g, const uint32_t* pairs, int64_t n,
                                                  double* out, int64_t out_stride);
