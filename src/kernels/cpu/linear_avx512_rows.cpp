@@ -96,7 +96,7 @@ DSV4_AVX512 inline void dot4_token_groups(int64_t cols, const float* xs, int64_t
     for (int64_t t = 0; t < n; ++t) out[t * out_stride + r] = sums[r][t];
 }
 
-DSV4_AVX512 void dot4_float_avx512(const Linear& w, RowGroup g, const float* xs, int64_t n, double* out,
+DSV4_AVX512 void dot4_float_avx512(const Linear& w, const RowGroup& g, const float* xs, int64_t n, double* out,
                                    int64_t out_stride) {
   const int64_t cols = w.cols;
   // With several token groups, the first decodes each chunk's BF16 rows
@@ -151,7 +151,7 @@ DSV4_AVX512 void dot4_float_avx512(const Linear& w, RowGroup g, const float* xs,
                         });
 }
 
-DSV4_AVX512 void dot4_fp8_avx512(const Linear& w, RowGroup g, const float* xs, int64_t n, double* out,
+DSV4_AVX512 void dot4_fp8_avx512(const Linear& w, const RowGroup& g, const float* xs, int64_t n, double* out,
                                  int64_t out_stride) {
   const int64_t cols = w.cols;
   const uint8_t* p[4];
@@ -232,7 +232,7 @@ DSV4_AVX512 void dot4_fp8_avx512(const Linear& w, RowGroup g, const float* xs, i
                         });
 }
 
-DSV4_AVX512 void dot4_fp4_avx512(const Linear& w, RowGroup g, const float* xs, int64_t n, double* out,
+DSV4_AVX512 void dot4_fp4_avx512(const Linear& w, const RowGroup& g, const float* xs, int64_t n, double* out,
                                  int64_t out_stride) {
   const int64_t cols = w.cols, row_bytes = cols / 2;
   const uint8_t* p[4];
@@ -281,7 +281,7 @@ DSV4_AVX512 void dot4_fp4_avx512(const Linear& w, RowGroup g, const float* xs, i
 // one-token product's time (docs/kernels.md, "FP8 and FP4 one token").
 // V4's wo_a takes this path: its inputs are not FP8-rounded, so the
 // VDPBF16PS kernels do not serve it. cols is a multiple of 32.
-DSV4_AVX512 void fp8_prescaled_one_token(const Linear& w, RowGroup g, double* out) {
+DSV4_AVX512 void fp8_prescaled_one_token(const Linear& w, const RowGroup& g, double* out) {
   const int64_t cols = w.cols;
   const uint8_t *p0 = w.data + g.row(0) * cols, *p1 = w.data + g.row(1) * cols;
   const uint8_t *p2 = w.data + g.row(2) * cols, *p3 = w.data + g.row(3) * cols;
@@ -314,7 +314,7 @@ DSV4_AVX512 void fp8_prescaled_one_token(const Linear& w, RowGroup g, double* ou
 }
 
 // The four rows of `g` against n < packed_min_tokens(w) tokens.
-DSV4_AVX512 void dot4_all_tokens_avx512(const Linear& w, RowGroup g, const float* xs, int64_t n, double* out,
+DSV4_AVX512 void dot4_all_tokens_avx512(const Linear& w, const RowGroup& g, const float* xs, int64_t n, double* out,
                                         int64_t out_stride) {
   switch (w.format) {
     case WeightFormat::F32:

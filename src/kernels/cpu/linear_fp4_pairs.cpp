@@ -204,7 +204,7 @@ DSV4_BF16 void fp4_pair_token_steps(const float* src, int64_t cols, uint32_t* ds
   pair_token_steps(src, cols, dst, fp4_lane_order().permuted);
 }
 
-DSV4_BF16_VBMI bool dot4_fp4_pairs(const Linear& w, RowGroup g, const uint32_t* pairs, int64_t n, double* out,
+DSV4_BF16_VBMI bool dot4_fp4_pairs(const Linear& w, const RowGroup& g, const uint32_t* pairs, int64_t n, double* out,
                                    int64_t out_stride) {
   const int64_t cols = w.cols, row_bytes = cols / 2;
   const uint8_t* p[4];

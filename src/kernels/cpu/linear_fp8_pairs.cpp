@@ -218,7 +218,7 @@ DSV4_BF16_VBMI inline void fp8_pairs_chunk(const E4m3PairDecoder& decoder, const
 // chunks, steps and folds as fp8_pairs_rows<1> (the same bits), without
 // its per-chunk pointer arrays and sums in memory; 8-17% faster on AMD Zen
 // 5, in cache and from DRAM (docs/kernels.md, "FP8 and FP4 one token").
-DSV4_BF16_VBMI void fp8_pairs_one_token(const Linear& w, RowGroup g, const uint32_t* x, double* out) {
+DSV4_BF16_VBMI void fp8_pairs_one_token(const Linear& w, const RowGroup& g, const uint32_t* x, double* out) {
   const int64_t cols = w.cols;
   const uint8_t* p0 = w.data + g.row(0) * cols;
   const uint8_t* p1 = w.data + g.row(1) * cols;
@@ -273,7 +273,7 @@ DSV4_BF16_VBMI void fp8_pairs_one_token(const Linear& w, RowGroup g, const uint3
 }
 
 template <int T>
-DSV4_BF16_VBMI void fp8_pairs_rows(const Linear& w, RowGroup g, const uint32_t* pairs, double* sums) {
+DSV4_BF16_VBMI void fp8_pairs_rows(const Linear& w, const RowGroup& g, const uint32_t* pairs, double* sums) {
   const int64_t cols = w.cols;
   const uint8_t* p[4];
   const uint8_t* s[4];
@@ -322,7 +322,7 @@ DSV4_BF16 void dot8_fp8_pairs(const Linear& w, const int64_t* rows, int64_t next
     for (int r = 0; r < kEightRows; ++r) out[t * kEightRows + r] = sums[t][r];
 }
 
-DSV4_BF16_VBMI bool dot4_fp8_pairs(const Linear& w, RowGroup g, const uint32_t* pairs, int64_t n, double* out,
+DSV4_BF16_VBMI bool dot4_fp8_pairs(const Linear& w, const RowGroup& g, const uint32_t* pairs, int64_t n, double* out,
                                    int64_t out_stride) {
   if (!g.scales_checked)
     for (int r = 0; r < 4; ++r)

@@ -193,6 +193,10 @@ constexpr int64_t kOuterMinTokens = 128;
 // experts and FP8 products ran the same.
 constexpr int64_t kPrefetchBytesAhead = 1536;
 
+// Kernels take it by const reference: passed by value into another file's
+// kernel, it was copied with wide loads just after the caller's narrow
+// stores, a store-forwarding stall at every group of four rows
+// (docs/kernels.md, "Row groups passed by reference").
 struct RowGroup {
   int64_t first = 0, stride = 1;
   bool has_next = false;  // the same thread takes rows row(r) + 1 next
@@ -355,7 +359,7 @@ DSV4_TARGET_AVX512_BF16 void fp4_pair_token_steps(const float* src, int64_t cols
 // (bf16_dot_inputs_qualify), as dot4_fp4_avx512 gives them, same bits;
 // false (nothing written) where a block scale of the rows is below
 // kBf16DotMinFp4Scale.
-DSV4_TARGET_AVX512_BF16_VBMI bool dot4_fp4_pairs(const Linear& w, RowGroup g, const uint32_t* pairs, int64_t n,
+DSV4_TARGET_AVX512_BF16_VBMI bool dot4_fp4_pairs(const Linear& w, const RowGroup& g, const uint32_t* pairs, int64_t n,
                                                  double* out, int64_t out_stride);
 // linear_fp8_pairs.cpp: FP8 rows[0..8) of one 128-row block (two of each
 // stream, as the eight-row kernels take them) whose scales all lie in
@@ -375,7 +379,7 @@ DSV4_TARGET_AVX512_BF16 void dot8_fp8_pairs(const Linear& w, const int64_t* rows
 // lies outside [kBf16DotMinFp8Scale, kMaxHalfPathScale], which it checks
 // unless g.scales_checked.
 constexpr int64_t kFp8FourRowMaxTokens = kEightRowMinTokensFp8 - 1;
-DSV4_TARGET_AVX512_BF16_VBMI bool dot4_fp8_pairs(const Linear& w, RowGroup g, const uint32_t* pairs, int64_t n,
+DSV4_TARGET_AVX512_BF16_VBMI bool dot4_fp8_pairs(const Linear& w, const RowGroup& g, const uint32_t* pairs, int64_t n,
                                                  double* out, int64_t out_stride);
 
 }  // namespace dsv4::linear_detail
