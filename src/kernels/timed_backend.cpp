@@ -45,7 +45,6 @@ const char* short_format_name(WeightFormat format) {
   return "?";
 }
 
-// One pass of `rows` rows of w against n tokens.
 // "FP8 x4": a product's format and token count.
 std::string product_kind(const LinearProduct& product) {
   return std::string(short_format_name(product.w->format)) + " x" + std::to_string(product.n);
