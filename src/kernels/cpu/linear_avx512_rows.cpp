@@ -466,18 +466,18 @@ void rows_as_four_streams(const Linear& w, int64_t row_begin, int64_t lo, int64_
   for (int64_t j = 0; j < quarter; ++j) {
     RowGroup g{row_begin + lo + j, quarter, j + 1 < quarter};
     double r[4 * kMaxRegisterTokens];
-    bool pair_kernel = pairs != nullptr;
+    bool paired = false;
     if (fp8_pairs) {
       for (int q = 0; q < 4; ++q)
         if (g.row(q) / 128 != checked_block[q]) {
           checked_block[q] = g.row(q) / 128;
           block_within[q] = fp8_block_scales_within(w, g.row(q), kBf16DotMinFp8Scale);
         }
-      pair_kernel = block_within[0] && block_within[1] && block_within[2] && block_within[3];
-      g.scales_checked = true;
+      paired = block_within[0] && block_within[1] && block_within[2] && block_within[3];
+      if (paired) dot4_fp8_pairs(w, g, pairs, n, r, 4);
+    } else if (pairs) {
+      paired = dot4_fp4_pairs(w, g, pairs, n, r, 4);
     }
-    const bool paired = pair_kernel && (w.format == WeightFormat::FP4_BLOCK32 ? dot4_fp4_pairs(w, g, pairs, n, r, 4)
-                                                                              : dot4_fp8_pairs(w, g, pairs, n, r, 4));
     if (!paired) dot4_all_tokens_avx512(w, g, xs, n, r, 4);
     for (int64_t t = 0; t < n; ++t)
       for (int q = 0; q < 4; ++q) y[t * y_stride + lo + j + q * quarter] = float(r[t * 4 + q]);

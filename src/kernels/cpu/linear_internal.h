@@ -206,9 +206,6 @@ struct RowGroup {
   // scaled_spans[k] (see prescalable_scales).
   const float* scaled_inputs = nullptr;
   const uint8_t* scaled_spans = nullptr;
-  // FP8 with step pairs: the caller found every block scale of the four
-  // rows within the VDPBF16PS kernel's range (see dot4_fp8_pairs).
-  bool scales_checked = false;
   int64_t row(int r) const { return first + r * stride; }
 };
 
@@ -375,11 +372,12 @@ DSV4_TARGET_AVX512_BF16 void dot8_fp8_pairs(const Linear& w, const int64_t* rows
 // rows of any blocks) against n <= kFp8FourRowMaxTokens tokens whose pair
 // words (cols / 2 per token) qualify, with VDPBF16PS and byte-table
 // decoding (AVX512-VBMI); out[t * out_stride + r] receives the fp32
-// kernels' bits. False (nothing written) where a block scale of the rows
-// lies outside [kBf16DotMinFp8Scale, kMaxHalfPathScale], which it checks
-// unless g.scales_checked.
+// kernels' bits. Precondition, checked by the caller once per 128-row block
+// of each stream rather than here at every group: every block scale of the
+// four rows lies in [kBf16DotMinFp8Scale, kMaxHalfPathScale]
+// (fp8_block_scales_within).
 constexpr int64_t kFp8FourRowMaxTokens = kEightRowMinTokensFp8 - 1;
-DSV4_TARGET_AVX512_BF16_VBMI bool dot4_fp8_pairs(const Linear& w, const RowGroup& g, const uint32_t* pairs, int64_t n,
+DSV4_TARGET_AVX512_BF16_VBMI void dot4_fp8_pairs(const Linear& w, const RowGroup& g, const uint32_t* pairs, int64_t n,
                                                  double* out, int64_t out_stride);
 
 }  // namespace dsv4::linear_detail
