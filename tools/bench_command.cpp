@@ -355,27 +355,42 @@ int run_bench(const BenchArgs& a) {
       return decode_step_floor_seconds(c, cost, batch, position, m.one_token_rates, m.fma_macs_per_s);
     };
     const double floor_seconds = floor_at(here);
-    const double roof = double(batch) / std::max({memory_seconds, compute_seconds, floor_seconds});
+    // The products run one after another: each weight format at the longer
+    // of its bytes and its decoding (never below either total).
+    auto serial_at = [&](const MachineLimits& m) {
+      return decode_step_serial_seconds(c, cost, batch, position, m.bandwidth, m.one_token_rates, m.fma_macs_per_s);
+    };
+    const double serial_seconds = serial_at(here);
+    const double roof = double(batch) / std::max({memory_seconds, compute_seconds, floor_seconds, serial_seconds});
     // The same roofline at the best limits read in the whole run: the
     // fastest this machine was seen to be, not the run's own moment.
     const double roof_best =
-        double(batch) / std::max({step_bytes / limits.bandwidth, compute_seconds, floor_at(limits)});
+        double(batch) / std::max({step_bytes / limits.bandwidth, compute_seconds, floor_at(limits), serial_at(limits)});
     decode_bars.bars.push_back(
         {num("batch %.0f", double(batch)), num("%.2f tokens/s", rate) + num(" (roofline %.1f)", roof), rate, roof});
     std::printf("decode batch %3lld: %8.3f ms/step  %10.2f tokens/s", (long long)batch, 1e3 * dt / double(a.decode),
                 rate);
     std::printf("  [limits around this run: %s; run-wide best: %s]", here.text().c_str(), limits.text().c_str());
     if (batch == 1) {
-      // At batch 1 the bytes are the roofline, unless decoding the weights
-      // at the one-token rates takes longer on this CPU (few cores per GB/s).
+      // At batch 1 the bytes bound the step, or decoding the weights at the
+      // one-token rates where that takes longer on this CPU (few cores per
+      // GB/s), or, where some formats are bound by their bytes and others
+      // by their decoding, the products one after another: that one caps
+      // the share of the read bandwidth a step can reach.
       std::printf(
-          "  %.2f GB/s of weights = %.1f%% of the bandwidth around this run (%.1f%% of the run-wide best); decoding "
-          "the weights at the one-token rates + the FMAs: %.1f ms (%.0f%% of the step), so the roofline is %.1f "
-          "tokens/s (%s) and the step is at %.0f%% of it (%.0f%% of the %.1f at the run-wide best limits)",
-          achieved / 1e9, 100 * achieved / bandwidth_here, 100 * achieved / limits.bandwidth, 1e3 * floor_seconds,
-          100 * floor_seconds * rate, double(batch) / std::max(memory_seconds, floor_seconds),
-          floor_seconds > memory_seconds ? "bound by decoding the weights" : "bound by the bytes", 100 * rate / roof,
-          100 * rate / roof_best, roof_best);
+          "  %.2f GB/s of weights = %.1f%% of the bandwidth around this run (%.1f%% of the run-wide best); the "
+          "bytes at that bandwidth: %.1f ms; decoding the weights at the one-token rates + the FMAs: %.1f ms; the "
+          "products one after another, each weight format at the longer of the two: %.1f ms (%.0f%% of the step), "
+          "so the roofline is %.1f tokens/s (%s; at most %.1f%% of the bandwidth, %.1f%% at the run-wide best "
+          "limits) and the step is at %.0f%% of it (%.0f%% of the %.1f at the run-wide best limits)",
+          achieved / 1e9, 100 * achieved / bandwidth_here, 100 * achieved / limits.bandwidth, 1e3 * memory_seconds,
+          1e3 * floor_seconds, 1e3 * serial_seconds, 100 * serial_seconds * rate, roof,
+          serial_seconds > 1.0001 * std::max(memory_seconds, floor_seconds) ? "bound by the products one after another"
+          : floor_seconds > memory_seconds                                  ? "bound by decoding the weights"
+                                                                            : "bound by the bytes",
+          100 * memory_seconds / std::max(memory_seconds, serial_seconds),
+          100 * step_bytes / limits.bandwidth / std::max(step_bytes / limits.bandwidth, serial_at(limits)),
+          100 * rate / roof, 100 * rate / roof_best, roof_best);
     } else {
       if (single_rate > 0)
         std::printf("  %.2fx batch 1,", rate / single_rate);
@@ -383,10 +398,11 @@ int run_bench(const BenchArgs& a) {
         std::printf(" ");
       std::printf(
           " %.0f%% of the roofline %.1f tokens/s (%.2f GB per step: %.0f ms at the bandwidth; "
-          "%.1f GFLOP: %.0f ms at the peak GEMM; decoding the weights once + the FMAs: %.0f ms; at the run-wide "
+          "%.1f GFLOP: %.0f ms at the peak GEMM; decoding the weights once + the FMAs: %.0f ms; the products one "
+          "after another, each weight format at the longer of its bytes and its decoding: %.0f ms; at the run-wide "
           "best limits the roofline is %.1f, %.0f%% of it)",
           100 * rate / roof, roof, step_bytes / 1e9, 1e3 * memory_seconds, step_flops / 1e9, 1e3 * compute_seconds,
-          1e3 * floor_seconds, roof_best, 100 * rate / roof_best);
+          1e3 * floor_seconds, 1e3 * serial_seconds, roof_best, 100 * rate / roof_best);
       if (single_rate > 0) std::printf("; the roofline allows %.2fx batch 1", roof / single_rate);
     }
     std::printf("\n");
@@ -422,10 +438,15 @@ int run_bench(const BenchArgs& a) {
       // with few cores: the line also gives that bound.
       const double floor_seconds = decode_step_floor_seconds(c, flash->cost, 1, 16 + a.decode / 2,
                                                              limits.one_token_rates, limits.fma_macs_per_s);
+      const double serial_seconds = decode_step_serial_seconds(c, flash->cost, 1, 16 + a.decode / 2, limits.bandwidth,
+                                                               limits.one_token_rates, limits.fma_macs_per_s);
       std::printf(
           "  decode batch 1: %.2f tokens/s at the measured %.2f GB/s; decoding its weights at the one-token "
-          "rates takes %.0f ms per token here (at most %.2f tokens/s)\n",
-          rate, decode_bytes_rate / 1e9, 1e3 * floor_seconds, 1.0 / floor_seconds);
+          "rates takes %.0f ms per token here (at most %.2f tokens/s); its products one after another, each "
+          "weight format at the longer of its bytes and its decoding, %.0f ms (at most %.2f tokens/s, %.0f%% of the "
+          "read bandwidth)\n",
+          rate, decode_bytes_rate / 1e9, 1e3 * floor_seconds, 1.0 / floor_seconds, 1e3 * serial_seconds,
+          1.0 / serial_seconds, 100 * double(flash->decode_bytes) / limits.bandwidth / serial_seconds);
       if (csv)
         csv << "decode_43_layers_estimate,1,,," << rate << "," << flash->decode_bytes << "," << decode_bytes_rate / 1e9
             << "," << limits.bandwidth / 1e9 << ",,\n";

@@ -136,6 +136,69 @@ double mtp_step_floor_seconds(const ModelConfig& c, const Model::TokenCost& cost
                             fma_macs_per_s);
 }
 
+namespace {
+
+// Bytes per weight of each WeightFormat, block scales included: FP8 has one
+// scale byte per 128 x 128 block, FP4 one per 32 weights (Linear::weight_bytes
+// for shapes that divide into whole blocks, as the checkpoints' do).
+constexpr std::array<double, 4> kBytesPerWeight = {4.0, 2.0, 1.0 + 1.0 / 16384, 0.5 + 1.0 / 32};
+
+double serial_floor_seconds(const ModelConfig& c, const HeadCost& head, const std::vector<Model::LayerCost>& layers,
+                            WeightFormat expert_format, int64_t tokens, int64_t head_rows, int64_t position,
+                            double step_bytes_total, double bandwidth, const std::array<double, 4>& rates,
+                            double fma_macs_per_s) {
+  const double distinct = expected_distinct_experts(c, tokens), k = double(c.n_activated_experts);
+  std::array<double, 4> weights{}, macs{};
+  for (size_t f = 0; f < weights.size(); ++f) {
+    weights[f] += double(head.weights[f]);
+    macs[f] += double(head_rows) * double(head.weights[f]);
+  }
+  for (const Model::LayerCost& l : layers) {
+    for (size_t f = 0; f < weights.size(); ++f) {
+      weights[f] += double(l.dense_weights[f]);
+      macs[f] += double(tokens) * double(l.dense_weights[f]);
+    }
+    weights[size_t(expert_format)] += distinct * double(l.expert_weights);
+    macs[size_t(expert_format)] += double(tokens) * k * double(l.expert_weights);
+  }
+  auto at_bandwidth = [&](double bytes) { return bandwidth > 0 ? bytes / bandwidth : 0.0; };
+  double seconds = 0, format_bytes = 0, format_macs = 0;
+  for (size_t f = 0; f < weights.size(); ++f) {
+    if (weights[f] <= 0) continue;
+    std::array<double, 4> only{};
+    only[f] = weights[f];
+    const double bytes = weights[f] * kBytesPerWeight[f];
+    seconds += std::max(at_bandwidth(bytes), decoding_floor_seconds(only, macs[f], rates, fma_macs_per_s));
+    format_bytes += bytes;
+    format_macs += macs[f];
+  }
+  const double other_macs = step_macs(c, head, layers, tokens, head_rows, position) - format_macs;
+  seconds += at_bandwidth(std::max(0.0, step_bytes_total - format_bytes));
+  if (fma_macs_per_s > 0) seconds += std::max(0.0, other_macs) / fma_macs_per_s;
+  return seconds;
+}
+
+}  // namespace
+
+double decode_step_serial_seconds(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch, int64_t position,
+                                  double bandwidth, const std::array<double, 4>& rates, double fma_macs_per_s) {
+  return verify_step_serial_seconds(c, cost, batch, batch, position, bandwidth, rates, fma_macs_per_s);
+}
+
+double verify_step_serial_seconds(const ModelConfig& c, const Model::TokenCost& cost, int64_t tokens, int64_t head_rows,
+                                  int64_t position, double bandwidth, const std::array<double, 4>& rates,
+                                  double fma_macs_per_s) {
+  return serial_floor_seconds(c, main_head(cost), cost.layers, cost.expert_format, tokens, head_rows, position,
+                              decode_step_bytes(c, cost, tokens), bandwidth, rates, fma_macs_per_s);
+}
+
+double mtp_step_serial_seconds(const ModelConfig& c, const Model::TokenCost& cost, int64_t tokens, int64_t head_rows,
+                               int64_t position, double bandwidth, const std::array<double, 4>& rates,
+                               double fma_macs_per_s) {
+  return serial_floor_seconds(c, mtp_head(cost), cost.mtp_layers, cost.expert_format, tokens, head_rows, position,
+                              mtp_step_bytes(c, cost, tokens), bandwidth, rates, fma_macs_per_s);
+}
+
 // Costs of the official V4-Flash schedule, compress_ratios [0,0] + [4,128]*20
 // + [4] (window, window, then CSA and HCA alternating, then CSA), built from
 // this model's CSA and HCA layers (a window-only layer is an HCA layer

@@ -31,6 +31,26 @@ double decode_step_floor_seconds(const ModelConfig& c, const Model::TokenCost& c
 // accept length where that pays: Engine::first_head_rows).
 double verify_step_floor_seconds(const ModelConfig& c, const Model::TokenCost& cost, int64_t tokens, int64_t head_rows,
                                  int64_t position, const std::array<double, 4>& rates, double fma_macs_per_s);
+// The floor of a step whose weight products run one after another, each on
+// all cores, as the engine runs them (one product's output is the next one's
+// input): per weight format, the longer of its bytes at `bandwidth` and its
+// decoding floor (decoding_floor_seconds over that format's weights and
+// multiply-adds), summed, plus the step's other bytes (embedding rows) at the
+// bandwidth and its other multiply-adds (attention) at the FMA ceiling. Since
+// max(a1 + a2, b1 + b2) <= max(a1, b1) + max(a2, b2), it is never below the
+// bytes alone or the decoding alone, and above both where one format is
+// bound by its bytes and another by its decoding, as a slice's BF16 head and
+// its FP4 experts are at batch 1 (docs/kernels.md, "Products one after
+// another").
+double decode_step_serial_seconds(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch, int64_t position,
+                                  double bandwidth, const std::array<double, 4>& rates, double fma_macs_per_s);
+double verify_step_serial_seconds(const ModelConfig& c, const Model::TokenCost& cost, int64_t tokens, int64_t head_rows,
+                                  int64_t position, double bandwidth, const std::array<double, 4>& rates,
+                                  double fma_macs_per_s);
+double mtp_step_serial_seconds(const ModelConfig& c, const Model::TokenCost& cost, int64_t tokens, int64_t head_rows,
+                               int64_t position, double bandwidth, const std::array<double, 4>& rates,
+                               double fma_macs_per_s);
+
 // Bytes one MTP block step of `batch` tokens reads: the block (the experts
 // its tokens pick) and the shared LM head.
 double mtp_step_bytes(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch);

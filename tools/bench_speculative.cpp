@@ -237,11 +237,12 @@ void run_speculative_bench(const std::shared_ptr<Model>& model, const Speculativ
   // set against the limits read around it (EngineRun::around).
   MachineLimits model_limits = limits;
   // A main-model step of `tokens` rows whose LM head runs on `head_rows`
-  // of them: the longer of its bytes at the bandwidth and its decoding floor.
+  // of them: its products one after another, each weight format at the
+  // longer of its bytes at the bandwidth and its decoding floor (never below
+  // the step's bytes or its decoding floor).
   auto step_floor = [&](const MachineLimits& at, int64_t tokens, int64_t head_rows) {
-    return std::max(
-        decode_step_bytes(c, cost, tokens) / at.bandwidth,
-        verify_step_floor_seconds(c, cost, tokens, head_rows, position, at.one_token_rates, at.fma_macs_per_s));
+    return verify_step_serial_seconds(c, cost, tokens, head_rows, position, at.bandwidth, at.one_token_rates,
+                                      at.fma_macs_per_s);
   };
   // A verify step of `batch` sequences: batch * (drafts + 1) rows, the LM
   // head on each sequence's first rows only where the engine skips the rest
@@ -270,13 +271,11 @@ void run_speculative_bench(const std::shared_ptr<Model>& model, const Speculativ
            double(drafts - 1) * mtp_step_bytes(c, token_cost, batch);
   };
   // An MTP step of `rows` rows, the head on one row of each of `batch`
-  // sequences: the longer of its bytes at the bandwidth and its decoding
-  // floor, as for a verify step.
+  // sequences: its products one after another, as for a verify step.
   auto mtp_step_seconds = [&](const MachineLimits& at, const Model::TokenCost& token_cost, int64_t rows,
                               int64_t batch) {
-    return std::max(
-        mtp_step_bytes(c, token_cost, rows) / at.bandwidth,
-        mtp_step_floor_seconds(c, token_cost, rows, batch, position, at.one_token_rates, at.fma_macs_per_s));
+    return mtp_step_serial_seconds(c, token_cost, rows, batch, position, at.bandwidth, at.one_token_rates,
+                                   at.fma_macs_per_s);
   };
   // The draft steps' time on this machine (DSpark's draft: its bytes only).
   auto draft_seconds = [&](const MachineLimits& at, const Model::TokenCost& token_cost, int64_t batch,
