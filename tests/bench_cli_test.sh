@@ -46,6 +46,10 @@ awk -F, '$1 ~ /_product_/ && !($4 > 0 && $6 > 0 && $7 > 0) { exit 1 }' "$WORK/b.
 limits="[0-9.]*, [0-9]*, [0-9.]*/[0-9.]*/[0-9.]*"
 grep -q "^decode batch   1: .*\[limits around this run: $limits; run-wide best: $limits\] .* of the bandwidth around this run (.* of the run-wide best); the bytes at that bandwidth: [0-9.]* ms; decoding the weights at the one-token rates + the FMAs: [0-9.]* ms; the products one after another, each weight format at the longer of the two: [0-9.]* ms ([0-9]*% of the step), so the roofline is [0-9.]* tokens/s (bound by \(the bytes\|decoding the weights\|the products one after another\); at most [0-9.]*% of the bandwidth, [0-9.]*% at the run-wide best limits) and the step is at [0-9]*% of it ([0-9]*% of the [0-9.]* at the run-wide best limits)$" \
   "$WORK/out.txt" || fail "no batch-1 roofline line"
+# The products one after another are never below the bytes alone or the decoding alone (0.1 ms of rounding).
+serial=$(grep "^decode batch   1: " "$WORK/out.txt" |
+  sed 's/.*the bytes at that bandwidth: \([0-9.]*\) ms; decoding the weights at the one-token rates + the FMAs: \([0-9.]*\) ms; the products one after another, each weight format at the longer of the two: \([0-9.]*\) ms.*/\1 \2 \3/')
+echo "$serial" | awk '{ exit !($3 + 0.1 >= $1 && $3 + 0.1 >= $2) }' || fail "serial floor below the bytes or the decoding: $serial"
 awk -F, '$1 == "prefill" && !($9 > 0 && $10 > 0) { exit 1 }' "$WORK/b.csv" || fail "prefill FLOP/s or peak missing"
 grep -q "measured memory read bandwidth" "$WORK/out.txt" || fail "no bandwidth line"
 grep -q "of the peak GEMM" "$WORK/out.txt" || fail "no peak GEMM share"

@@ -125,17 +125,6 @@ double decode_step_floor_seconds(const ModelConfig& c, const Model::TokenCost& c
   return step_floor_seconds(c, cost, main_head(cost), cost.layers, batch, batch, position, rates, fma_macs_per_s);
 }
 
-double verify_step_floor_seconds(const ModelConfig& c, const Model::TokenCost& cost, int64_t tokens, int64_t head_rows,
-                                 int64_t position, const std::array<double, 4>& rates, double fma_macs_per_s) {
-  return step_floor_seconds(c, cost, main_head(cost), cost.layers, tokens, head_rows, position, rates, fma_macs_per_s);
-}
-
-double mtp_step_floor_seconds(const ModelConfig& c, const Model::TokenCost& cost, int64_t tokens, int64_t head_rows,
-                              int64_t position, const std::array<double, 4>& rates, double fma_macs_per_s) {
-  return step_floor_seconds(c, cost, mtp_head(cost), cost.mtp_layers, tokens, head_rows, position, rates,
-                            fma_macs_per_s);
-}
-
 namespace {
 
 // Bytes per weight of each WeightFormat, block scales included: FP8 has one

@@ -26,11 +26,6 @@ double decoding_floor_seconds(const std::array<double, 4>& weights, double macs,
                               double fma_macs_per_s);
 double decode_step_floor_seconds(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch, int64_t position,
                                  const std::array<double, 4>& rates, double fma_macs_per_s);
-// The compute floor of a verify step of `tokens` rows whose LM head runs on
-// `head_rows` of them (the engine skips the rows past a sequence's expected
-// accept length where that pays: Engine::first_head_rows).
-double verify_step_floor_seconds(const ModelConfig& c, const Model::TokenCost& cost, int64_t tokens, int64_t head_rows,
-                                 int64_t position, const std::array<double, 4>& rates, double fma_macs_per_s);
 // The floor of a step whose weight products run one after another, each on
 // all cores, as the engine runs them (one product's output is the next one's
 // input): per weight format, the longer of its bytes at `bandwidth` and its
@@ -44,6 +39,10 @@ double verify_step_floor_seconds(const ModelConfig& c, const Model::TokenCost& c
 // another").
 double decode_step_serial_seconds(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch, int64_t position,
                                   double bandwidth, const std::array<double, 4>& rates, double fma_macs_per_s);
+// The same for a verify step of `tokens` rows whose LM head runs on
+// `head_rows` of them (the engine skips the rows past a sequence's expected
+// accept length where that pays: Engine::first_head_rows), and for one MTP
+// block step of `tokens` rows whose head runs on `head_rows` of them.
 double verify_step_serial_seconds(const ModelConfig& c, const Model::TokenCost& cost, int64_t tokens, int64_t head_rows,
                                   int64_t position, double bandwidth, const std::array<double, 4>& rates,
                                   double fma_macs_per_s);
@@ -54,10 +53,6 @@ double mtp_step_serial_seconds(const ModelConfig& c, const Model::TokenCost& cos
 // Bytes one MTP block step of `batch` tokens reads: the block (the experts
 // its tokens pick) and the shared LM head.
 double mtp_step_bytes(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch);
-// The compute floor (as decode_step_floor_seconds) of one MTP block step of
-// `tokens` rows whose head runs on `head_rows` of them.
-double mtp_step_floor_seconds(const ModelConfig& c, const Model::TokenCost& cost, int64_t tokens, int64_t head_rows,
-                              int64_t position, const std::array<double, 4>& rates, double fma_macs_per_s);
 
 // Bytes of one DSpark draft for `batch` sequences of `block` positions: the
 // stages (the experts of batch*block tokens), the shared head, main_proj
