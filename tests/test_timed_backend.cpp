@@ -41,8 +41,8 @@ TEST(TimedBackend, LinearCountsTheRowsItReads) {
 }
 
 // A batch of products: slices of one kind (a grouped projection's) count
-// as that kind, each slice's rows once; a mix counts as "several
-// products". Timing changes no result.
+// as that kind, each slice's rows once; a mix by its formats joined, with
+// the token count where they share it. Timing changes no result.
 TEST(TimedBackend, ManyCountsSlicesOfOneKindAsThatKind) {
   const KernelBackend& inner = default_backend();
   TimedBackend timed(inner);
@@ -66,8 +66,12 @@ TEST(TimedBackend, ManyCountsSlicesOfOneKindAsThatKind) {
   std::vector<float> y(size_t(n * 16));
   const LinearProduct mixed[2] = {slices[0], {&other.linear, x.data(), n, y.data()}};
   timed.linear_many(mixed, 2);
-  ASSERT_EQ(1u, timed.products().count("several products"));
-  EXPECT_EQ(2, timed.products().at("several products").passes);
+  ASSERT_EQ(1u, timed.products().count("BF16+F32 x" + std::to_string(n)));
+  EXPECT_EQ(2, timed.products().at("BF16+F32 x" + std::to_string(n)).passes);
+
+  const LinearProduct counts[2] = {slices[0], {&other.linear, x.data(), 1, y.data()}};
+  timed.linear_many(counts, 2);
+  EXPECT_EQ(1u, timed.products().count("BF16+F32 (several token counts)"));
 }
 
 // The experts of one call: each task's three matrices once, by format, and

@@ -1,7 +1,9 @@
 #include "kernels/timed_backend.h"
 
+#include <algorithm>
 #include <chrono>
 #include <string>
+#include <vector>
 
 namespace dsv4 {
 
@@ -89,13 +91,22 @@ void TimedBackend::linear(const Linear& w, const float* x, int64_t n, float* y, 
   add_pass(p, product);
 }
 // Products of one kind (a grouped projection's slices) are counted as that
-// kind; a mix as "several products".
+// kind; a mix by its formats in order of appearance, joined, with the token
+// count where they share it ("FP8+BF16 x1": a layer's products of its
+// input in one batch).
 void TimedBackend::linear_many(const LinearProduct* products, size_t count) const {
   const double before = accounts_[size_t(OpAccount::Linear)].seconds;
   timed(OpAccount::Linear, [&] { inner_.linear_many(products, count); });
-  std::string kind = count > 0 ? product_kind(products[0]) : "several products";
-  for (size_t i = 1; i < count; ++i)
-    if (product_kind(products[i]) != kind) kind = "several products";
+  std::vector<WeightFormat> formats;
+  bool one_count = true;
+  for (size_t i = 0; i < count; ++i) {
+    if (std::find(formats.begin(), formats.end(), products[i].w->format) == formats.end())
+      formats.push_back(products[i].w->format);
+    one_count = one_count && products[i].n == products[0].n;
+  }
+  std::string kind;
+  for (WeightFormat f : formats) kind += (kind.empty() ? "" : "+") + std::string(short_format_name(f));
+  kind += one_count && count > 0 ? " x" + std::to_string(products[0].n) : " (several token counts)";
   ProductAccount& p = products_[kind];
   p.seconds += accounts_[size_t(OpAccount::Linear)].seconds - before;
   ++p.calls;

@@ -27,19 +27,20 @@ namespace {
 // Lightning indexer: for every row, the compressed rows its query attends
 // to (ascending ids). Projections run over the whole batch; scoring per
 // sequence against that sequence's index keys.
+// head_weights ([n_rows, heads]) and proj are the products of the layer's
+// input, which attention_forward runs in one batch.
 std::vector<std::vector<int32_t>> indexer_select(const KernelBackend& kb, const ModelConfig& c, const IndexerWeights& w,
                                                  const RopeTable& rope, const LayerLayout& layout,
                                                  const std::vector<Segment>& segments, const RowMap& rows,
-                                                 const float* x, const float* qr, int64_t n_rows) {
+                                                 const float* qr, float* head_weights,
+                                                 const CompressorProjections& proj, int64_t n_rows) {
   const int64_t heads = c.index_n_heads, hd = c.index_head_dim;
-  Buffer q = kb.buffer(n_rows * heads * hd), head_weights = kb.buffer(n_rows * heads);
+  Buffer q = kb.buffer(n_rows * heads * hd);
   kb.linear(w.wq_b, qr, n_rows, q.data());
-  kb.linear(w.weights_proj, x, n_rows, head_weights.data());
   kb.rope(q.data() + hd - c.rope_dim, n_rows * heads, hd, rows.position.data(), heads, rope, false);
   kb.hadamard(q.data(), n_rows * heads, hd, hd);
   kb.fp4_round(q.data(), n_rows * heads, hd, hd, 32);
-  kb.scale(head_weights.data(), n_rows * heads, 1.0f / std::sqrt(float(hd)) * (1.0f / std::sqrt(float(heads))));
-  CompressorProjections proj = compressor_project(kb, w.compressor, x, n_rows);
+  kb.scale(head_weights, n_rows * heads, 1.0f / std::sqrt(float(hd)) * (1.0f / std::sqrt(float(heads))));
   for (const Segment& s : segments)
     compressor_push(kb, c, w.compressor, rope, true, *s.state, proj, s.row0, s.start, s.n);
 
@@ -51,8 +52,7 @@ std::vector<std::vector<int32_t>> indexer_select(const KernelBackend& kb, const 
     visible[size_t(r)] = layout.visible_rows(rows.position[size_t(r)]);
   }
   std::vector<std::vector<int32_t>> selected;
-  kb.indexer_select(
-      {q.data(), head_weights.data(), n_rows, heads, hd, keys.data(), visible.data(), c.index_topk, &selected});
+  kb.indexer_select({q.data(), head_weights, n_rows, heads, hd, keys.data(), visible.data(), c.index_topk, &selected});
   return selected;
 }
 
@@ -61,30 +61,41 @@ std::vector<std::vector<int32_t>> indexer_select(const KernelBackend& kb, const 
 AttentionQueries attention_queries(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w,
                                    const RopeTable& rope, const int64_t* positions, const float* x, int64_t n,
                                    bool head_norm) {
-  const int64_t H = c.n_heads, hd = c.head_dim, nope = hd - c.rope_dim;
-  AttentionQueries out{kb.buffer(n * c.q_lora_rank), kb.buffer(n * H * hd)};
+  AttentionQueries out{kb.buffer(n * c.q_lora_rank), kb.buffer(n * c.n_heads * c.head_dim)};
   kb.linear(w.wq_a, x, n, out.qr.data());
-  kb.rms_norm(out.qr.data(), n, c.q_lora_rank, c.q_lora_rank, w.q_norm.data(), c.norm_eps);
-  kb.linear(w.wq_b, out.qr.data(), n, out.q.data());
-  if (head_norm) kb.rms_norm(out.q.data(), n * H, hd, hd, nullptr, c.norm_eps);
-  kb.rope(out.q.data() + nope, n * H, hd, positions, H, rope, false);
+  finish_attention_queries(kb, c, w, rope, positions, n, head_norm, out);
   return out;
+}
+
+void finish_attention_queries(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w,
+                              const RopeTable& rope, const int64_t* positions, int64_t n, bool head_norm,
+                              AttentionQueries& q) {
+  const int64_t H = c.n_heads, hd = c.head_dim, nope = hd - c.rope_dim;
+  kb.rms_norm(q.qr.data(), n, c.q_lora_rank, c.q_lora_rank, w.q_norm.data(), c.norm_eps);
+  kb.linear(w.wq_b, q.qr.data(), n, q.q.data());
+  if (head_norm) kb.rms_norm(q.q.data(), n * H, hd, hd, nullptr, c.norm_eps);
+  kb.rope(q.q.data() + nope, n * H, hd, positions, H, rope, false);
 }
 
 Buffer attention_kv_rows(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w,
                          const RopeTable& rope, const int64_t* positions, const float* x, int64_t n) {
+  Buffer kv = kb.buffer(n * c.head_dim);
+  kb.linear(w.wkv, x, n, kv.data());
+  finish_kv_rows(kb, c, w, rope, positions, kv.data(), n);
+  return kv;
+}
+
+void finish_kv_rows(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w, const RopeTable& rope,
+                    const int64_t* positions, float* kv, int64_t n) {
   const int64_t hd = c.head_dim, nope = hd - c.rope_dim;
   // Rounded as the reference caches them.
-  Buffer kv = kb.buffer(n * hd);
-  kb.linear(w.wkv, x, n, kv.data());
-  kb.rms_norm(kv.data(), n, hd, hd, w.kv_norm.data(), c.norm_eps);
-  kb.rope(kv.data() + nope, n, hd, positions, 1, rope, false);
+  kb.rms_norm(kv, n, hd, hd, w.kv_norm.data(), c.norm_eps);
+  kb.rope(kv + nope, n, hd, positions, 1, rope, false);
   // V4 keeps the rotated dims unrounded; V4.1 rounds the whole row.
   if (c.v41)
-    kb.fp8_round(kv.data(), n, hd, hd, 32);
+    kb.fp8_round(kv, n, hd, hd, 32);
   else
-    kb.fp8_round(kv.data(), n, nope, hd, 64);
-  return kv;
+    kb.fp8_round(kv, n, nope, hd, 64);
 }
 
 void attention_output(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w, const RopeTable& rope,
@@ -125,18 +136,33 @@ void attention_forward(const KernelBackend& kb, const ModelConfig& c, const Atte
   const RowMap rows(segments, n);
   const std::vector<int64_t>& position = rows.position;
 
-  AttentionQueries queries = attention_queries(kb, c, w, rope, position.data(), x, n, !c.v41);
-  Buffer& qr = queries.qr;
+  // Every product of the layer's input goes in one batch: wq_a, wkv, the
+  // indexer's head weights and compressor, the layer's compressor. On two
+  // cores, a CSA layer's seven (V4-Flash shapes, one token) took 18-21%
+  // longer as separate calls (docs/kernels.md, "Grouped products in one
+  // call").
+  AttentionQueries queries{kb.buffer(n * c.q_lora_rank), kb.buffer(n * c.n_heads * c.head_dim)};
+  Buffer kv = kb.buffer(n * c.head_dim);
+  Buffer head_weights = kb.buffer(layout.has_indexer() ? n * c.index_n_heads : 0);
+  CompressorProjections index_proj, proj;
+  std::vector<LinearProduct> products = {{&w.wq_a, x, n, queries.qr.data()}, {&w.wkv, x, n, kv.data()}};
+  if (layout.has_indexer()) {
+    products.push_back({&w.indexer.weights_proj, x, n, head_weights.data()});
+    compressor_products(w.indexer.compressor, x, n, index_proj, products);
+  }
+  if (layout.compresses()) compressor_products(w.compressor, x, n, proj, products);
+  kb.linear_many(products.data(), products.size());
+  finish_attention_queries(kb, c, w, rope, position.data(), n, !c.v41, queries);
+  finish_kv_rows(kb, c, w, rope, position.data(), kv.data(), n);
   Buffer& q = queries.q;
-  Buffer kv = attention_kv_rows(kb, c, w, rope, position.data(), x, n);
 
   std::vector<std::vector<int32_t>> selected;
-  if (layout.has_indexer()) selected = indexer_select(kb, c, w.indexer, rope, layout, segments, rows, x, qr.data(), n);
-  if (layout.compresses()) {
-    CompressorProjections proj = compressor_project(kb, w.compressor, x, n);
+  if (layout.has_indexer())
+    selected = indexer_select(kb, c, w.indexer, rope, layout, segments, rows, queries.qr.data(), head_weights.data(),
+                              index_proj, n);
+  if (layout.compresses())
     for (const Segment& s : segments)
       compressor_push(kb, c, w.compressor, rope, false, *s.state, proj, s.row0, s.start, s.n);
-  }
 
   attend_rows(kb, c, w, rope, layout, segments, rows, layout.has_indexer() ? &selected : nullptr,
               [&](const Segment& s, const int64_t* ids, int64_t count, float* dst) {

@@ -11,15 +11,22 @@
 
 namespace dsv4 {
 
-CompressorProjections compressor_project(const KernelBackend& kb, const CompressorWeights& w, const float* x,
-                                         int64_t n_rows) {
+void compressor_products(const CompressorWeights& w, const float* x, int64_t n_rows, CompressorProjections& p,
+                         std::vector<LinearProduct>& products) {
   // Projections in fp32 on the unrounded input.
   const int64_t slot_width = (w.overlap ? 2 : 1) * w.width;
-  CompressorProjections p;
   p.kv.resize(size_t(n_rows * slot_width));
   p.score.resize(size_t(n_rows * slot_width));
-  kb.linear(w.wkv, x, n_rows, p.kv.data());
-  kb.linear(w.wgate, x, n_rows, p.score.data());
+  products.push_back({&w.wkv, x, n_rows, p.kv.data()});
+  products.push_back({&w.wgate, x, n_rows, p.score.data()});
+}
+
+CompressorProjections compressor_project(const KernelBackend& kb, const CompressorWeights& w, const float* x,
+                                         int64_t n_rows) {
+  CompressorProjections p;
+  std::vector<LinearProduct> products;
+  compressor_products(w, x, n_rows, p, products);
+  kb.linear_many(products.data(), products.size());
   return p;
 }
 

@@ -58,6 +58,10 @@ struct CompressorProjections {
 };
 CompressorProjections compressor_project(const KernelBackend& kb, const CompressorWeights& w, const float* x,
                                          int64_t n_rows);
+// The same products for a caller that runs them in one batch with others on
+// the same input: sizes `p` and appends its two products to `products`.
+void compressor_products(const CompressorWeights& w, const float* x, int64_t n_rows, CompressorProjections& p,
+                         std::vector<LinearProduct>& products);
 void compressor_push(const KernelBackend& kb, const ModelConfig& c, const CompressorWeights& w, const RopeTable& rope,
                      bool indexer_keys, LayerState& layer, const CompressorProjections& proj, int64_t row0,
                      int64_t start, int64_t n);
@@ -75,6 +79,14 @@ AttentionQueries attention_queries(const KernelBackend& kb, const ModelConfig& c
                                    bool head_norm);
 Buffer attention_kv_rows(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w,
                          const RopeTable& rope, const int64_t* positions, const float* x, int64_t n);
+// The steps after the input's products, for a caller that ran wq_a (into
+// q.qr) and wkv (into kv) in one batch with the layer's other products on
+// the same input (attention_forward).
+void finish_attention_queries(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w,
+                              const RopeTable& rope, const int64_t* positions, int64_t n, bool head_norm,
+                              AttentionQueries& q);
+void finish_kv_rows(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w, const RopeTable& rope,
+                    const int64_t* positions, float* kv, int64_t n);
 // Rows of a batch to the position each holds and the segment it belongs to.
 struct RowMap {
   std::vector<int64_t> position;
