@@ -17,16 +17,33 @@ namespace dsv4 {
 
 namespace {
 
-// The KV source's compressor: every token of each segment goes through the
-// partial group in order (prefill chunks and decode alike); each completed
-// row is normed, turned into its index key, rotated at its group's first
-// position and rounded into the layer's compressed rows.
+// The KV source compressor's projections of the layer's input: appended to
+// `products`, which the caller runs (in one batch with the layer's other
+// products of x, attention_grouped); the gate only where groups pool more
+// than one token.
+struct SourceProjections {
+  Buffer kv, score;  // [n_rows, head_dim]
+};
+SourceProjections source_products(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w,
+                                  const LayerLayout& layout, const float* x, int64_t n_rows,
+                                  std::vector<LinearProduct>& products) {
+  const int64_t width = c.head_dim;
+  SourceProjections p{kb.buffer(n_rows * width), kb.buffer(layout.ratio > 1 ? n_rows * width : 0)};
+  products.push_back({&w.compressor.wkv, x, n_rows, p.kv.data()});
+  if (layout.ratio > 1) products.push_back({&w.compressor.wgate, x, n_rows, p.score.data()});
+  return p;
+}
+
+// The KV source's compressor, from its projections: every token of each
+// segment goes through the partial group in order (prefill chunks and
+// decode alike); each completed row is normed, turned into its index key,
+// rotated at its group's first position and rounded into the layer's
+// compressed rows.
 void compress_rows(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w, const RopeTable& rope,
-                   const LayerLayout& layout, const std::vector<Segment>& segments, const float* x, int64_t n_rows) {
+                   const LayerLayout& layout, const std::vector<Segment>& segments, const SourceProjections& proj) {
   const int64_t m = layout.ratio, width = c.head_dim, key_width = c.index_head_dim, rd = c.rope_dim;
-  Buffer kv = kb.buffer(n_rows * width), score = kb.buffer(m > 1 ? n_rows * width : 0);
-  kb.linear(w.compressor.wkv, x, n_rows, kv.data());
-  if (m > 1) kb.linear(w.compressor.wgate, x, n_rows, score.data());
+  const Buffer& kv = proj.kv;
+  const Buffer& score = proj.score;
 
   std::vector<float> latents;
   std::vector<int64_t> row_position;
@@ -77,11 +94,10 @@ void compress_rows(const KernelBackend& kb, const ModelConfig& c, const Attentio
 // the group's index keys (no Hadamard in V4.1).
 void select_rows(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w, const RopeTable& rope,
                  const LayerLayout& layout, const std::vector<Segment>& segments, const RowMap& rows,
-                 GroupedShared& shared, const float* x, const float* qr, int64_t n_rows) {
+                 GroupedShared& shared, Buffer& head_weights, const float* qr, int64_t n_rows) {
   const int64_t heads = c.index_n_heads, hd = c.index_head_dim;
-  Buffer q = kb.buffer(n_rows * heads * hd), head_weights = kb.buffer(n_rows * heads);
+  Buffer q = kb.buffer(n_rows * heads * hd);
   kb.linear(w.indexer.wq_b, qr, n_rows, q.data());
-  kb.linear(w.indexer.weights_proj, x, n_rows, head_weights.data());
   kb.rope(q.data() + hd - c.rope_dim, n_rows * heads, hd, rows.position.data(), heads, rope, false);
   kb.fp4_round(q.data(), n_rows * heads, hd, hd, 32);
   kb.scale(head_weights.data(), n_rows * heads, 1.0f / std::sqrt(float(hd)) * (1.0f / std::sqrt(float(heads))));
@@ -113,11 +129,23 @@ void attention_grouped(const KernelBackend& kb, const ModelConfig& c, const Atte
                        GroupedShared& shared, const float* x, int64_t n_rows, float* out) {
   const int64_t n = n_rows;
   const RowMap rows(segments, n);
-  AttentionQueries queries = attention_queries(kb, c, w, rope, rows.position.data(), x, n, false);
-  Buffer kv = attention_kv_rows(kb, c, w, rope, rows.position.data(), x, n);
+  // Every product of the layer's input in one batch, as attention_forward
+  // (docs/kernels.md, "Grouped products in one call"): wq_a, wkv, the KV
+  // source's compressor, the index source's head weights.
+  const bool source = layout.kv_group == layer, index_source = layout.index_group == layer;
+  AttentionQueries queries{kb.buffer(n * c.q_lora_rank), kb.buffer(n * c.n_heads * c.head_dim)};
+  Buffer kv = kb.buffer(n * c.head_dim);
+  Buffer head_weights = kb.buffer(index_source ? n * c.index_n_heads : 0);
+  std::vector<LinearProduct> products = {{&w.wq_a, x, n, queries.qr.data()}, {&w.wkv, x, n, kv.data()}};
+  SourceProjections proj;
+  if (source) proj = source_products(kb, c, w, layout, x, n, products);
+  if (index_source) products.push_back({&w.indexer.weights_proj, x, n, head_weights.data()});
+  kb.linear_many(products.data(), products.size());
+  finish_attention_queries(kb, c, w, rope, rows.position.data(), n, false, queries);
+  finish_kv_rows(kb, c, w, rope, rows.position.data(), kv.data(), n);
   // The source writes its rows (and keys) before anyone selects or reads.
-  if (layout.kv_group == layer) compress_rows(kb, c, w, rope, layout, segments, x, n);
-  if (layout.index_group == layer) select_rows(kb, c, w, rope, layout, segments, rows, shared, x, queries.qr.data(), n);
+  if (source) compress_rows(kb, c, w, rope, layout, segments, proj);
+  if (index_source) select_rows(kb, c, w, rope, layout, segments, rows, shared, head_weights, queries.qr.data(), n);
   // Every layer of the group attends the latest selection over its KV
   // source's rows.
   attend_rows(
@@ -131,7 +159,10 @@ void attention_grouped(const KernelBackend& kb, const ModelConfig& c, const Atte
 
 void grouped_compress(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w, const RopeTable& rope,
                       const LayerLayout& layout, const std::vector<Segment>& segments, const float* x, int64_t n_rows) {
-  compress_rows(kb, c, w, rope, layout, segments, x, n_rows);
+  std::vector<LinearProduct> products;
+  const SourceProjections proj = source_products(kb, c, w, layout, x, n_rows, products);
+  kb.linear_many(products.data(), products.size());
+  compress_rows(kb, c, w, rope, layout, segments, proj);
 }
 
 }  // namespace dsv4
