@@ -58,23 +58,51 @@ std::vector<std::vector<int32_t>> indexer_select(const KernelBackend& kb, const 
 
 }  // namespace
 
-AttentionQueries attention_queries(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w,
-                                   const RopeTable& rope, const int64_t* positions, const float* x, int64_t n,
-                                   bool head_norm) {
-  AttentionQueries out{kb.buffer(n * c.q_lora_rank), kb.buffer(n * c.n_heads * c.head_dim)};
-  kb.linear(w.wq_a, x, n, out.qr.data());
-  finish_attention_queries(kb, c, w, rope, positions, n, head_norm, out);
-  return out;
+namespace {
+
+// The window KV rows after wkv, rounded as the reference caches them.
+void finish_kv_rows(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w, const RopeTable& rope,
+                    const int64_t* positions, float* kv, int64_t n) {
+  const int64_t hd = c.head_dim, nope = hd - c.rope_dim;
+  kb.rms_norm(kv, n, hd, hd, w.kv_norm.data(), c.norm_eps);
+  kb.rope(kv + nope, n, hd, positions, 1, rope, false);
+  // V4 keeps the rotated dims unrounded; V4.1 rounds the whole row.
+  if (c.v41)
+    kb.fp8_round(kv, n, hd, hd, 32);
+  else
+    kb.fp8_round(kv, n, nope, hd, 64);
 }
 
-void finish_attention_queries(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w,
-                              const RopeTable& rope, const int64_t* positions, int64_t n, bool head_norm,
-                              AttentionQueries& q) {
+}  // namespace
+
+AttentionInputs attention_input_products(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w,
+                                         const float* x, int64_t n, std::vector<LinearProduct>& products) {
+  AttentionInputs in{{kb.buffer(n * c.q_lora_rank), kb.buffer(n * c.n_heads * c.head_dim)}, kb.buffer(n * c.head_dim)};
+  products.push_back({&w.wq_a, x, n, in.queries.qr.data()});
+  products.push_back({&w.wkv, x, n, in.kv.data()});
+  return in;
+}
+
+void finish_attention_inputs(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w,
+                             const RopeTable& rope, const int64_t* positions, int64_t n, bool head_norm,
+                             AttentionInputs& in) {
   const int64_t H = c.n_heads, hd = c.head_dim, nope = hd - c.rope_dim;
+  AttentionQueries& q = in.queries;
   kb.rms_norm(q.qr.data(), n, c.q_lora_rank, c.q_lora_rank, w.q_norm.data(), c.norm_eps);
   kb.linear(w.wq_b, q.qr.data(), n, q.q.data());
   if (head_norm) kb.rms_norm(q.q.data(), n * H, hd, hd, nullptr, c.norm_eps);
   kb.rope(q.q.data() + nope, n * H, hd, positions, H, rope, false);
+  finish_kv_rows(kb, c, w, rope, positions, in.kv.data(), n);
+}
+
+AttentionInputs attention_inputs(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w,
+                                 const RopeTable& rope, const int64_t* positions, const float* x, int64_t n,
+                                 bool head_norm) {
+  std::vector<LinearProduct> products;
+  AttentionInputs in = attention_input_products(kb, c, w, x, n, products);
+  kb.linear_many(products.data(), products.size());
+  finish_attention_inputs(kb, c, w, rope, positions, n, head_norm, in);
+  return in;
 }
 
 Buffer attention_kv_rows(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w,
@@ -83,19 +111,6 @@ Buffer attention_kv_rows(const KernelBackend& kb, const ModelConfig& c, const At
   kb.linear(w.wkv, x, n, kv.data());
   finish_kv_rows(kb, c, w, rope, positions, kv.data(), n);
   return kv;
-}
-
-void finish_kv_rows(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w, const RopeTable& rope,
-                    const int64_t* positions, float* kv, int64_t n) {
-  const int64_t hd = c.head_dim, nope = hd - c.rope_dim;
-  // Rounded as the reference caches them.
-  kb.rms_norm(kv, n, hd, hd, w.kv_norm.data(), c.norm_eps);
-  kb.rope(kv + nope, n, hd, positions, 1, rope, false);
-  // V4 keeps the rotated dims unrounded; V4.1 rounds the whole row.
-  if (c.v41)
-    kb.fp8_round(kv, n, hd, hd, 32);
-  else
-    kb.fp8_round(kv, n, nope, hd, 64);
 }
 
 void attention_output(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w, const RopeTable& rope,
@@ -141,34 +156,32 @@ void attention_forward(const KernelBackend& kb, const ModelConfig& c, const Atte
   // cores, a CSA layer's seven (V4-Flash shapes, one token) took 18-21%
   // longer as separate calls (docs/kernels.md, "Grouped products in one
   // call").
-  AttentionQueries queries{kb.buffer(n * c.q_lora_rank), kb.buffer(n * c.n_heads * c.head_dim)};
-  Buffer kv = kb.buffer(n * c.head_dim);
+  std::vector<LinearProduct> products;
+  AttentionInputs in = attention_input_products(kb, c, w, x, n, products);
   Buffer head_weights = kb.buffer(layout.has_indexer() ? n * c.index_n_heads : 0);
   CompressorProjections index_proj, proj;
-  std::vector<LinearProduct> products = {{&w.wq_a, x, n, queries.qr.data()}, {&w.wkv, x, n, kv.data()}};
   if (layout.has_indexer()) {
     products.push_back({&w.indexer.weights_proj, x, n, head_weights.data()});
     compressor_products(w.indexer.compressor, x, n, index_proj, products);
   }
   if (layout.compresses()) compressor_products(w.compressor, x, n, proj, products);
   kb.linear_many(products.data(), products.size());
-  finish_attention_queries(kb, c, w, rope, position.data(), n, !c.v41, queries);
-  finish_kv_rows(kb, c, w, rope, position.data(), kv.data(), n);
-  Buffer& q = queries.q;
+  finish_attention_inputs(kb, c, w, rope, position.data(), n, !c.v41, in);
 
   std::vector<std::vector<int32_t>> selected;
   if (layout.has_indexer())
-    selected = indexer_select(kb, c, w.indexer, rope, layout, segments, rows, queries.qr.data(), head_weights.data(),
+    selected = indexer_select(kb, c, w.indexer, rope, layout, segments, rows, in.queries.qr.data(), head_weights.data(),
                               index_proj, n);
   if (layout.compresses())
     for (const Segment& s : segments)
       compressor_push(kb, c, w.compressor, rope, false, *s.state, proj, s.row0, s.start, s.n);
 
-  attend_rows(kb, c, w, rope, layout, segments, rows, layout.has_indexer() ? &selected : nullptr,
-              [&](const Segment& s, const int64_t* ids, int64_t count, float* dst) {
-                kb.decode_fp8_rows(s.state->compressed.view(), ids, count, dst);
-              },
-              q.data(), kv.data(), out);
+  attend_rows(
+      kb, c, w, rope, layout, segments, rows, layout.has_indexer() ? &selected : nullptr,
+      [&](const Segment& s, const int64_t* ids, int64_t count, float* dst) {
+        kb.decode_fp8_rows(s.state->compressed.view(), ids, count, dst);
+      },
+      in.queries.q.data(), in.kv.data(), out);
 }
 
 void attend_rows(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w, const RopeTable& rope,

@@ -94,13 +94,13 @@ void compress_rows(const KernelBackend& kb, const ModelConfig& c, const Attentio
 // the group's index keys (no Hadamard in V4.1).
 void select_rows(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w, const RopeTable& rope,
                  const LayerLayout& layout, const std::vector<Segment>& segments, const RowMap& rows,
-                 GroupedShared& shared, Buffer& head_weights, const float* qr, int64_t n_rows) {
+                 GroupedShared& shared, float* head_weights, const float* qr, int64_t n_rows) {
   const int64_t heads = c.index_n_heads, hd = c.index_head_dim;
   Buffer q = kb.buffer(n_rows * heads * hd);
   kb.linear(w.indexer.wq_b, qr, n_rows, q.data());
   kb.rope(q.data() + hd - c.rope_dim, n_rows * heads, hd, rows.position.data(), heads, rope, false);
   kb.fp4_round(q.data(), n_rows * heads, hd, hd, 32);
-  kb.scale(head_weights.data(), n_rows * heads, 1.0f / std::sqrt(float(hd)) * (1.0f / std::sqrt(float(heads))));
+  kb.scale(head_weights, n_rows * heads, 1.0f / std::sqrt(float(hd)) * (1.0f / std::sqrt(float(heads))));
 
   // Each row reads its sequence's keys as stored (FP4); the backend decodes.
   std::vector<Fp4RowsView> keys(static_cast<size_t>(n_rows));
@@ -111,8 +111,8 @@ void select_rows(const KernelBackend& kb, const ModelConfig& c, const AttentionW
     visible[size_t(r)] = layout.visible_rows(rows.position[size_t(r)]);
     if (layout.uses_candidates) allowed[size_t(r)] = shared.candidates[size_t(r)].data();
   }
-  IndexerSelect problem{q.data(), head_weights.data(), n_rows, heads, hd, keys.data(), visible.data(), c.index_topk,
-                        &shared.selected};
+  IndexerSelect problem{q.data(),    head_weights,   n_rows,       heads,           hd,
+                        keys.data(), visible.data(), c.index_topk, &shared.selected};
   if (layout.candidate_source) {
     problem.candidate_blocks = c.candidate_topk_blocks;
     problem.candidate_block_size = c.candidate_block_size;
@@ -133,19 +133,18 @@ void attention_grouped(const KernelBackend& kb, const ModelConfig& c, const Atte
   // (docs/kernels.md, "Grouped products in one call"): wq_a, wkv, the KV
   // source's compressor, the index source's head weights.
   const bool source = layout.kv_group == layer, index_source = layout.index_group == layer;
-  AttentionQueries queries{kb.buffer(n * c.q_lora_rank), kb.buffer(n * c.n_heads * c.head_dim)};
-  Buffer kv = kb.buffer(n * c.head_dim);
+  std::vector<LinearProduct> products;
+  AttentionInputs in = attention_input_products(kb, c, w, x, n, products);
   Buffer head_weights = kb.buffer(index_source ? n * c.index_n_heads : 0);
-  std::vector<LinearProduct> products = {{&w.wq_a, x, n, queries.qr.data()}, {&w.wkv, x, n, kv.data()}};
   SourceProjections proj;
   if (source) proj = source_products(kb, c, w, layout, x, n, products);
   if (index_source) products.push_back({&w.indexer.weights_proj, x, n, head_weights.data()});
   kb.linear_many(products.data(), products.size());
-  finish_attention_queries(kb, c, w, rope, rows.position.data(), n, false, queries);
-  finish_kv_rows(kb, c, w, rope, rows.position.data(), kv.data(), n);
+  finish_attention_inputs(kb, c, w, rope, rows.position.data(), n, false, in);
   // The source writes its rows (and keys) before anyone selects or reads.
   if (source) compress_rows(kb, c, w, rope, layout, segments, proj);
-  if (index_source) select_rows(kb, c, w, rope, layout, segments, rows, shared, head_weights, queries.qr.data(), n);
+  if (index_source)
+    select_rows(kb, c, w, rope, layout, segments, rows, shared, head_weights.data(), in.queries.qr.data(), n);
   // Every layer of the group attends the latest selection over its KV
   // source's rows.
   attend_rows(
@@ -154,7 +153,7 @@ void attention_grouped(const KernelBackend& kb, const ModelConfig& c, const Atte
         const auto& rows = s.sequence->layers[size_t(layout.kv_group)].compressed_fp4;
         for (int64_t k = 0; k < count; ++k) rows.decode(ids[k], dst + k * c.head_dim);
       },
-      queries.q.data(), kv.data(), out);
+      in.queries.q.data(), in.kv.data(), out);
 }
 
 void grouped_compress(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w, const RopeTable& rope,

@@ -21,15 +21,6 @@ void compressor_products(const CompressorWeights& w, const float* x, int64_t n_r
   products.push_back({&w.wgate, x, n_rows, p.score.data()});
 }
 
-CompressorProjections compressor_project(const KernelBackend& kb, const CompressorWeights& w, const float* x,
-                                         int64_t n_rows) {
-  CompressorProjections p;
-  std::vector<LinearProduct> products;
-  compressor_products(w, x, n_rows, p, products);
-  kb.linear_many(products.data(), products.size());
-  return p;
-}
-
 void compressor_push(const KernelBackend& kb, const ModelConfig& c, const CompressorWeights& w, const RopeTable& rope,
                      bool indexer_keys, LayerState& layer, const CompressorProjections& proj, int64_t row0,
                      int64_t start, int64_t n) {

@@ -61,8 +61,9 @@ void Model::dspark_stage(const BlockWeights& b, size_t index, const std::vector<
   const int64_t hd = c.head_dim;
   block_forward_with(b, x_hc, tokens, n, [&](const float* y, float* out) {
     // V4's stages keep the per-head query norm of its attention (V4.1 has none).
-    AttentionQueries q = attention_queries(kb, c, b.attn, rope_window_, positions, y, n, !c.v41);
-    Buffer kv = attention_kv_rows(kb, c, b.attn, rope_window_, positions, y, n);
+    AttentionInputs in = attention_inputs(kb, c, b.attn, rope_window_, positions, y, n, !c.v41);
+    const AttentionQueries& q = in.queries;
+    const Buffer& kv = in.kv;
     std::vector<std::vector<float>> ring(items.size());
     std::vector<const float*> keys;
     std::vector<int64_t> key_begin;

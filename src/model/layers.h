@@ -56,10 +56,8 @@ void grouped_compress(const KernelBackend& kb, const ModelConfig& c, const Atten
 struct CompressorProjections {
   std::vector<float> kv, score;  // [n_rows, slot_width]
 };
-CompressorProjections compressor_project(const KernelBackend& kb, const CompressorWeights& w, const float* x,
-                                         int64_t n_rows);
-// The same products for a caller that runs them in one batch with others on
-// the same input: sizes `p` and appends its two products to `products`.
+// Sizes `p` and appends the two projections to `products`, which the caller
+// runs in one batch with its other products of the same input.
 void compressor_products(const CompressorWeights& w, const float* x, int64_t n_rows, CompressorProjections& p,
                          std::vector<LinearProduct>& products);
 void compressor_push(const KernelBackend& kb, const ModelConfig& c, const CompressorWeights& w, const RopeTable& rope,
@@ -74,19 +72,26 @@ void compressor_push(const KernelBackend& kb, const ModelConfig& c, const Compre
 struct AttentionQueries {
   Buffer qr, q;  // [n, q_lora_rank], [n, heads, head_dim]
 };
-AttentionQueries attention_queries(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w,
-                                   const RopeTable& rope, const int64_t* positions, const float* x, int64_t n,
-                                   bool head_norm);
+// The queries and window KV rows of a layer's input, in two steps: sized
+// here, with wq_a and wkv appended to `products` for the caller to run in one
+// batch with its other products of the same input (docs/kernels.md,
+// "Grouped products in one call"); finish_attention_inputs completes them
+// once that batch ran. attention_inputs does both where the input has no
+// other products.
+struct AttentionInputs {
+  AttentionQueries queries;
+  Buffer kv;  // [n, head_dim]
+};
+AttentionInputs attention_input_products(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w,
+                                         const float* x, int64_t n, std::vector<LinearProduct>& products);
+void finish_attention_inputs(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w,
+                             const RopeTable& rope, const int64_t* positions, int64_t n, bool head_norm,
+                             AttentionInputs& in);
+AttentionInputs attention_inputs(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w,
+                                 const RopeTable& rope, const int64_t* positions, const float* x, int64_t n,
+                                 bool head_norm);
 Buffer attention_kv_rows(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w,
                          const RopeTable& rope, const int64_t* positions, const float* x, int64_t n);
-// The steps after the input's products, for a caller that ran wq_a (into
-// q.qr) and wkv (into kv) in one batch with the layer's other products on
-// the same input (attention_forward).
-void finish_attention_queries(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w,
-                              const RopeTable& rope, const int64_t* positions, int64_t n, bool head_norm,
-                              AttentionQueries& q);
-void finish_kv_rows(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w, const RopeTable& rope,
-                    const int64_t* positions, float* kv, int64_t n);
 // Rows of a batch to the position each holds and the segment it belongs to.
 struct RowMap {
   std::vector<int64_t> position;

@@ -464,7 +464,7 @@ void rows_as_four_streams(const Linear& w, int64_t row_begin, int64_t lo, int64_
   int64_t checked_block[4] = {-1, -1, -1, -1};
   bool block_within[4] = {};
   for (int64_t j = 0; j < quarter; ++j) {
-    RowGroup g{row_begin + lo + j, quarter, j + 1 < quarter};
+    const RowGroup g{row_begin + lo + j, quarter, j + 1 < quarter};
     double r[4 * kMaxRegisterTokens];
     bool paired = false;
     if (fp8_pairs) {
