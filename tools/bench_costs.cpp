@@ -98,31 +98,45 @@ double decoding_floor_seconds(const std::array<double, 4>& weights, double macs,
   return seconds + (fma_macs_per_s > 0 ? std::max(0.0, macs - decoded) / fma_macs_per_s : 0.0);
 }
 
-// The compute floor of a step of `tokens` rows through `layers`, the head on
-// `head_rows` of them (decoding_floor_seconds over the weights the step
-// reads). A kernel that decodes in registers cannot beat it; on a machine
-// with few cores per GB/s it, not the bytes, bounds a batched step.
 namespace {
 
-double step_floor_seconds(const ModelConfig& c, const Model::TokenCost& cost, const HeadCost& head,
-                          const std::vector<Model::LayerCost>& layers, int64_t tokens, int64_t head_rows,
-                          int64_t position, const std::array<double, 4>& rates, double fma_macs_per_s) {
-  const double distinct = expected_distinct_experts(c, tokens);
-  std::array<double, 4> weights{};
-  for (size_t f = 0; f < head.weights.size(); ++f) weights[f] += double(head.weights[f]);
-  for (const Model::LayerCost& l : layers) {
-    for (size_t f = 0; f < l.dense_weights.size(); ++f) weights[f] += double(l.dense_weights[f]);
-    weights[size_t(cost.expert_format)] += distinct * double(l.expert_weights);
+// The weights of each WeightFormat a step of `tokens` rows through `layers`
+// reads (each routed expert that one of them picks once, with uniform
+// routing), and the multiply-adds it does with them (the head on
+// `head_rows` of the rows).
+struct FormatWork {
+  std::array<double, 4> weights{}, macs{};
+};
+FormatWork format_work(const ModelConfig& c, const HeadCost& head, const std::vector<Model::LayerCost>& layers,
+                       WeightFormat expert_format, int64_t tokens, int64_t head_rows) {
+  const double distinct = expected_distinct_experts(c, tokens), k = double(c.n_activated_experts);
+  FormatWork work;
+  for (size_t f = 0; f < work.weights.size(); ++f) {
+    work.weights[f] += double(head.weights[f]);
+    work.macs[f] += double(head_rows) * double(head.weights[f]);
   }
-  return decoding_floor_seconds(weights, step_macs(c, head, layers, tokens, head_rows, position), rates,
-                                fma_macs_per_s);
+  for (const Model::LayerCost& l : layers) {
+    for (size_t f = 0; f < work.weights.size(); ++f) {
+      work.weights[f] += double(l.dense_weights[f]);
+      work.macs[f] += double(tokens) * double(l.dense_weights[f]);
+    }
+    work.weights[size_t(expert_format)] += distinct * double(l.expert_weights);
+    work.macs[size_t(expert_format)] += double(tokens) * k * double(l.expert_weights);
+  }
+  return work;
 }
 
 }  // namespace
 
+// The compute floor of a decode step: decoding_floor_seconds over the
+// weights the step reads and all its multiply-adds. A kernel that decodes in
+// registers cannot beat it; on a machine with few cores per GB/s it, not the
+// bytes, bounds a batched step.
 double decode_step_floor_seconds(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch, int64_t position,
                                  const std::array<double, 4>& rates, double fma_macs_per_s) {
-  return step_floor_seconds(c, cost, main_head(cost), cost.layers, batch, batch, position, rates, fma_macs_per_s);
+  const HeadCost head = main_head(cost);
+  return decoding_floor_seconds(format_work(c, head, cost.layers, cost.expert_format, batch, batch).weights,
+                                step_macs(c, head, cost.layers, batch, batch, position), rates, fma_macs_per_s);
 }
 
 namespace {
@@ -136,20 +150,7 @@ double serial_floor_seconds(const ModelConfig& c, const HeadCost& head, const st
                             WeightFormat expert_format, int64_t tokens, int64_t head_rows, int64_t position,
                             double step_bytes_total, double bandwidth, const std::array<double, 4>& rates,
                             double fma_macs_per_s) {
-  const double distinct = expected_distinct_experts(c, tokens), k = double(c.n_activated_experts);
-  std::array<double, 4> weights{}, macs{};
-  for (size_t f = 0; f < weights.size(); ++f) {
-    weights[f] += double(head.weights[f]);
-    macs[f] += double(head_rows) * double(head.weights[f]);
-  }
-  for (const Model::LayerCost& l : layers) {
-    for (size_t f = 0; f < weights.size(); ++f) {
-      weights[f] += double(l.dense_weights[f]);
-      macs[f] += double(tokens) * double(l.dense_weights[f]);
-    }
-    weights[size_t(expert_format)] += distinct * double(l.expert_weights);
-    macs[size_t(expert_format)] += double(tokens) * k * double(l.expert_weights);
-  }
+  const auto [weights, macs] = format_work(c, head, layers, expert_format, tokens, head_rows);
   auto at_bandwidth = [&](double bytes) { return bandwidth > 0 ? bytes / bandwidth : 0.0; };
   double seconds = 0, format_bytes = 0, format_macs = 0;
   for (size_t f = 0; f < weights.size(); ++f) {
