@@ -28,18 +28,17 @@ namespace {
 // to (ascending ids). Projections run over the whole batch; scoring per
 // sequence against that sequence's index keys.
 // head_weights ([n_rows, heads]) and proj are the products of the layer's
-// input, which attention_forward runs in one batch.
+// input, q ([n_rows, heads, head_dim], rotated and rounded in place) the
+// product of the normed qr, each run in one batch by attention_forward.
 std::vector<std::vector<int32_t>> indexer_select(const KernelBackend& kb, const ModelConfig& c, const IndexerWeights& w,
                                                  const RopeTable& rope, const LayerLayout& layout,
-                                                 const std::vector<Segment>& segments, const RowMap& rows,
-                                                 const float* qr, float* head_weights,
-                                                 const CompressorProjections& proj, int64_t n_rows) {
+                                                 const std::vector<Segment>& segments, const RowMap& rows, float* q,
+                                                 float* head_weights, const CompressorProjections& proj,
+                                                 int64_t n_rows) {
   const int64_t heads = c.index_n_heads, hd = c.index_head_dim;
-  Buffer q = kb.buffer(n_rows * heads * hd);
-  kb.linear(w.wq_b, qr, n_rows, q.data());
-  kb.rope(q.data() + hd - c.rope_dim, n_rows * heads, hd, rows.position.data(), heads, rope, false);
-  kb.hadamard(q.data(), n_rows * heads, hd, hd);
-  kb.fp4_round(q.data(), n_rows * heads, hd, hd, 32);
+  kb.rope(q + hd - c.rope_dim, n_rows * heads, hd, rows.position.data(), heads, rope, false);
+  kb.hadamard(q, n_rows * heads, hd, hd);
+  kb.fp4_round(q, n_rows * heads, hd, hd, 32);
   kb.scale(head_weights, n_rows * heads, 1.0f / std::sqrt(float(hd)) * (1.0f / std::sqrt(float(heads))));
   for (const Segment& s : segments)
     compressor_push(kb, c, w.compressor, rope, true, *s.state, proj, s.row0, s.start, s.n);
@@ -52,7 +51,7 @@ std::vector<std::vector<int32_t>> indexer_select(const KernelBackend& kb, const 
     visible[size_t(r)] = layout.visible_rows(rows.position[size_t(r)]);
   }
   std::vector<std::vector<int32_t>> selected;
-  kb.indexer_select({q.data(), head_weights, n_rows, heads, hd, keys.data(), visible.data(), c.index_topk, &selected});
+  kb.indexer_select({q, head_weights, n_rows, heads, hd, keys.data(), visible.data(), c.index_topk, &selected});
   return selected;
 }
 
@@ -85,11 +84,12 @@ AttentionInputs attention_input_products(const KernelBackend& kb, const ModelCon
 
 void finish_attention_inputs(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w,
                              const RopeTable& rope, const int64_t* positions, int64_t n, bool head_norm,
-                             AttentionInputs& in) {
+                             AttentionInputs& in, float* index_q) {
   const int64_t H = c.n_heads, hd = c.head_dim, nope = hd - c.rope_dim;
   AttentionQueries& q = in.queries;
   kb.rms_norm(q.qr.data(), n, c.q_lora_rank, c.q_lora_rank, w.q_norm.data(), c.norm_eps);
-  kb.linear(w.wq_b, q.qr.data(), n, q.q.data());
+  const LinearProduct products[] = {{&w.wq_b, q.qr.data(), n, q.q.data()}, {&w.indexer.wq_b, q.qr.data(), n, index_q}};
+  kb.linear_many(products, index_q ? 2 : 1);
   if (head_norm) kb.rms_norm(q.q.data(), n * H, hd, hd, nullptr, c.norm_eps);
   kb.rope(q.q.data() + nope, n * H, hd, positions, H, rope, false);
   finish_kv_rows(kb, c, w, rope, positions, in.kv.data(), n);
@@ -155,10 +155,12 @@ void attention_forward(const KernelBackend& kb, const ModelConfig& c, const Atte
   // indexer's head weights and compressor, the layer's compressor. On two
   // cores, a CSA layer's seven (V4-Flash shapes, one token) took 18-21%
   // longer as separate calls (docs/kernels.md, "Grouped products in one
-  // call").
+  // call"). Likewise wq_b and the indexer's wq_b, both of the normed qr
+  // (one token 3%, four tokens 11% faster per CSA layer).
   std::vector<LinearProduct> products;
   AttentionInputs in = attention_input_products(kb, c, w, x, n, products);
   Buffer head_weights = kb.buffer(layout.has_indexer() ? n * c.index_n_heads : 0);
+  Buffer index_q = kb.buffer(layout.has_indexer() ? n * c.index_n_heads * c.index_head_dim : 0);
   CompressorProjections index_proj, proj;
   if (layout.has_indexer()) {
     products.push_back({&w.indexer.weights_proj, x, n, head_weights.data()});
@@ -166,11 +168,12 @@ void attention_forward(const KernelBackend& kb, const ModelConfig& c, const Atte
   }
   if (layout.compresses()) compressor_products(w.compressor, x, n, proj, products);
   kb.linear_many(products.data(), products.size());
-  finish_attention_inputs(kb, c, w, rope, position.data(), n, !c.v41, in);
+  finish_attention_inputs(kb, c, w, rope, position.data(), n, !c.v41, in,
+                          layout.has_indexer() ? index_q.data() : nullptr);
 
   std::vector<std::vector<int32_t>> selected;
   if (layout.has_indexer())
-    selected = indexer_select(kb, c, w.indexer, rope, layout, segments, rows, in.queries.qr.data(), head_weights.data(),
+    selected = indexer_select(kb, c, w.indexer, rope, layout, segments, rows, index_q.data(), head_weights.data(),
                               index_proj, n);
   if (layout.compresses())
     for (const Segment& s : segments)

@@ -91,15 +91,14 @@ void compress_rows(const KernelBackend& kb, const ModelConfig& c, const Attentio
 }
 
 // An index source's selection for every row: its own FP4 queries against
-// the group's index keys (no Hadamard in V4.1).
-void select_rows(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w, const RopeTable& rope,
-                 const LayerLayout& layout, const std::vector<Segment>& segments, const RowMap& rows,
-                 GroupedShared& shared, float* head_weights, const float* qr, int64_t n_rows) {
+// the group's index keys (no Hadamard in V4.1). q: the indexer's wq_b of the
+// normed qr, rotated and rounded here in place.
+void select_rows(const KernelBackend& kb, const ModelConfig& c, const LayerLayout& layout,
+                 const std::vector<Segment>& segments, const RowMap& rows, const RopeTable& rope, GroupedShared& shared,
+                 float* head_weights, float* q, int64_t n_rows) {
   const int64_t heads = c.index_n_heads, hd = c.index_head_dim;
-  Buffer q = kb.buffer(n_rows * heads * hd);
-  kb.linear(w.indexer.wq_b, qr, n_rows, q.data());
-  kb.rope(q.data() + hd - c.rope_dim, n_rows * heads, hd, rows.position.data(), heads, rope, false);
-  kb.fp4_round(q.data(), n_rows * heads, hd, hd, 32);
+  kb.rope(q + hd - c.rope_dim, n_rows * heads, hd, rows.position.data(), heads, rope, false);
+  kb.fp4_round(q, n_rows * heads, hd, hd, 32);
   kb.scale(head_weights, n_rows * heads, 1.0f / std::sqrt(float(hd)) * (1.0f / std::sqrt(float(heads))));
 
   // Each row reads its sequence's keys as stored (FP4); the backend decodes.
@@ -111,7 +110,7 @@ void select_rows(const KernelBackend& kb, const ModelConfig& c, const AttentionW
     visible[size_t(r)] = layout.visible_rows(rows.position[size_t(r)]);
     if (layout.uses_candidates) allowed[size_t(r)] = shared.candidates[size_t(r)].data();
   }
-  IndexerSelect problem{q.data(),    head_weights,   n_rows,       heads,           hd,
+  IndexerSelect problem{q,           head_weights,   n_rows,       heads,           hd,
                         keys.data(), visible.data(), c.index_topk, &shared.selected};
   if (layout.candidate_source) {
     problem.candidate_blocks = c.candidate_topk_blocks;
@@ -136,15 +135,15 @@ void attention_grouped(const KernelBackend& kb, const ModelConfig& c, const Atte
   std::vector<LinearProduct> products;
   AttentionInputs in = attention_input_products(kb, c, w, x, n, products);
   Buffer head_weights = kb.buffer(index_source ? n * c.index_n_heads : 0);
+  Buffer index_q = kb.buffer(index_source ? n * c.index_n_heads * c.index_head_dim : 0);
   SourceProjections proj;
   if (source) proj = source_products(kb, c, w, layout, x, n, products);
   if (index_source) products.push_back({&w.indexer.weights_proj, x, n, head_weights.data()});
   kb.linear_many(products.data(), products.size());
-  finish_attention_inputs(kb, c, w, rope, rows.position.data(), n, false, in);
+  finish_attention_inputs(kb, c, w, rope, rows.position.data(), n, false, in, index_source ? index_q.data() : nullptr);
   // The source writes its rows (and keys) before anyone selects or reads.
   if (source) compress_rows(kb, c, w, rope, layout, segments, proj);
-  if (index_source)
-    select_rows(kb, c, w, rope, layout, segments, rows, shared, head_weights.data(), in.queries.qr.data(), n);
+  if (index_source) select_rows(kb, c, layout, segments, rows, rope, shared, head_weights.data(), index_q.data(), n);
   // Every layer of the group attends the latest selection over its KV
   // source's rows.
   attend_rows(

@@ -76,8 +76,9 @@ struct AttentionQueries {
 // here, with wq_a and wkv appended to `products` for the caller to run in one
 // batch with its other products of the same input (docs/kernels.md,
 // "Grouped products in one call"); finish_attention_inputs completes them
-// once that batch ran. attention_inputs does both where the input has no
-// other products.
+// once that batch ran, with the indexer's wq_b of the same normed qr in
+// wq_b's batch where `index_q` ([n, index_heads, index_head_dim]) is given.
+// attention_inputs does both where the input has no other products.
 struct AttentionInputs {
   AttentionQueries queries;
   Buffer kv;  // [n, head_dim]
@@ -86,7 +87,7 @@ AttentionInputs attention_input_products(const KernelBackend& kb, const ModelCon
                                          const float* x, int64_t n, std::vector<LinearProduct>& products);
 void finish_attention_inputs(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w,
                              const RopeTable& rope, const int64_t* positions, int64_t n, bool head_norm,
-                             AttentionInputs& in);
+                             AttentionInputs& in, float* index_q = nullptr);
 AttentionInputs attention_inputs(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w,
                                  const RopeTable& rope, const int64_t* positions, const float* x, int64_t n,
                                  bool head_norm);
