@@ -185,11 +185,19 @@ void register_rows_piece(const Linear& w, int64_t row_begin, int64_t out, const 
 // How many pieces the register path cuts a matrix of `out` rows into for
 // `threads` threads, which claim them one at a time: on a shared machine a
 // thread that loses its core for a while leaves its later pieces to the
-// other instead of holding it at the end of the product. Pieces keep at
-// least 64 rows (four streams of 16) once there are more than threads.
-constexpr int64_t kRegisterPiecesPerThread = 4;
-int64_t register_pieces(int64_t out, int threads) {
-  return std::max<int64_t>(threads, std::min<int64_t>(out / 64, threads * kRegisterPiecesPerThread));
+// other instead of holding it at the end of the product. Four per thread,
+// more (up to sixteen) for long products, `macs` multiply-adds (weights x
+// tokens), so that no piece is much over kPieceMacs: the 16-token LM head's
+// pieces took 8 ms each, and the thread left waiting at its end cost
+// 0-10% of the product (docs/kernels.md, "Pieces of long products").
+// Pieces keep at least 64 rows (four streams of 16) once there are more
+// than threads.
+constexpr int64_t kRegisterPiecesPerThread = 4, kMaxRegisterPiecesPerThread = 16;
+constexpr int64_t kPieceMacs = int64_t(1) << 26;
+int64_t register_pieces(int64_t out, int64_t macs, int threads) {
+  const int64_t per =
+      std::clamp<int64_t>(macs / (threads * kPieceMacs), kRegisterPiecesPerThread, kMaxRegisterPiecesPerThread);
+  return std::max<int64_t>(threads, std::min<int64_t>(out / 64, threads * per));
 }
 
 // Whether an AVX-512 register-path product of w with n tokens also prepares
@@ -251,9 +259,10 @@ void linear_forward(KernelIsa isa, const Linear& w, const float* x, int64_t n, f
     // blocks of as equal a size as they go: 17 tokens as 9 + 8, not 16 + 1,
     // since each block streams the weights once.
     const int64_t token_blocks = (n + kMaxRegisterTokens - 1) / kMaxRegisterTokens;
+    const int64_t block_macs = token_blocks > 0 ? out * cols * ((n + token_blocks - 1) / token_blocks) : 0;
 #pragma omp parallel num_threads(threads)
     {
-      const int64_t pieces = register_pieces(out, omp_get_num_threads());
+      const int64_t pieces = register_pieces(out, block_macs, omp_get_num_threads());
 #pragma omp for schedule(dynamic, 1)
       for (int64_t item = 0; item < token_blocks * pieces; ++item) {
         const int64_t block = item / pieces, piece = item % pieces;
@@ -268,7 +277,7 @@ void linear_forward(KernelIsa isa, const Linear& w, const float* x, int64_t n, f
     // One token: pieces of rows as four streams each (see RowGroup).
 #pragma omp parallel num_threads(threads)
     {
-      const int64_t pieces = register_pieces(out, omp_get_num_threads());
+      const int64_t pieces = register_pieces(out, out * cols, omp_get_num_threads());
 #pragma omp for schedule(dynamic, 1)
       for (int64_t piece = 0; piece < pieces; ++piece)
         rows_one_token_avx2(w, row_begin, out * piece / pieces, out * (piece + 1) / pieces, xs, y);
@@ -359,7 +368,8 @@ void linear_forward_many(KernelIsa isa, const LinearProduct* products, size_t co
     }
 #pragma omp single
     for (size_t k = 0; k < fused.size(); ++k) {
-      const int64_t count = register_pieces(products[fused[k]].rows(), nt);
+      const LinearProduct& pk = products[fused[k]];
+      const int64_t count = register_pieces(pk.rows(), pk.rows() * pk.w->cols * pk.n, nt);
       for (int64_t piece = 0; piece < count; ++piece) pieces.push_back({k, piece, count});
     }
     // (The single's barrier also waits for every token's prepared input.)
