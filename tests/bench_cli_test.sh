@@ -56,7 +56,7 @@ grep -q "of the peak GEMM" "$WORK/out.txt" || fail "no peak GEMM share"
 grep -q "^decode batch   2: .*x batch 1, [0-9]*% of the roofline" "$WORK/out.txt" || fail "no batched roofline share"
 grep -q "^decode batch   2: .*decoding the weights once + the FMAs: [0-9]* ms; the products one after another, each weight format at the longer of its bytes and its decoding: [0-9]* ms; at the run-wide best limits the roofline is [0-9.]*, [0-9]*% of it); the roofline allows [0-9.]*x batch 1" "$WORK/out.txt" \
   || fail "no decoding floor on the batched line"
-grep -q "one-token products from L2 .*: BF16 [0-9.]*, FP8 [0-9.]*, FP4 [0-9.]*$" "$WORK/out.txt" || fail "no one-token rates"
+grep -q "one-token products from cache, 4 MB a core .*: BF16 [0-9.]*, FP8 [0-9.]*, FP4 [0-9.]*$" "$WORK/out.txt" || fail "no one-token rates"
 grep -q "^  decode batch 1: .* tokens/s at the measured .*; decoding its weights at the one-token rates takes [0-9]* ms per token here (at most [0-9.]* tokens/s); its products one after another, each weight format at the longer of its bytes and its decoding, [0-9]* ms (at most [0-9.]* tokens/s, [0-9]*% of the read bandwidth)$" \
   "$WORK/out.txt" || fail "no 43-layer decoding bound"
 grep -q "^  decode batch 2: [0-9.]* GB per step (uniform routing): at most [0-9.]* tokens/s at the measured bandwidth, [0-9.]*x batch 1 by bytes alone$" \

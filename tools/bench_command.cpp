@@ -185,7 +185,8 @@ int run_bench(const BenchArgs& a) {
       best = GemmPeak{read.fma_name, read.fma_flops()};  // built without oneDNN: the FMA ceiling stands in
     if (best.flops > peak.flops) peak = best;
     const std::array<double, 4>& rates = read.one_token_rates;
-    std::printf("measured%s: one-token products from L2 (decoding + one FMA per weight), G weights/s:", when);
+    std::printf("measured%s: one-token products from cache, 4 MB a core (decoding + one FMA per weight), G weights/s:",
+                when);
     std::printf(" BF16 %.1f, FP8 %.1f, FP4 %.1f\n", rates[size_t(WeightFormat::BF16)] / 1e9,
                 rates[size_t(WeightFormat::FP8_BLOCK128)] / 1e9, rates[size_t(WeightFormat::FP4_BLOCK32)] / 1e9);
   };

@@ -17,7 +17,7 @@ double expected_distinct_experts(const ModelConfig& c, int64_t batch);
 double decode_step_bytes(const ModelConfig& c, const Model::TokenCost& cost, int64_t batch);
 // The compute floor of work that reads weights[f] weights of each format
 // (WeightFormat) and does `macs` multiply-adds: each weight decoded once at
-// the rate its format reaches with one token from L2 (`rates`, weights/s;
+// the rate its format reaches with one token from cache (`rates`, weights/s;
 // that includes one FMA lane per weight; a format without a rate is left to
 // the FMAs), every other multiply-add (other tokens', attention) at the fp32
 // FMA ceiling. The steps' floors below and each product kind's in `dsv4

@@ -12,9 +12,9 @@
 namespace dsv4::tools {
 
 // Weights per second, all threads together, that dsv4's register kernels
-// multiply with one token when the weights sit in each core's L2 (no DRAM
-// traffic): the decoding plus one FMA lane per weight, for F32, BF16, FP8
-// and FP4 (indexed by WeightFormat).
+// multiply with one token when the weights sit in the cache (a 4 MB matrix
+// per core: no DRAM traffic): the decoding plus one FMA lane per weight, for
+// F32, BF16, FP8 and FP4 (indexed by WeightFormat).
 std::array<double, 4> measure_one_token_weight_rates();
 
 }  // namespace dsv4::tools
