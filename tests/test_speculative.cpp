@@ -195,6 +195,29 @@ TEST(SpecGate, TurnsALosingSpeculationOffAndProbesRarely) {
   EXPECT_GT(winning.gain(1), 2.0);
 }
 
+// A machine that slowed speculation down for a while (another tenant, a
+// noisy neighbour) and then sped up again: the first probe after that must
+// bring speculation back, not be averaged into the slow phase's rate. With
+// the stale average moved a quarter of the way per probe, speculation lost
+// three more probes, 256 steps apart, and ran in under a third of the later
+// steps.
+TEST(SpecGate, AProbeReplacesAStaleAverage) {
+  SpeculationGate gate;
+  int spec_late = 0;
+  for (int step = 0; step < 1300; ++step) {
+    const bool spec = gate.speculate(1);
+    const bool slow_phase = step < 300;
+    if (!slow_phase) spec_late += spec;
+    // Plain: 10 tokens/s. Speculation: 4 tokens/s, then 16.
+    if (!spec)
+      gate.record(1, false, 0.1, 1);
+    else
+      gate.record(1, true, slow_phase ? 0.25 : 0.125, slow_phase ? 1 : 2);
+  }
+  EXPECT_GT(spec_late, 1000 * 0.7) << "speculation stayed off after the machine recovered";
+  EXPECT_GT(gate.gain(1), 1.5);
+}
+
 // ---- the engine: bitwise exactness -------------------------------------------
 
 TEST(SpecEngine, NgramGreedyIsBitwisePlainAndAcceptsDrafts) {

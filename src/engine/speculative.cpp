@@ -200,7 +200,10 @@ void SpeculationGate::record(int64_t batch, bool speculative, double seconds, in
   constexpr double kWeight = 0.25;
   double& avg = speculative ? b.spec_rate : b.plain_rate;
   int64_t& samples = speculative ? b.spec_samples : b.plain_samples;
-  avg = samples == 0 ? rate : avg + kWeight * (rate - avg);
+  int64_t& last = speculative ? b.spec_at : b.plain_at;
+  const bool stale = ++b.recorded - last > kStaleSteps;
+  avg = samples == 0 || stale ? rate : avg + kWeight * (rate - avg);
+  last = b.recorded;
   ++samples;
   if (speculative && b.plain_samples >= 3) {
     // A probe that lost waits twice as long for the next one.

@@ -122,7 +122,11 @@ bool head_skip_pays(int64_t skipped, const SpeculativeOptions& options);
 // same size (buckets 1, 2, 3-4, 5-8, ...), uses the faster, and now and then
 // runs the other to keep both measurements fresh. A bucket where speculation
 // lost is probed less and less often (doubling up to 1 in 256 steps), so a
-// losing draft costs well under 5% of plain decoding.
+// losing draft costs well under 5% of plain decoding. A mode's average
+// older than kStaleSteps of the bucket's steps is replaced by the next
+// sample instead of moved a quarter of the way: on a shared machine whose
+// speed moves by half within a minute, an average kept from a slow phase
+// lost probe after probe against the other mode's fresh one.
 class SpeculationGate {
  public:
   explicit SpeculationGate(bool enabled = true) : enabled_(enabled) {}
@@ -137,7 +141,9 @@ class SpeculationGate {
     double plain_rate = 0, spec_rate = 0;  // tokens/s, moving averages
     int64_t plain_samples = 0, spec_samples = 0;
     int64_t since_probe = 0, probe_interval = 16;
+    int64_t recorded = 0, plain_at = 0, spec_at = 0;  // steps recorded; the last of each mode
   };
+  static constexpr int64_t kStaleSteps = 8;
   static size_t bucket_of(int64_t batch);
   bool enabled_;
   std::array<Bucket, 12> buckets_{};
