@@ -16,10 +16,11 @@ namespace {
 // A 4 MB matrix of `format`, 4096 columns wide (random codes, scales near
 // those of real checkpoints), rounding its input through FP8 as the model's
 // FP8 and FP4 products do. Past a core's L2, in L3: with 1 MB matrices (128
-// to 512 rows) a product's fixed costs (its input prepared, its streams
-// started) took a fifth of each call, so the one-token products of a decode
-// step, 2-33 MB from DRAM, ran faster than this "floor" (docs/kernels.md,
-// "The one-token rates' matrices").
+// to 512 rows) the rates read 18-25% lower than with 4 MB ones (a small
+// product's fixed costs, its input prepared and its streams started, weigh
+// more), and the one-token products of a decode step, 2-33 MB from DRAM,
+// ran faster than that "floor" (docs/kernels.md, "The one-token rates'
+// matrices").
 RandomLinear resident_matrix(WeightFormat format, uint32_t seed) {
   const int64_t cols = 4096;
   const int64_t row_bytes = format == WeightFormat::F32            ? 4 * cols
