@@ -3,6 +3,7 @@
 // cancellation frees the sequence; limits give clear errors.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <thread>
 
 #include "core/error.h"
@@ -142,6 +143,33 @@ TEST(Engine, PrefixCacheHitGivesTheSameBits) {
   EXPECT_EQ(warm.logprobs, fresh.logprobs);
   EXPECT_TRUE(e.flush_cache());
   EXPECT_EQ(e.metrics().prefix_cache_entries, 0);
+}
+
+// A client that has its answer and flushes the cache finds it empty: the
+// finished sequence went into the cache before its last event was pushed,
+// not after (the server's /flush_cache test once found an entry there).
+TEST(Engine, AFinishedRequestIsCachedBeforeItsLastEvent) {
+  Engine e(shared_model(), EngineOptions());
+  // Busy threads make the engine's thread lose its core when it wakes the
+  // client, as on a loaded machine, where the race showed.
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> busy;
+  for (int t = 0; t < 3; ++t)
+    busy.emplace_back([&stop] {
+      while (!stop.load(std::memory_order_relaxed)) {
+      }
+    });
+  int64_t left = 0, cached = 0;
+  for (int32_t i = 0; i < 40; ++i) {
+    drain(e.submit("r" + std::to_string(i), prompt_of(24, i), sampled(uint64_t(i), 2)));
+    cached += e.metrics().prefix_cache_entries;
+    EXPECT_TRUE(e.flush_cache());
+    left += e.metrics().prefix_cache_entries;
+  }
+  stop = true;
+  for (auto& t : busy) t.join();
+  EXPECT_EQ(cached, 40 * 2);  // the prompt's checkpoint and the conversation's
+  EXPECT_EQ(left, 0);
 }
 
 TEST(Engine, CancelFreesTheSequence) {

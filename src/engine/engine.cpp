@@ -506,7 +506,11 @@ void Engine::emit(Sequence& s, const float* logits, const SampledToken& t) {
   else if (int64_t(s.output.size()) >= s.params.max_new_tokens)
     e.finished = true, e.reason = FinishReason::Length;
   const bool finished = e.finished;
-  s.handle->push(std::move(e));
+  // The cache and the counters take the token before its event is pushed: a
+  // client that has its answer and then asks /flush_cache, /get_server_info
+  // or /metrics sees them with it (the finished sequence cached, its tokens
+  // counted), not a moment later.
+  if (finished) cache_.on_finished(s.prompt, s.output, s.fed, s.state);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     ++totals_.generation_tokens_total;
@@ -514,8 +518,8 @@ void Engine::emit(Sequence& s, const float* logits, const SampledToken& t) {
     recent_tokens_.push_back({now, 1});
     while (!recent_tokens_.empty() && now - recent_tokens_.front().first > 10) recent_tokens_.pop_front();
   }
+  s.handle->push(std::move(e));
   if (finished) {
-    cache_.on_finished(s.prompt, s.output, s.fed, s.state);
     s.phase = Phase::Finished;
     s.state = SequenceState();  // its memory goes back now rather than at retirement
     s.cache_lease.reset();
