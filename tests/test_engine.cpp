@@ -161,7 +161,7 @@ TEST(Engine, AFinishedRequestIsCachedBeforeItsLastEvent) {
     });
   int64_t left = 0, cached = 0;
   for (int32_t i = 0; i < 40; ++i) {
-    drain(e.submit("r" + std::to_string(i), prompt_of(24, i), sampled(uint64_t(i), 2)));
+    drain(e.submit(std::to_string(i), prompt_of(24, i), sampled(uint64_t(i), 2)));
     cached += e.metrics().prefix_cache_entries;
     EXPECT_TRUE(e.flush_cache());
     left += e.metrics().prefix_cache_entries;
