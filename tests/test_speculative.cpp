@@ -218,6 +218,30 @@ TEST(SpecGate, AProbeReplacesAStaleAverage) {
   EXPECT_GT(gate.gain(1), 1.5);
 }
 
+// A probe that costs many plain steps (after a bypass the drafter catches up
+// on the window it skipped: on the 2-layer V4-Flash slice at batch 4 one
+// probe took as long as about 20 plain steps) is made rare enough that the
+// probes cost about 2% of plain decoding's time. Doubling up to 1 in 256
+// steps alone left 256-step runs 6-10% slower than plain.
+TEST(SpecGate, AnExpensiveProbeIsPaidForByTheStepsBetweenProbes) {
+  SpeculationGate gate;
+  double seconds = 0;
+  int64_t tokens = 0;
+  const int64_t batch = 4, steps = 40000;
+  for (int64_t step = 0; step < steps; ++step) {
+    const bool spec = gate.speculate(batch);
+    // Plain: 50 ms a step. A probe: 1 s for four tokens a sequence.
+    const double took = spec ? 1.0 : 0.05;
+    const int64_t made = spec ? 4 * batch : batch;
+    gate.record(batch, spec, took, made);
+    seconds += took;
+    tokens += made;
+  }
+  const double plain_seconds = double(tokens) / double(batch) * 0.05;
+  EXPECT_LT(seconds / plain_seconds, 1.03) << "the probes cost more than their budget";
+  EXPECT_LT(gate.gain(batch), 1.0);
+}
+
 // ---- the engine: bitwise exactness -------------------------------------------
 
 TEST(SpecEngine, NgramGreedyIsBitwisePlainAndAcceptsDrafts) {

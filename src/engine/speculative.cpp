@@ -206,8 +206,20 @@ void SpeculationGate::record(int64_t batch, bool speculative, double seconds, in
   last = b.recorded;
   ++samples;
   if (speculative && b.plain_samples >= 3) {
-    // A probe that lost waits twice as long for the next one.
-    b.probe_interval = b.spec_rate < b.plain_rate ? std::min<int64_t>(b.probe_interval * 2, 256) : 16;
+    if (b.spec_rate >= b.plain_rate) {
+      b.probe_interval = kFirstProbeInterval;
+    } else {
+      // A probe that lost waits twice as long for the next one, and at
+      // least long enough that what it cost beyond plain decoding (its
+      // time less what plain steps take for its tokens; after a bypass it
+      // includes the drafter catching up on the window it skipped) is
+      // kProbeBudget of the plain steps in between.
+      const double excess = seconds - double(tokens) / (b.plain_rate * double(batch));
+      const double plain_step = 1.0 / b.plain_rate;
+      const double paid_for = std::ceil(std::max(0.0, excess) / (kProbeBudget * plain_step));
+      b.probe_interval = std::max(std::min<int64_t>(b.probe_interval * 2, kDoublingProbeInterval),
+                                  int64_t(std::min(paid_for, double(kMaxProbeInterval))));
+    }
   }
 }
 

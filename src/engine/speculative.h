@@ -121,8 +121,10 @@ bool head_skip_pays(int64_t skipped, const SpeculativeOptions& options);
 // tokens per second of speculative and plain steps for batches of about the
 // same size (buckets 1, 2, 3-4, 5-8, ...), uses the faster, and now and then
 // runs the other to keep both measurements fresh. A bucket where speculation
-// lost is probed less and less often (doubling up to 1 in 256 steps), so a
-// losing draft costs well under 5% of plain decoding. A mode's average
+// lost is probed less and less often (doubling up to 1 in 256 steps, and
+// rarer where one probe costs more than 2% of the plain steps between two:
+// after a bypass the drafter first catches up on the skipped window), so a
+// losing draft costs about 2% of plain decoding. A mode's average
 // older than kStaleSteps of the bucket's steps is replaced by the next
 // sample instead of moved a quarter of the way: on a shared machine whose
 // speed moves by half within a minute, an average kept from a slow phase
@@ -140,10 +142,15 @@ class SpeculationGate {
   struct Bucket {
     double plain_rate = 0, spec_rate = 0;  // tokens/s, moving averages
     int64_t plain_samples = 0, spec_samples = 0;
-    int64_t since_probe = 0, probe_interval = 16;
+    int64_t since_probe = 0, probe_interval = kFirstProbeInterval;
     int64_t recorded = 0, plain_at = 0, spec_at = 0;  // steps recorded; the last of each mode
   };
   static constexpr int64_t kStaleSteps = 8;
+  // Steps between probes of a losing mode: 16 at first, doubling per lost
+  // probe up to 256, and more (up to 4096) where a probe costs more than
+  // kProbeBudget of the plain steps between two probes.
+  static constexpr int64_t kFirstProbeInterval = 16, kDoublingProbeInterval = 256, kMaxProbeInterval = 4096;
+  static constexpr double kProbeBudget = 0.02;
   static size_t bucket_of(int64_t batch);
   bool enabled_;
   std::array<Bucket, 12> buckets_{};
