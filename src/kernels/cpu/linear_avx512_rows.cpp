@@ -271,6 +271,53 @@ DSV4_AVX512 void dot4_fp4_avx512(const Linear& w, const RowGroup& g, const float
                         });
 }
 
+// One to four tokens against the four rows of `g` (FP4): dot4_fp4_avx512's
+// steps, chunks and folds (fold16x4_avx512 gives each row fold16_avx512's
+// bits), so the same results, as one function over the whole rows with the
+// sums in registers. Where VDPBF16PS is off (an Intel Xeon measures it at
+// half the FMAs' rate), the one-token experts took this form's per-chunk
+// calls, pointer arrays and sums in memory; as for the pair kernel
+// (fp4_pairs_whole_rows) they cost several percent of a one-token product
+// (docs/kernels.md, "FP4 one token without VDPBF16PS").
+template <int T>
+DSV4_AVX512 void fp4_whole_rows_avx512(const Linear& w, const RowGroup& g, const float* xs, double* out,
+                                       int64_t out_stride) {
+  const int64_t cols = w.cols, row_bytes = cols / 2;
+  const uint8_t *p0 = w.data + g.row(0) * row_bytes, *p1 = w.data + g.row(1) * row_bytes;
+  const uint8_t *p2 = w.data + g.row(2) * row_bytes, *p3 = w.data + g.row(3) * row_bytes;
+  const uint8_t *s0 = w.scale + g.row(0) * w.scale_cols, *s1 = w.scale + g.row(1) * w.scale_cols;
+  const uint8_t *s2 = w.scale + g.row(2) * w.scale_cols, *s3 = w.scale + g.row(3) * w.scale_cols;
+  const E2m1Tables& tables = e2m1_tables();
+  const bool prefetch = g.has_next;
+  __m256d sums[T];  // rows 0-3 of each token
+  for (auto& sum : sums) sum = _mm256_setzero_pd();
+  for (int64_t c0 = 0; c0 < cols; c0 += kChunk) {
+    const int64_t first = c0 / 32, end = std::min(cols, c0 + kChunk) / 32;  // blocks
+    __m512 a0[T], a1[T], a2[T], a3[T];
+    for (int t = 0; t < T; ++t) a0[t] = a1[t] = a2[t] = a3[t] = _mm512_setzero_ps();
+    for (int64_t k = first; k < end; ++k) {
+      if (prefetch && k % 4 == 0) {  // one cache line per row, as dot4_fp4_avx512
+        _mm_prefetch((const char*)p0 + 16 * k + kPrefetchBytesAhead, _MM_HINT_T0);
+        _mm_prefetch((const char*)p1 + 16 * k + kPrefetchBytesAhead, _MM_HINT_T0);
+        _mm_prefetch((const char*)p2 + 16 * k + kPrefetchBytesAhead, _MM_HINT_T0);
+        _mm_prefetch((const char*)p3 + 16 * k + kPrefetchBytesAhead, _MM_HINT_T0);
+      }
+      __m512 even, odd;
+      auto row = [&](const uint8_t* bytes, uint8_t scale, __m512* a) DSV4_AVX512 {
+        e2m1_block_avx512(bytes + 16 * k, e2m1_table_avx512(tables, scale), even, odd);
+        for (int t = 0; t < T; ++t) a[t] = _mm512_fmadd_ps(even, _mm512_loadu_ps(xs + t * cols + 32 * k), a[t]);
+        for (int t = 0; t < T; ++t) a[t] = _mm512_fmadd_ps(odd, _mm512_loadu_ps(xs + t * cols + 32 * k + 16), a[t]);
+      };
+      row(p0, s0[k], a0);
+      row(p1, s1[k], a1);
+      row(p2, s2[k], a2);
+      row(p3, s3[k], a3);
+    }
+    for (int t = 0; t < T; ++t) sums[t] = _mm256_add_pd(sums[t], fold16x4_avx512(a0[t], a1[t], a2[t], a3[t]));
+  }
+  for (int t = 0; t < T; ++t) _mm256_storeu_pd(out + t * out_stride, sums[t]);
+}
+
 // One token against the four rows of `g` (FP8, one 128-row block, so one
 // scale per 128 columns for all four) whose every 128-column span has its
 // scale in g.scaled_inputs: the prescaled fp16 decoding of dot4_fp8_avx512
@@ -320,7 +367,15 @@ DSV4_AVX512 void dot4_all_tokens_avx512(const Linear& w, const RowGroup& g, cons
     case WeightFormat::F32:
     case WeightFormat::BF16: dot4_float_avx512(w, g, xs, n, out, out_stride); break;
     case WeightFormat::FP8_BLOCK128: dot4_fp8_avx512(w, g, xs, n, out, out_stride); break;
-    case WeightFormat::FP4_BLOCK32: dot4_fp4_avx512(w, g, xs, n, out, out_stride); break;
+    case WeightFormat::FP4_BLOCK32:
+      switch (n) {
+        case 1: fp4_whole_rows_avx512<1>(w, g, xs, out, out_stride); break;
+        case 2: fp4_whole_rows_avx512<2>(w, g, xs, out, out_stride); break;
+        case 3: fp4_whole_rows_avx512<3>(w, g, xs, out, out_stride); break;
+        case 4: fp4_whole_rows_avx512<4>(w, g, xs, out, out_stride); break;
+        default: dot4_fp4_avx512(w, g, xs, n, out, out_stride); break;
+      }
+      break;
   }
 }
 
