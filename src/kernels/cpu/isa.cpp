@@ -165,12 +165,42 @@ Bf16Choice& bf16_choice() {
   return c;
 }
 
+struct RowsChoice {
+  bool quarters = false;
+  std::string why;
+};
+
+RowsChoice initial_rows_choice() {
+  const char* env = std::getenv("DSV4_BF16_ROWS");
+  if (env && std::string(env) == "quarters")
+    return {true, "BF16 rows against 2-4 tokens as four streams (DSV4_BF16_ROWS=quarters)"};
+  if (env && std::string(env) == "eight")
+    return {false, "BF16 rows against 2-4 tokens eight at a time (DSV4_BF16_ROWS=eight)"};
+  __builtin_cpu_init();
+  if (__builtin_cpu_is("intel")) return {true, "BF16 rows against 2-4 tokens as four streams (an Intel CPU)"};
+  return {false, ""};
+}
+
+RowsChoice& rows_choice() {
+  static RowsChoice c = initial_rows_choice();
+  return c;
+}
+
 }  // namespace
 
 std::string kernel_isa_reason() {
   std::string reason = choice().reason;
   if (choice().isa == KernelIsa::Avx512 && !bf16_choice().why.empty()) reason += "; " + bf16_choice().why;
+  if (choice().isa == KernelIsa::Avx512 && !rows_choice().why.empty()) reason += "; " + rows_choice().why;
   return reason;
+}
+
+bool bf16_few_tokens_in_quarters() { return rows_choice().quarters; }
+void set_bf16_few_tokens_in_quarters(bool on) {
+  RowsChoice& c = rows_choice();
+  c.quarters = on;
+  c.why = on ? "BF16 rows against 2-4 tokens as four streams (set by the program)"
+             : "BF16 rows against 2-4 tokens eight at a time (set by the program)";
 }
 
 bool bf16_dot_supported() {

@@ -492,7 +492,9 @@ inline void eight_rows(int64_t first, int run, int64_t stride, int64_t row_begin
 // to the fp32 one.
 void rows_as_four_streams(const Linear& w, int64_t row_begin, int64_t lo, int64_t hi, const float* xs, int64_t n,
                           float* y, int64_t y_stride, const uint32_t* pairs) {
-  if (w.format == WeightFormat::BF16 && n >= kEightRowMinTokens) {
+  // (Where bf16_few_tokens_in_quarters, 2-4 tokens go as four streams below.)
+  if (w.format == WeightFormat::BF16 && n >= kEightRowMinTokens &&
+      !(n <= kBf16QuarterMaxTokens && bf16_few_tokens_in_quarters())) {
     if (n <= kEightRowConsecutiveMaxTokensBf16) {
       // Eight consecutive rows at a time; the last chunk prefetches the
       // next eight.
