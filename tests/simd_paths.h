@@ -1,7 +1,7 @@
-// Kernel tests' check that every SIMD path (and on AVX-512 either layout of
-// BF16 rows against two to four tokens; with AVX512-BF16, either setting of
-// the bf16 dot products; with AVX512-VBMI, also without the kernels that
-// need it) gives the scalar kernels' bits.
+// Kernel tests' check that every SIMD path (and on AVX-512 either vendor's
+// tuning; with AVX512-BF16, either setting of the bf16 dot products; with
+// AVX512-VBMI, also without the kernels that need it) gives the scalar
+// kernels' bits.
 #pragma once
 #include <gtest/gtest.h>
 
@@ -40,13 +40,15 @@ inline std::vector<float> expect_simd_gives_scalar_bits(size_t size, const std::
       set_bf16_dot(bf16);
       EXPECT_EQ(0, std::memcmp(other.data(), scalar.data(), size * 4)) << "avx512, bf16 dot " << !bf16;
     }
-    if (isa == KernelIsa::Avx512) {  // and with the other layout of BF16 rows against 2-4 tokens
-      const bool quarters = bf16_few_tokens_in_quarters();
-      set_bf16_few_tokens_in_quarters(!quarters);
+    if (isa == KernelIsa::Avx512) {  // and with the other vendor's tuning
+      const KernelTuning tuning = kernel_tuning();
+      const KernelTuning other_tuning = tuning == KernelTuning::Intel ? KernelTuning::Amd : KernelTuning::Intel;
+      set_kernel_tuning(other_tuning);
       std::vector<float> other(size, -1.0f);
       product(other.data());
-      set_bf16_few_tokens_in_quarters(quarters);
-      EXPECT_EQ(0, std::memcmp(other.data(), scalar.data(), size * 4)) << "avx512, BF16 rows in quarters " << !quarters;
+      set_kernel_tuning(tuning);
+      EXPECT_EQ(0, std::memcmp(other.data(), scalar.data(), size * 4))
+          << "avx512, " << (other_tuning == KernelTuning::Intel ? "Intel" : "AMD") << " tuning";
     }
     if (isa == KernelIsa::Avx512 && avx512_vbmi_supported()) {  // and without the VBMI kernels
       set_avx512_vbmi(false);

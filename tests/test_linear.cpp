@@ -189,11 +189,12 @@ TEST(Linear, Fp4EveryScaleByteGivesScalarBits) {
 }
 
 // One token against FP8 rows that fill 128-row blocks: the block's scales
-// go into a copy of the input (AVX-512 and AVX2), except for the spans
-// whose scale would push an input out of the normal floats or past the
-// fp16 decoding's range. Scales from 0 to 250 per (block, span), a row range
-// that starts and ends inside a block, and an input with a huge value (few
-// prescalable spans) all give the scalar bits.
+// go into a copy of the input (AVX-512 and AVX2; with the Intel tuning of
+// the AVX-512 path also for three tokens, kFp8PrescaledMaxTokens), except
+// for the spans whose scale would push an input out of the normal floats
+// or past the fp16 decoding's range. Scales from 0 to 250 per (block,
+// span), a row range that starts and ends inside a block, and an input with
+// a huge value (few prescalable spans) all give the scalar bits.
 TEST(Linear, Fp8OneTokenPrescaledBlocksGiveScalarBits) {
   // Two threads: pieces of 256 rows (of 248 in the inner range), so most
   // hold whole blocks (with many threads, pieces shrink below a block).
@@ -203,14 +204,17 @@ TEST(Linear, Fp8OneTokenPrescaledBlocksGiveScalarBits) {
   RandomLinear w(WeightFormat::FP8_BLOCK128, rows, cols, 31);
   const uint8_t scales[] = {0, 90, 119, 127, 200, 246, 247, 250, 5, 140, 119, 60};
   for (size_t k = 0; k < w.scale.size(); ++k) w.scale[k] = scales[k % 12];
-  std::vector<float> x = normal_floats(size_t(cols), 9);
-  for (bool huge : {false, true}) {
-    SCOPED_TRACE(huge ? "an input of 1e30" : "normal inputs");
-    if (huge) x[100] = 1e30f;
-    for (auto [begin, end] : {std::pair<int64_t, int64_t>{0, rows}, {32, 2016}, {128, 1920}}) {
-      SCOPED_TRACE("rows " + std::to_string(begin) + "-" + std::to_string(end));
-      expect_simd_gives_scalar_bits(size_t(end - begin),
-                                    [&](float* y) { linear_forward(w.linear, x.data(), 1, y, begin, end); });
+  for (int64_t n : {1, 3}) {
+    SCOPED_TRACE("tokens " + std::to_string(n));
+    std::vector<float> x = normal_floats(size_t(n * cols), 9);
+    for (bool huge : {false, true}) {
+      SCOPED_TRACE(huge ? "an input of 1e30" : "normal inputs");
+      if (huge) x[size_t((n - 1) * cols + 100)] = 1e30f;
+      for (auto [begin, end] : {std::pair<int64_t, int64_t>{0, rows}, {32, 2016}, {128, 1920}}) {
+        SCOPED_TRACE("rows " + std::to_string(begin) + "-" + std::to_string(end));
+        expect_simd_gives_scalar_bits(size_t(n * (end - begin)),
+                                      [&](float* y) { linear_forward(w.linear, x.data(), n, y, begin, end); });
+      }
     }
   }
   set_compute_threads(saved_threads);
@@ -311,7 +315,8 @@ TEST_P(LinearFormats, RowSliceWithStrideGivesScalarBits) {
 // its input where that is exact. The bits stay the scalar ones: for inputs
 // near both ends of the float range (where a scaled input would overflow
 // or lose bits, the scale goes into the weights again), for row ranges
-// that start inside a block, and for more tokens (no prescaling).
+// that start inside a block, and for more tokens (prescaled up to
+// kFp8PrescaledMaxTokens with the Intel tuning, not beyond).
 TEST(Linear, Fp8SharedScalesGiveScalarBits) {
   const int64_t rows = 428, cols = 384;  // three whole row blocks
   RandomLinear w = random_linear(WeightFormat::FP8_BLOCK128, rows, cols, 24);
@@ -321,7 +326,7 @@ TEST(Linear, Fp8SharedScalesGiveScalarBits) {
   const uint8_t scales[] = {100, 110, 119, 120, 127, 129};
   w.scale[2] = 119;
   for (size_t i = 3; i < w.scale.size(); ++i) w.scale[i] = scales[(i - 3) % 6];
-  for (int64_t n : {1, 2, 5})
+  for (int64_t n : {1, 2, 4, 5})
     for (float magnitude : {1.0f, 1e-37f, 3e36f})
       for (int64_t row_begin : {0, 100}) {
         char trace[96];

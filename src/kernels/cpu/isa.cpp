@@ -165,24 +165,28 @@ Bf16Choice& bf16_choice() {
   return c;
 }
 
-struct RowsChoice {
-  bool quarters = false;
+struct TuningChoice {
+  KernelTuning tuning = KernelTuning::Amd;
   std::string why;
 };
 
-RowsChoice initial_rows_choice() {
-  const char* env = std::getenv("DSV4_BF16_ROWS");
-  if (env && std::string(env) == "quarters")
-    return {true, "BF16 rows against 2-4 tokens as four streams (DSV4_BF16_ROWS=quarters)"};
-  if (env && std::string(env) == "eight")
-    return {false, "BF16 rows against 2-4 tokens eight at a time (DSV4_BF16_ROWS=eight)"};
+// What each tuning changes, for the startup log.
+constexpr const char* kIntelTuning =
+    "Intel tuning: BF16 rows against 2-4 tokens as four streams, FP8 inputs prescaled for 1-4 tokens";
+constexpr const char* kAmdTuning =
+    "AMD tuning: BF16 rows against 2-6 tokens eight at a time, FP8 inputs prescaled for one token";
+
+TuningChoice initial_tuning() {
+  const char* env = std::getenv("DSV4_KERNEL_TUNING");
+  if (env && std::string(env) == "intel") return {KernelTuning::Intel, std::string(kIntelTuning) + " (DSV4_KERNEL_TUNING)"};
+  if (env && std::string(env) == "amd") return {KernelTuning::Amd, std::string(kAmdTuning) + " (DSV4_KERNEL_TUNING)"};
   __builtin_cpu_init();
-  if (__builtin_cpu_is("intel")) return {true, "BF16 rows against 2-4 tokens as four streams (an Intel CPU)"};
-  return {false, ""};
+  if (__builtin_cpu_is("intel")) return {KernelTuning::Intel, std::string(kIntelTuning) + " (an Intel CPU)"};
+  return {KernelTuning::Amd, std::string(kAmdTuning) + (__builtin_cpu_is("amd") ? " (an AMD CPU)" : " (not Intel)")};
 }
 
-RowsChoice& rows_choice() {
-  static RowsChoice c = initial_rows_choice();
+TuningChoice& tuning_choice() {
+  static TuningChoice c = initial_tuning();
   return c;
 }
 
@@ -191,16 +195,15 @@ RowsChoice& rows_choice() {
 std::string kernel_isa_reason() {
   std::string reason = choice().reason;
   if (choice().isa == KernelIsa::Avx512 && !bf16_choice().why.empty()) reason += "; " + bf16_choice().why;
-  if (choice().isa == KernelIsa::Avx512 && !rows_choice().why.empty()) reason += "; " + rows_choice().why;
+  if (choice().isa == KernelIsa::Avx512) reason += "; " + tuning_choice().why;
   return reason;
 }
 
-bool bf16_few_tokens_in_quarters() { return rows_choice().quarters; }
-void set_bf16_few_tokens_in_quarters(bool on) {
-  RowsChoice& c = rows_choice();
-  c.quarters = on;
-  c.why = on ? "BF16 rows against 2-4 tokens as four streams (set by the program)"
-             : "BF16 rows against 2-4 tokens eight at a time (set by the program)";
+KernelTuning kernel_tuning() { return tuning_choice().tuning; }
+void set_kernel_tuning(KernelTuning tuning) {
+  TuningChoice& c = tuning_choice();
+  c.tuning = tuning;
+  c.why = std::string(tuning == KernelTuning::Intel ? kIntelTuning : kAmdTuning) + " (set by the program)";
 }
 
 bool bf16_dot_supported() {

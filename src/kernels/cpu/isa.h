@@ -54,18 +54,21 @@ bool bf16_dot_enabled();
 // bits).
 bool avx512_vbmi_supported();
 bool avx512_vbmi_enabled();
-// Whether the AVX-512 register path takes BF16 rows against 2 to
-// kBf16QuarterMaxTokens tokens as four streams a quarter of a thread's rows
-// apart, four rows at a time (as one token), instead of eight consecutive
-// rows against token pairs. Measured each way on one CPU of each vendor
-// (docs/kernels.md, "BF16 rows against two to four tokens by CPU"): an
-// Intel Xeon runs the four streams 3-9% faster from DRAM, AMD Zen 5 the
-// eight rows 10-25% faster; so Intel CPUs take the four streams, others the
-// eight rows, unless DSV4_BF16_ROWS=quarters|eight decides. Same bits
-// either way; tests switch it to compare.
-constexpr int kBf16QuarterMaxTokens = 4;
-bool bf16_few_tokens_in_quarters();
-void set_bf16_few_tokens_in_quarters(bool on);
+// Choices of the AVX-512 register path that were measured to go opposite
+// ways on the two CPU families this runs on (docs/kernels.md, "Tuning by
+// vendor"), each bit for bit the same as the other:
+// - Intel: BF16 rows against 2 to kBf16QuarterMaxTokens tokens go as four
+//   streams a quarter of a thread's rows apart (as one token does), and FP8
+//   rows of whole 128-row blocks against 1 to kFp8PrescaledMaxTokens tokens
+//   take the block's scales in a copy of the inputs;
+// - AMD (and any other vendor): those BF16 rows go eight consecutive rows
+//   at a time, and only one token's FP8 inputs are prescaled.
+// Measured: an Intel Xeon (Sapphire Rapids class) and AMD Zen 5 and Zen 4.
+// DSV4_KERNEL_TUNING=intel|amd decides instead; tests switch it to compare.
+enum class KernelTuning { Amd, Intel };
+constexpr int kBf16QuarterMaxTokens = 4, kFp8PrescaledMaxTokens = 4;
+KernelTuning kernel_tuning();
+void set_kernel_tuning(KernelTuning tuning);
 void set_bf16_dot(bool on);     // ignored (stays off) where unsupported
 void set_avx512_vbmi(bool on);  // ignored (stays off) where unsupported
 

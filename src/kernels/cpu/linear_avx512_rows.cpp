@@ -492,9 +492,9 @@ inline void eight_rows(int64_t first, int run, int64_t stride, int64_t row_begin
 // to the fp32 one.
 void rows_as_four_streams(const Linear& w, int64_t row_begin, int64_t lo, int64_t hi, const float* xs, int64_t n,
                           float* y, int64_t y_stride, const uint32_t* pairs) {
-  // (Where bf16_few_tokens_in_quarters, 2-4 tokens go as four streams below.)
+  // (With the Intel tuning, 2-4 tokens go as four streams below.)
   if (w.format == WeightFormat::BF16 && n >= kEightRowMinTokens &&
-      !(n <= kBf16QuarterMaxTokens && bf16_few_tokens_in_quarters())) {
+      !(n <= kBf16QuarterMaxTokens && kernel_tuning() == KernelTuning::Intel)) {
     if (n <= kEightRowConsecutiveMaxTokensBf16) {
       // Eight consecutive rows at a time; the last chunk prefetches the
       // next eight.
@@ -563,7 +563,8 @@ DSV4_AVX512 std::pair<int, int> prescalable_scales_avx512(const float* xs, int64
 // four rows of a group then share their scales, and for one token each
 // block's scales go into a copy of the input once, for its 32 groups,
 // instead of into every decoded weight. With 2-4 tokens that prescaling was
-// slower, the grouping alone as fast (docs/kernels.md); from
+// slower on AMD Zen 4 and faster on an Intel Xeon, so only the Intel tuning
+// prescales them (kernels/cpu/isa.h, docs/kernels.md); from
 // kEightRowMinTokensFp8 tokens with step pairs, eight rows of the block go
 // at a time (dot8_fp8_pairs). The other rows go as four streams over the
 // range.
@@ -588,7 +589,7 @@ DSV4_AVX512 void register_rows_avx512(const Linear& w, int64_t row_begin, int64_
   }
   rows_as_four_streams(w, row_begin, o0, blocks_begin, xs, n, y, y_stride, nullptr);
   const int64_t cols = w.cols, spans = w.scale_cols;
-  const bool prescale = n == 1;
+  const bool prescale = n == 1 || (n <= kFp8PrescaledMaxTokens && kernel_tuning() == KernelTuning::Intel);
   const auto [prescale_min, prescale_max] =
       prescale ? prescalable_scales_avx512(xs, n * cols) : std::pair<int, int>{1, 0};
   float* scaled = nullptr;  // the scaled inputs, then a flag per span, in one scratch block
@@ -623,7 +624,7 @@ DSV4_AVX512 void register_rows_avx512(const Linear& w, int64_t row_begin, int64_
     }
     // One token whose every span is prescaled: the whole-row function.
     const bool whole_rows =
-        prescale && cols % 32 == 0 && std::all_of(scaled_spans, scaled_spans + spans, [](uint8_t on) { return on; });
+        n == 1 && prescale && cols % 32 == 0 && std::all_of(scaled_spans, scaled_spans + spans, [](uint8_t on) { return on; });
     for (; j < 32; ++j) {
       const RowGroup g{row_begin + block + j, 32, j + 1 < 32, scaled, scaled_spans};
       double r[4 * kMaxRegisterTokens];
