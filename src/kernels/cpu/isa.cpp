@@ -178,7 +178,8 @@ constexpr const char* kAmdTuning =
 
 TuningChoice initial_tuning() {
   const char* env = std::getenv("DSV4_KERNEL_TUNING");
-  if (env && std::string(env) == "intel") return {KernelTuning::Intel, std::string(kIntelTuning) + " (DSV4_KERNEL_TUNING)"};
+  if (env && std::string(env) == "intel")
+    return {KernelTuning::Intel, std::string(kIntelTuning) + " (DSV4_KERNEL_TUNING)"};
   if (env && std::string(env) == "amd") return {KernelTuning::Amd, std::string(kAmdTuning) + " (DSV4_KERNEL_TUNING)"};
   __builtin_cpu_init();
   if (__builtin_cpu_is("intel")) return {KernelTuning::Intel, std::string(kIntelTuning) + " (an Intel CPU)"};

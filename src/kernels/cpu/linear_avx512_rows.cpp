@@ -623,8 +623,8 @@ DSV4_AVX512 void register_rows_avx512(const Linear& w, int64_t row_begin, int64_
       j = 32;
     }
     // One token whose every span is prescaled: the whole-row function.
-    const bool whole_rows =
-        n == 1 && prescale && cols % 32 == 0 && std::all_of(scaled_spans, scaled_spans + spans, [](uint8_t on) { return on; });
+    const bool whole_rows = n == 1 && prescale && cols % 32 == 0 &&
+                            std::all_of(scaled_spans, scaled_spans + spans, [](uint8_t on) { return on; });
     for (; j < 32; ++j) {
       const RowGroup g{row_begin + block + j, 32, j + 1 < 32, scaled, scaled_spans};
       double r[4 * kMaxRegisterTokens];
