@@ -1,6 +1,7 @@
 // The AVX-512 register path: few tokens (decode and small batches) against
 // rows decoded in registers, four rows at a time (all formats) or eight
-// (BF16 from two tokens, FP8 with VDPBF16PS from five), and how a thread's
+// (BF16 from two tokens, from five with the Intel tuning of
+// kernels/cpu/isa.h; FP8 with VDPBF16PS from five), and how a thread's
 // rows are walked (register_rows_avx512). Same bits as the scalar path
 // (kernels/linear.h).
 #include <immintrin.h>
