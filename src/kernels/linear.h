@@ -3,21 +3,23 @@
 //
 // Every output element y[t][o] is one dot product with a canonical reduction
 // order. Each weight is decoded with its block scale applied (exact in
-// fp32). The columns are taken in chunks of 1024; within a chunk, element i
-// goes into fp32 lane (i mod 16) with one fused multiply-add, in increasing
-// i; the 16 lanes are folded in double in a fixed tree and the chunk sums
-// added in double. FP4 matrices use their storage order instead of the column
-// order: in each 32-column block the 16 even columns (low nibbles) come
-// before the 16 odd ones (high nibbles), so that a vector of nibbles is a
-// vector of lanes; the input is permuted to match, once per token. Threads
-// only split the (t, o) space. So a token's result depends neither on its
-// batch, nor on the chunk size, nor on the thread count, nor on which SIMD
-// path (scalar, AVX2, AVX-512) ran it.
+// fp32). The columns are taken in chunks of 1024 and each chunk in segments
+// of 256; within a segment, element i goes into fp32 lane (i mod 16) with
+// one fused multiply-add, in increasing i, starting from zero; a lane's
+// segment sums are added in fp32 in segment order; the chunk's 16 lanes are
+// folded in double in a fixed tree and the chunk sums added in double. FP4
+// matrices use their storage order instead of the column order: in each
+// 32-column block the 16 even columns (low nibbles) come before the 16 odd
+// ones (high nibbles), so that a vector of nibbles is a vector of lanes; the
+// input is permuted to match, once per token. Threads only split the (t, o)
+// space. So a token's result depends neither on its batch, nor on the chunk
+// size, nor on the thread count, nor on which SIMD path (scalar, AVX2,
+// AVX-512) ran it.
 //
 // Why fp32 lanes: the official kernels accumulate in fp32 too, and the golden
 // data (stabilised so that a float64 evaluation agrees) are matched as
 // closely as with the previous exact-products-in-double order (tiny-flash-fp8
-// median 1.7e-6, p99 5.0e-6, max 1.6e-5, as printed by
+// median 1.55e-6, p99 5.1e-6, max 1.6e-5 with the segments, as printed by
 // tests/test_model_golden.cpp),
 // at half the register width per lane and without any fp32->fp64
 // conversions, which is what bound the kernels. The chunks let a batched
@@ -31,6 +33,13 @@
 // it adds two exact products per lane with a rounding after each, the odd
 // element first, so one instruction advances a lane's chain by two steps
 // (kernels/cpu/linear_bf16.cpp, docs/kernels.md).
+//
+// Why segments of 16 steps: AMX's TDPBF16PS, given one nonzero product per
+// bf16 pair, adds 16 steps' exact products in order starting from zero and
+// then adds that sum to its accumulator with one rounding. So one tile
+// instruction computes a lane's segment and its addition to the lane, and
+// an AMX kernel can give the same bits as the others (docs/kernels.md, "AMX").
+// A lane now rounds 16 + 3 times per chunk, not 64.
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -16,8 +16,9 @@ namespace dsv4::linear_detail {
 
 // The outer form (n >= kOuterMinTokens): a vector holds 16 rows, not 16
 // columns. The canonical order is kept lane by lane: lane l of (row, token)
-// is the fp32 FMA chain over the columns c0 + 16k + l of a chunk, k = 0, 1,
-// ...; the kernel runs that chain for 32 rows x 12 tokens at once (24
+// is the sum of the fp32 FMA chains over the columns c0 + 16k + l of a
+// chunk, k = 0, 1, ..., one chain per segment of 16 steps; the kernel runs
+// those chains for 32 rows x 12 tokens at once (24
 // accumulators, two weight vectors and one broadcast input per step), one
 // lane after the other, and the 16 lanes' results are then folded in double
 // with vertical adds that make the same tree as fold16. Same bits as the

@@ -36,9 +36,13 @@ double dot_scalar(const Linear& w, int64_t row, const float* x) {
   for (int64_t c0 = 0; c0 < w.cols; c0 += kChunk) {
     const int64_t c1 = std::min(w.cols, c0 + kChunk);
     float acc[16] = {};
-    for (int64_t i = c0; i < c1; i += 16) {
-      decode16_storage(w, row, i, wv);
-      for (int l = 0; l < 16; ++l) acc[l] = std::fma(wv[l], x[i + l], acc[l]);
+    for (int64_t s0 = c0; s0 < c1; s0 += kSegment) {
+      float segment[16] = {};
+      for (int64_t i = s0; i < std::min(c1, s0 + kSegment); i += 16) {
+        decode16_storage(w, row, i, wv);
+        for (int l = 0; l < 16; ++l) segment[l] = std::fma(wv[l], x[i + l], segment[l]);
+      }
+      for (int l = 0; l < 16; ++l) acc[l] += segment[l];
     }
     sum += fold16(acc);
   }

@@ -232,88 +232,96 @@ DSV4_AVX2 void dot_rows_tokens_avx2(const Linear& w, int64_t first, int64_t stri
   const int64_t cols = w.cols;
   for (auto& r : sums)
     for (auto& t : r) t = 0.0;
-  for (int64_t c0 = 0; c0 < cols; c0 += kChunk) {
-    const int64_t c1 = std::min(cols, c0 + kChunk);
-    __m256 a[R][T][2];
-    for (auto& r : a)
+  for (int64_t chunk = 0; chunk < cols; chunk += kChunk) {
+    __m256 lanes[R][T][2];  // the segments' sums
+    for (auto& r : lanes)
       for (auto& t : r) t[0] = t[1] = _mm256_setzero_ps();
-    // Weights [i, i+16) of row r times the inputs `in` ([T][cols]).
-    auto fma16 = [&](int r, const float* in, int64_t i, __m256 lo, __m256 hi) DSV4_AVX2 {
-      for (int t = 0; t < T; ++t) {
-        a[r][t][0] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(in + t * cols + i), a[r][t][0]);
-        a[r][t][1] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(in + t * cols + i + 8), a[r][t][1]);
+    for (int64_t c0 = chunk; c0 < std::min(cols, chunk + kChunk); c0 += kSegment) {
+      const int64_t c1 = std::min(cols, c0 + kSegment);
+      __m256 a[R][T][2];
+      for (auto& r : a)
+        for (auto& t : r) t[0] = t[1] = _mm256_setzero_ps();
+      // Weights [i, i+16) of row r times the inputs `in` ([T][cols]).
+      auto fma16 = [&](int r, const float* in, int64_t i, __m256 lo, __m256 hi) DSV4_AVX2 {
+        for (int t = 0; t < T; ++t) {
+          a[r][t][0] = _mm256_fmadd_ps(lo, _mm256_loadu_ps(in + t * cols + i), a[r][t][0]);
+          a[r][t][1] = _mm256_fmadd_ps(hi, _mm256_loadu_ps(in + t * cols + i + 8), a[r][t][1]);
+        }
+      };
+      auto add16 = [&](int r, int64_t i, __m256 lo, __m256 hi) DSV4_AVX2 { fma16(r, xs, i, lo, hi); };
+      if (w.format == WeightFormat::FP8_BLOCK128) {
+        const uint8_t* p[R];
+        for (int r = 0; r < R; ++r) p[r] = w.data + (first + r * stride) * cols;
+        for (int64_t b = c0; b < c1; b += 128) {
+          const int64_t end = std::min(c1, b + 128);
+          if (scaled != nullptr && scaled_spans[b / 128]) {
+            for (int64_t i = b; i < end; i += 16)
+              for (int r = 0; r < R; ++r) {
+                __m256 lo, hi;
+                e4m3x16_to_ps_unscaled_avx2(p[r] + i, lo, hi);
+                fma16(r, scaled, i, lo, hi);
+              }
+            continue;
+          }
+          uint8_t sb[R];
+          bool half_ok = true;
+          for (int r = 0; r < R; ++r) {
+            sb[r] = w.scale[((first + r * stride) / 128) * w.scale_cols + b / 128];
+            half_ok = half_ok && sb[r] <= kMaxHalfPathScale;
+          }
+          if (half_ok) {
+            __m256 scale256[R];
+            for (int r = 0; r < R; ++r) scale256[r] = _mm256_set1_ps(e8m0_to_float(sb[r]) * 256.0f);
+            for (int64_t i = b; i < end; i += 16)
+              for (int r = 0; r < R; ++r) {
+                __m256 lo, hi;
+                e4m3x16_to_ps_via_half_avx2(p[r] + i, scale256[r], lo, hi);
+                add16(r, i, lo, hi);
+              }
+          } else {
+            for (int64_t i = b; i < end; i += 16)
+              for (int r = 0; r < R; ++r) {
+                __m256 lo, hi;
+                decode16_avx2(w, first + r * stride, i, lo, hi);
+                add16(r, i, lo, hi);
+              }
+          }
+        }
+      } else if (w.format == WeightFormat::FP4_BLOCK32) {
+        const E2m1Tables& tables = e2m1_tables();
+        for (int64_t b = c0; b < c1; b += 32)
+          for (int r = 0; r < R; ++r) {
+            const int64_t row = first + r * stride;
+            __m256 low[2], high[2];
+            e2m1x32_avx2(tables, w.data + row * (cols / 2) + b / 2, w.scale[row * w.scale_cols + b / 32], low, high);
+            add16(r, b, low[0], low[1]);
+            add16(r, b + 16, high[0], high[1]);
+          }
+      } else if (w.format == WeightFormat::BF16) {
+        const uint16_t* p[R];
+        for (int r = 0; r < R; ++r) p[r] = reinterpret_cast<const uint16_t*>(w.data) + (first + r * stride) * cols;
+        for (int64_t i = c0; i < c1; i += 16)
+          for (int r = 0; r < R; ++r) {
+            if (i % 32 == 0) prefetch_ahead_avx2(p[r] + i);
+            const __m256i h = _mm256_loadu_si256((const __m256i*)(p[r] + i));
+            add16(r, i, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(h)), 16)),
+                  _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(h, 1)), 16)));
+          }
+      } else {
+        const float* p[R];
+        for (int r = 0; r < R; ++r) p[r] = reinterpret_cast<const float*>(w.data) + (first + r * stride) * cols;
+        for (int64_t i = c0; i < c1; i += 16)
+          for (int r = 0; r < R; ++r) {
+            prefetch_ahead_avx2(p[r] + i);
+            add16(r, i, _mm256_loadu_ps(p[r] + i), _mm256_loadu_ps(p[r] + i + 8));
+          }
       }
-    };
-    auto add16 = [&](int r, int64_t i, __m256 lo, __m256 hi) DSV4_AVX2 { fma16(r, xs, i, lo, hi); };
-    if (w.format == WeightFormat::FP8_BLOCK128) {
-      const uint8_t* p[R];
-      for (int r = 0; r < R; ++r) p[r] = w.data + (first + r * stride) * cols;
-      for (int64_t b = c0; b < c1; b += 128) {
-        const int64_t end = std::min(c1, b + 128);
-        if (scaled != nullptr && scaled_spans[b / 128]) {
-          for (int64_t i = b; i < end; i += 16)
-            for (int r = 0; r < R; ++r) {
-              __m256 lo, hi;
-              e4m3x16_to_ps_unscaled_avx2(p[r] + i, lo, hi);
-              fma16(r, scaled, i, lo, hi);
-            }
-          continue;
-        }
-        uint8_t sb[R];
-        bool half_ok = true;
-        for (int r = 0; r < R; ++r) {
-          sb[r] = w.scale[((first + r * stride) / 128) * w.scale_cols + b / 128];
-          half_ok = half_ok && sb[r] <= kMaxHalfPathScale;
-        }
-        if (half_ok) {
-          __m256 scale256[R];
-          for (int r = 0; r < R; ++r) scale256[r] = _mm256_set1_ps(e8m0_to_float(sb[r]) * 256.0f);
-          for (int64_t i = b; i < end; i += 16)
-            for (int r = 0; r < R; ++r) {
-              __m256 lo, hi;
-              e4m3x16_to_ps_via_half_avx2(p[r] + i, scale256[r], lo, hi);
-              add16(r, i, lo, hi);
-            }
-        } else {
-          for (int64_t i = b; i < end; i += 16)
-            for (int r = 0; r < R; ++r) {
-              __m256 lo, hi;
-              decode16_avx2(w, first + r * stride, i, lo, hi);
-              add16(r, i, lo, hi);
-            }
-        }
-      }
-    } else if (w.format == WeightFormat::FP4_BLOCK32) {
-      const E2m1Tables& tables = e2m1_tables();
-      for (int64_t b = c0; b < c1; b += 32)
-        for (int r = 0; r < R; ++r) {
-          const int64_t row = first + r * stride;
-          __m256 low[2], high[2];
-          e2m1x32_avx2(tables, w.data + row * (cols / 2) + b / 2, w.scale[row * w.scale_cols + b / 32], low, high);
-          add16(r, b, low[0], low[1]);
-          add16(r, b + 16, high[0], high[1]);
-        }
-    } else if (w.format == WeightFormat::BF16) {
-      const uint16_t* p[R];
-      for (int r = 0; r < R; ++r) p[r] = reinterpret_cast<const uint16_t*>(w.data) + (first + r * stride) * cols;
-      for (int64_t i = c0; i < c1; i += 16)
-        for (int r = 0; r < R; ++r) {
-          if (i % 32 == 0) prefetch_ahead_avx2(p[r] + i);
-          const __m256i h = _mm256_loadu_si256((const __m256i*)(p[r] + i));
-          add16(r, i, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(h)), 16)),
-                _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(h, 1)), 16)));
-        }
-    } else {
-      const float* p[R];
-      for (int r = 0; r < R; ++r) p[r] = reinterpret_cast<const float*>(w.data) + (first + r * stride) * cols;
-      for (int64_t i = c0; i < c1; i += 16)
-        for (int r = 0; r < R; ++r) {
-          prefetch_ahead_avx2(p[r] + i);
-          add16(r, i, _mm256_loadu_ps(p[r] + i), _mm256_loadu_ps(p[r] + i + 8));
-        }
+      for (int r = 0; r < R; ++r)
+        for (int t = 0; t < T; ++t)
+          for (int h = 0; h < 2; ++h) lanes[r][t][h] = _mm256_add_ps(lanes[r][t][h], a[r][t][h]);
     }
     for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) sums[r][t] += fold16_avx2(a[r][t][0], a[r][t][1]);
+      for (int t = 0; t < T; ++t) sums[r][t] += fold16_avx2(lanes[r][t][0], lanes[r][t][1]);
   }
 }
 
@@ -406,19 +414,23 @@ DSV4_AVX2 void row_pair_token_group_avx2(Weights load8, int64_t cols, const floa
     const int64_t c1 = std::min(cols, c0 + kChunk);
     __m256 lanes[2][2][T];
     for (int half = 0; half < 2; ++half) {
-      __m256 a[2][T];
-      for (auto& r : a)
-        for (auto& t : r) t = _mm256_setzero_ps();
-      for (int64_t i = c0 + 8 * half; i < c1; i += 16) {
-        const __m256 w0 = load8(0, i), w1 = load8(1, i);
-        for (int t = 0; t < T; ++t) {
-          const __m256 x = _mm256_loadu_ps(xs + t * cols + i);
-          a[0][t] = _mm256_fmadd_ps(w0, x, a[0][t]);
-          a[1][t] = _mm256_fmadd_ps(w1, x, a[1][t]);
-        }
-      }
       for (int r = 0; r < 2; ++r)
-        for (int t = 0; t < T; ++t) lanes[half][r][t] = a[r][t];
+        for (int t = 0; t < T; ++t) lanes[half][r][t] = _mm256_setzero_ps();
+      for (int64_t s0 = c0; s0 < c1; s0 += kSegment) {
+        __m256 a[2][T];
+        for (auto& r : a)
+          for (auto& t : r) t = _mm256_setzero_ps();
+        for (int64_t i = s0 + 8 * half; i < std::min(c1, s0 + kSegment); i += 16) {
+          const __m256 w0 = load8(0, i), w1 = load8(1, i);
+          for (int t = 0; t < T; ++t) {
+            const __m256 x = _mm256_loadu_ps(xs + t * cols + i);
+            a[0][t] = _mm256_fmadd_ps(w0, x, a[0][t]);
+            a[1][t] = _mm256_fmadd_ps(w1, x, a[1][t]);
+          }
+        }
+        for (int r = 0; r < 2; ++r)
+          for (int t = 0; t < T; ++t) lanes[half][r][t] = _mm256_add_ps(lanes[half][r][t], a[r][t]);
+      }
     }
     for (int r = 0; r < 2; ++r)
       for (int t = 0; t < T; ++t) sums[r][t] += fold16_avx2(lanes[0][r][t], lanes[1][r][t]);
@@ -540,19 +552,27 @@ DSV4_AVX2 void decode_rows_to_panel_avx2(const Linear& w, int64_t row, int count
 // these T first); results to out[t * 32 + row].
 template <int T>
 DSV4_AVX2 void outer_lane_kernel_avx2(const float* w, const float* x, int group, int64_t steps, float* out) {
-  __m256 a[T][2];
-  for (auto& t : a) t[0] = t[1] = _mm256_setzero_ps();
-  for (int64_t k = 0; k < steps; ++k, w += kPanelRows, x += group) {
-    const __m256 w0 = _mm256_loadu_ps(w), w1 = _mm256_loadu_ps(w + 8);
-    for (int t = 0; t < T; ++t) {
-      const __m256 xb = _mm256_broadcast_ss(x + t);
-      a[t][0] = _mm256_fmadd_ps(w0, xb, a[t][0]);
-      a[t][1] = _mm256_fmadd_ps(w1, xb, a[t][1]);
-    }
-  }
+  // The lane's segment sums go into out, which starts at zero.
   for (int t = 0; t < T; ++t) {
-    _mm256_storeu_ps(out + t * kPanelRows, a[t][0]);
-    _mm256_storeu_ps(out + t * kPanelRows + 8, a[t][1]);
+    _mm256_storeu_ps(out + t * kPanelRows, _mm256_setzero_ps());
+    _mm256_storeu_ps(out + t * kPanelRows + 8, _mm256_setzero_ps());
+  }
+  for (int64_t k0 = 0; k0 < steps; k0 += kSegmentSteps) {
+    __m256 a[T][2];
+    for (auto& t : a) t[0] = t[1] = _mm256_setzero_ps();
+    for (int64_t k = k0; k < std::min(steps, k0 + kSegmentSteps); ++k, w += kPanelRows, x += group) {
+      const __m256 w0 = _mm256_loadu_ps(w), w1 = _mm256_loadu_ps(w + 8);
+      for (int t = 0; t < T; ++t) {
+        const __m256 xb = _mm256_broadcast_ss(x + t);
+        a[t][0] = _mm256_fmadd_ps(w0, xb, a[t][0]);
+        a[t][1] = _mm256_fmadd_ps(w1, xb, a[t][1]);
+      }
+    }
+    for (int t = 0; t < T; ++t)
+      for (int h = 0; h < 2; ++h) {
+        float* o = out + t * kPanelRows + 8 * h;
+        _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), a[t][h]));
+      }
   }
 }
 

@@ -25,7 +25,12 @@ DSV4_AVX512 double dot_avx512(const Linear& w, int64_t row, const float* x) {
   for (int64_t c0 = 0; c0 < w.cols; c0 += kChunk) {
     const int64_t c1 = std::min(w.cols, c0 + kChunk);
     __m512 a = _mm512_setzero_ps();
-    for (int64_t i = c0; i < c1; i += 16) a = _mm512_fmadd_ps(decode16_avx512(w, row, i), _mm512_loadu_ps(x + i), a);
+    for (int64_t s0 = c0; s0 < c1; s0 += kSegment) {
+      __m512 segment = _mm512_setzero_ps();
+      for (int64_t i = s0; i < std::min(c1, s0 + kSegment); i += 16)
+        segment = _mm512_fmadd_ps(decode16_avx512(w, row, i), _mm512_loadu_ps(x + i), segment);
+      a = _mm512_add_ps(a, segment);
+    }
     sum += fold16_avx512(a);
   }
   return sum;
@@ -103,19 +108,27 @@ DSV4_AVX512 void decode_rows_to_panel(const Linear& w, int64_t row, int count, i
 // out[t * 32 + row].
 template <int T>
 DSV4_AVX512 void outer_lane_kernel(const float* w, const float* x, int64_t steps, float* out) {
-  __m512 a[T][2];
-  for (auto& t : a) t[0] = t[1] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < steps; ++k, w += kPanelRows, x += T) {
-    const __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16);
-    for (int t = 0; t < T; ++t) {
-      const __m512 xb = _mm512_set1_ps(x[t]);
-      a[t][0] = _mm512_fmadd_ps(w0, xb, a[t][0]);
-      a[t][1] = _mm512_fmadd_ps(w1, xb, a[t][1]);
-    }
-  }
+  // The lane's segment sums go into out, which starts at zero.
   for (int t = 0; t < T; ++t) {
-    _mm512_storeu_ps(out + t * kPanelRows, a[t][0]);
-    _mm512_storeu_ps(out + t * kPanelRows + 16, a[t][1]);
+    _mm512_storeu_ps(out + t * kPanelRows, _mm512_setzero_ps());
+    _mm512_storeu_ps(out + t * kPanelRows + 16, _mm512_setzero_ps());
+  }
+  for (int64_t k0 = 0; k0 < steps; k0 += kSegmentSteps) {
+    __m512 a[T][2];
+    for (auto& t : a) t[0] = t[1] = _mm512_setzero_ps();
+    for (int64_t k = k0; k < std::min(steps, k0 + kSegmentSteps); ++k, w += kPanelRows, x += T) {
+      const __m512 w0 = _mm512_loadu_ps(w), w1 = _mm512_loadu_ps(w + 16);
+      for (int t = 0; t < T; ++t) {
+        const __m512 xb = _mm512_set1_ps(x[t]);
+        a[t][0] = _mm512_fmadd_ps(w0, xb, a[t][0]);
+        a[t][1] = _mm512_fmadd_ps(w1, xb, a[t][1]);
+      }
+    }
+    for (int t = 0; t < T; ++t)
+      for (int h = 0; h < 2; ++h) {
+        float* o = out + t * kPanelRows + 16 * h;
+        _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), a[t][h]));
+      }
   }
 }
 
@@ -147,18 +160,25 @@ DSV4_AVX512 void outer_lane_kernel_any(int tokens, const float* w, const float* 
 // positions; the folded chunk is added to sum[r * sum_stride + t].
 template <int R, int T>
 DSV4_AVX512 void micro_kernel_avx512(const float* w, const float* x, int64_t steps, double* sum, int64_t sum_stride) {
-  __m512 a[R][T];
-  for (auto& r : a)
+  __m512 lanes[R][T];  // the segment sums (the compiler keeps them in memory)
+  for (auto& r : lanes)
     for (auto& t : r) t = _mm512_setzero_ps();
-  for (int64_t s = 0; s < steps; ++s, w += R * 16, x += T * 16) {
-    __m512 xv[T];
-    for (int t = 0; t < T; ++t) xv[t] = _mm512_loadu_ps(x + t * 16);
-    for (int r = 0; r < R; ++r) {
-      const __m512 wv = _mm512_loadu_ps(w + r * 16);
-      for (int t = 0; t < T; ++t) a[r][t] = _mm512_fmadd_ps(wv, xv[t], a[r][t]);
+  for (int64_t k0 = 0; k0 < steps; k0 += kSegmentSteps) {
+    __m512 a[R][T];
+    for (auto& r : a)
+      for (auto& t : r) t = _mm512_setzero_ps();
+    for (int64_t s = k0; s < std::min(steps, k0 + kSegmentSteps); ++s, w += R * 16, x += T * 16) {
+      __m512 xv[T];
+      for (int t = 0; t < T; ++t) xv[t] = _mm512_loadu_ps(x + t * 16);
+      for (int r = 0; r < R; ++r) {
+        const __m512 wv = _mm512_loadu_ps(w + r * 16);
+        for (int t = 0; t < T; ++t) a[r][t] = _mm512_fmadd_ps(wv, xv[t], a[r][t]);
+      }
     }
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) lanes[r][t] = _mm512_add_ps(lanes[r][t], a[r][t]);
   }
-  add_folds_avx512<R, T>(a, sum, sum_stride);
+  add_folds_avx512<R, T>(lanes, sum, sum_stride);
 }
 
 DSV4_AVX512 void micro_kernel_any_avx512(int rows, int tokens, const float* w, const float* x, int64_t steps,

@@ -59,16 +59,24 @@ DSV4_AVX512 inline void fma16_tokens(__m512 v, const float* const* x, int64_t i,
   for (int t = 0; t < T; ++t) a[t] = _mm512_fmadd_ps(v, _mm512_loadu_ps(x[t] + i), a[t]);
 }
 
-// One group of T tokens over one chunk; its folded lanes are added to
-// sums[row * kMaxRegisterTokens + t].
+// One group of T tokens over one chunk, a segment at a time (add_chunk sees
+// [s0, s1)): the segments' sums are added to the lanes in registers, whose
+// fold is added to sums[row * kMaxRegisterTokens + t].
 template <int T, class AddChunk>
 DSV4_AVX512 inline void dot4_group_chunk(const AddChunk& add_chunk, int64_t c0, int64_t c1, const float* const* x,
                                          int group, int groups, double* sums) {
-  __m512 a[4][T];
-  for (auto& r : a)
+  __m512 lanes[4][T];
+  for (auto& r : lanes)
     for (auto& t : r) t = _mm512_setzero_ps();
-  add_chunk(c0, c1, x, a, group, groups);
-  add_folds_avx512<4, T>(a, sums, kMaxRegisterTokens);
+  for (int64_t s0 = c0; s0 < c1; s0 += kSegment) {
+    __m512 a[4][T];
+    for (auto& r : a)
+      for (auto& t : r) t = _mm512_setzero_ps();
+    add_chunk(s0, std::min(c1, s0 + kSegment), x, a, group, groups);
+    for (int r = 0; r < 4; ++r)
+      for (int t = 0; t < T; ++t) lanes[r][t] = _mm512_add_ps(lanes[r][t], a[r][t]);
+  }
+  add_folds_avx512<4, T>(lanes, sums, kMaxRegisterTokens);
 }
 
 // n <= kMaxRegisterTokens tokens (xs: [n][cols], storage order); out[t *
@@ -130,7 +138,7 @@ DSV4_AVX512 void dot4_float_avx512(const Linear& w, const RowGroup& g, const flo
                                 for (int r = group; r < 4; r += groups)
                                   _mm_prefetch((const char*)(p[r] + (next_chunk ? c1 : cols) + (i - c0)), _MM_HINT_T0);
                               for (int r = 0; r < 4; ++r)
-                                fma16_tokens<T>(_mm512_load_ps(decoded + r * kChunk + (i - c0)), x, i, a[r]);
+                                fma16_tokens<T>(_mm512_load_ps(decoded + r * kChunk + i % kChunk), x, i, a[r]);
                             }
                             return;
                           }
@@ -145,7 +153,7 @@ DSV4_AVX512 void dot4_float_avx512(const Linear& w, const RowGroup& g, const flo
                             }
                             for (int r = 0; r < 4; ++r) {
                               const __m512 v = bf16x16_to_ps_avx512(p[r] + i, widen);
-                              if (groups > 1) _mm512_store_ps(decoded + r * kChunk + (i - c0), v);
+                              if (groups > 1) _mm512_store_ps(decoded + r * kChunk + i % kChunk, v);
                               fma16_tokens<T>(v, x, i, a[r]);
                             }
                           }
@@ -166,12 +174,12 @@ DSV4_AVX512 void dot4_fp8_avx512(const Linear& w, const RowGroup& g, const float
                           if (group > 0) {
                             for (int64_t i = c0; i < c1; i += 16)
                               for (int r = 0; r < 4; ++r)
-                                fma16_tokens<T>(_mm512_load_ps(decoded + r * kChunk + (i - c0)), x, i, a[r]);
+                                fma16_tokens<T>(_mm512_load_ps(decoded + r * kChunk + i % kChunk), x, i, a[r]);
                             return;
                           }
                           const bool keep = groups > 1;
                           auto use = [&](int r, int64_t i, __m512 v) DSV4_AVX512 {
-                            if (keep) _mm512_store_ps(decoded + r * kChunk + (i - c0), v);
+                            if (keep) _mm512_store_ps(decoded + r * kChunk + i % kChunk, v);
                             fma16_tokens<T>(v, x, i, a[r]);
                           };
                           const bool prefetch = g.has_next;
@@ -293,28 +301,39 @@ DSV4_AVX512 void fp4_whole_rows_avx512(const Linear& w, const RowGroup& g, const
   __m256d sums[T];  // rows 0-3 of each token
   for (auto& sum : sums) sum = _mm256_setzero_pd();
   for (int64_t c0 = 0; c0 < cols; c0 += kChunk) {
-    const int64_t first = c0 / 32, end = std::min(cols, c0 + kChunk) / 32;  // blocks
-    __m512 a0[T], a1[T], a2[T], a3[T];
-    for (int t = 0; t < T; ++t) a0[t] = a1[t] = a2[t] = a3[t] = _mm512_setzero_ps();
-    for (int64_t k = first; k < end; ++k) {
-      if (prefetch && k % 4 == 0) {  // one cache line per row, as dot4_fp4_avx512
-        _mm_prefetch((const char*)p0 + 16 * k + kPrefetchBytesAhead, _MM_HINT_T0);
-        _mm_prefetch((const char*)p1 + 16 * k + kPrefetchBytesAhead, _MM_HINT_T0);
-        _mm_prefetch((const char*)p2 + 16 * k + kPrefetchBytesAhead, _MM_HINT_T0);
-        _mm_prefetch((const char*)p3 + 16 * k + kPrefetchBytesAhead, _MM_HINT_T0);
+    const int64_t chunk_end = std::min(cols, c0 + kChunk) / 32;  // blocks
+    __m512 l0[T], l1[T], l2[T], l3[T];                           // the lanes: the segments' sums
+    for (int t = 0; t < T; ++t) l0[t] = l1[t] = l2[t] = l3[t] = _mm512_setzero_ps();
+    for (int64_t first = c0 / 32; first < chunk_end; first += kSegment / 32) {
+      const int64_t end = std::min(chunk_end, first + kSegment / 32);
+      __m512 a0[T], a1[T], a2[T], a3[T];
+      for (int t = 0; t < T; ++t) a0[t] = a1[t] = a2[t] = a3[t] = _mm512_setzero_ps();
+      for (int64_t k = first; k < end; ++k) {
+        if (prefetch && k % 4 == 0) {  // one cache line per row, as dot4_fp4_avx512
+          _mm_prefetch((const char*)p0 + 16 * k + kPrefetchBytesAhead, _MM_HINT_T0);
+          _mm_prefetch((const char*)p1 + 16 * k + kPrefetchBytesAhead, _MM_HINT_T0);
+          _mm_prefetch((const char*)p2 + 16 * k + kPrefetchBytesAhead, _MM_HINT_T0);
+          _mm_prefetch((const char*)p3 + 16 * k + kPrefetchBytesAhead, _MM_HINT_T0);
+        }
+        __m512 even, odd;
+        auto row = [&](const uint8_t* bytes, uint8_t scale, __m512* a) DSV4_AVX512 {
+          e2m1_block_avx512(bytes + 16 * k, e2m1_table_avx512(tables, scale), even, odd);
+          for (int t = 0; t < T; ++t) a[t] = _mm512_fmadd_ps(even, _mm512_loadu_ps(xs + t * cols + 32 * k), a[t]);
+          for (int t = 0; t < T; ++t) a[t] = _mm512_fmadd_ps(odd, _mm512_loadu_ps(xs + t * cols + 32 * k + 16), a[t]);
+        };
+        row(p0, s0[k], a0);
+        row(p1, s1[k], a1);
+        row(p2, s2[k], a2);
+        row(p3, s3[k], a3);
       }
-      __m512 even, odd;
-      auto row = [&](const uint8_t* bytes, uint8_t scale, __m512* a) DSV4_AVX512 {
-        e2m1_block_avx512(bytes + 16 * k, e2m1_table_avx512(tables, scale), even, odd);
-        for (int t = 0; t < T; ++t) a[t] = _mm512_fmadd_ps(even, _mm512_loadu_ps(xs + t * cols + 32 * k), a[t]);
-        for (int t = 0; t < T; ++t) a[t] = _mm512_fmadd_ps(odd, _mm512_loadu_ps(xs + t * cols + 32 * k + 16), a[t]);
-      };
-      row(p0, s0[k], a0);
-      row(p1, s1[k], a1);
-      row(p2, s2[k], a2);
-      row(p3, s3[k], a3);
+      for (int t = 0; t < T; ++t) {
+        l0[t] = _mm512_add_ps(l0[t], a0[t]);
+        l1[t] = _mm512_add_ps(l1[t], a1[t]);
+        l2[t] = _mm512_add_ps(l2[t], a2[t]);
+        l3[t] = _mm512_add_ps(l3[t], a3[t]);
+      }
     }
-    for (int t = 0; t < T; ++t) sums[t] = _mm256_add_pd(sums[t], fold16x4_avx512(a0[t], a1[t], a2[t], a3[t]));
+    for (int t = 0; t < T; ++t) sums[t] = _mm256_add_pd(sums[t], fold16x4_avx512(l0[t], l1[t], l2[t], l3[t]));
   }
   for (int t = 0; t < T; ++t) _mm256_storeu_pd(out + t * out_stride, sums[t]);
 }
@@ -337,26 +356,33 @@ DSV4_AVX512 void fp8_prescaled_one_token(const Linear& w, const RowGroup& g, dou
   __m256d sums = _mm256_setzero_pd();
   for (int64_t c0 = 0; c0 < cols; c0 += kChunk) {
     const int64_t c1 = std::min(cols, c0 + kChunk);
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int64_t i = c0; i < c1; i += 32) {
-      if (g.has_next && i % 64 == 0) {  // one cache line per row, as dot4_fp8_avx512
-        _mm_prefetch((const char*)(p0 + i) + kPrefetchBytesAhead, _MM_HINT_T0);
-        _mm_prefetch((const char*)(p1 + i) + kPrefetchBytesAhead, _MM_HINT_T0);
-        _mm_prefetch((const char*)(p2 + i) + kPrefetchBytesAhead, _MM_HINT_T0);
-        _mm_prefetch((const char*)(p3 + i) + kPrefetchBytesAhead, _MM_HINT_T0);
+    __m512 l0 = _mm512_setzero_ps(), l1 = l0, l2 = l0, l3 = l0;  // the lanes: the segments' sums
+    for (int64_t s0 = c0; s0 < c1; s0 += kSegment) {
+      __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+      for (int64_t i = s0; i < std::min(c1, s0 + kSegment); i += 32) {
+        if (g.has_next && i % 64 == 0) {  // one cache line per row, as dot4_fp8_avx512
+          _mm_prefetch((const char*)(p0 + i) + kPrefetchBytesAhead, _MM_HINT_T0);
+          _mm_prefetch((const char*)(p1 + i) + kPrefetchBytesAhead, _MM_HINT_T0);
+          _mm_prefetch((const char*)(p2 + i) + kPrefetchBytesAhead, _MM_HINT_T0);
+          _mm_prefetch((const char*)(p3 + i) + kPrefetchBytesAhead, _MM_HINT_T0);
+        }
+        const __m512 x0 = _mm512_loadu_ps(x + i), x1 = _mm512_loadu_ps(x + i + 16);
+        __m512 lo, hi;
+        e4m3x32_to_ps_times_2m8(p0 + i, lo, hi);
+        a0 = _mm512_fmadd_ps(hi, x1, _mm512_fmadd_ps(lo, x0, a0));
+        e4m3x32_to_ps_times_2m8(p1 + i, lo, hi);
+        a1 = _mm512_fmadd_ps(hi, x1, _mm512_fmadd_ps(lo, x0, a1));
+        e4m3x32_to_ps_times_2m8(p2 + i, lo, hi);
+        a2 = _mm512_fmadd_ps(hi, x1, _mm512_fmadd_ps(lo, x0, a2));
+        e4m3x32_to_ps_times_2m8(p3 + i, lo, hi);
+        a3 = _mm512_fmadd_ps(hi, x1, _mm512_fmadd_ps(lo, x0, a3));
       }
-      const __m512 x0 = _mm512_loadu_ps(x + i), x1 = _mm512_loadu_ps(x + i + 16);
-      __m512 lo, hi;
-      e4m3x32_to_ps_times_2m8(p0 + i, lo, hi);
-      a0 = _mm512_fmadd_ps(hi, x1, _mm512_fmadd_ps(lo, x0, a0));
-      e4m3x32_to_ps_times_2m8(p1 + i, lo, hi);
-      a1 = _mm512_fmadd_ps(hi, x1, _mm512_fmadd_ps(lo, x0, a1));
-      e4m3x32_to_ps_times_2m8(p2 + i, lo, hi);
-      a2 = _mm512_fmadd_ps(hi, x1, _mm512_fmadd_ps(lo, x0, a2));
-      e4m3x32_to_ps_times_2m8(p3 + i, lo, hi);
-      a3 = _mm512_fmadd_ps(hi, x1, _mm512_fmadd_ps(lo, x0, a3));
+      l0 = _mm512_add_ps(l0, a0);
+      l1 = _mm512_add_ps(l1, a1);
+      l2 = _mm512_add_ps(l2, a2);
+      l3 = _mm512_add_ps(l3, a3);
     }
-    sums = _mm256_add_pd(sums, fold16x4_avx512(a0, a1, a2, a3));
+    sums = _mm256_add_pd(sums, fold16x4_avx512(l0, l1, l2, l3));
   }
   _mm256_storeu_pd(out, sums);
 }
@@ -397,35 +423,43 @@ DSV4_AVX512 inline void dot8_bf16_group_chunk(const uint16_t* const* p, const ui
                                               int64_t c1, const float* const* x, int group, int groups,
                                               double (*sums)[kEightRows]) {
   const __m512i widen = bf16_widen_index();
-  __m512 a[kEightRows][T];
-  for (auto& r : a)
+  __m512 lanes[kEightRows][T];  // the segments' sums
+  for (auto& r : lanes)
     for (auto& t : r) t = _mm512_setzero_ps();
-  for (int64_t i = c0; i < c1; i += 16) {
-    // The rows' next bytes (next chunk, or the thread's next rows), one
-    // cache line per row every two steps, shared out among the groups.
-    if ((i - c0) % 32 == 0)
-      for (int r = group; r < kEightRows; r += groups)
-        if (ahead[r]) _mm_prefetch((const char*)(ahead[r] + (i - c0)), _MM_HINT_T0);
-    if constexpr (T == 3) {
-      __m512 xv[T];
-      for (int t = 0; t < T; ++t) xv[t] = _mm512_loadu_ps(x[t] + i);
-      for (int r = 0; r < kEightRows; ++r) {
-        const __m512 v = bf16x16_to_ps_avx512(p[r] + i, widen);
-        for (int t = 0; t < T; ++t) a[r][t] = _mm512_fmadd_ps(v, xv[t], a[r][t]);
-      }
-    } else {
-      __m512 v[kEightRows];
-      for (int r = 0; r < kEightRows; ++r) v[r] = bf16x16_to_ps_avx512(p[r] + i, widen);
-      for (int t = 0; t < T; ++t) {
-        const __m512 xv = _mm512_loadu_ps(x[t] + i);
-        for (int r = 0; r < kEightRows; ++r) a[r][t] = _mm512_fmadd_ps(v[r], xv, a[r][t]);
+  for (int64_t s0 = c0; s0 < c1; s0 += kSegment) {
+    __m512 a[kEightRows][T];
+    for (auto& r : a)
+      for (auto& t : r) t = _mm512_setzero_ps();
+    for (int64_t i = s0; i < std::min(c1, s0 + kSegment); i += 16) {
+      // The rows' next bytes (next chunk, or the thread's next rows), one
+      // cache line per row every two steps, shared out among the groups.
+      if ((i - c0) % 32 == 0)
+        for (int r = group; r < kEightRows; r += groups)
+          if (ahead[r]) _mm_prefetch((const char*)(ahead[r] + (i - c0)), _MM_HINT_T0);
+      if constexpr (T == 3) {
+        __m512 xv[T];
+        for (int t = 0; t < T; ++t) xv[t] = _mm512_loadu_ps(x[t] + i);
+        for (int r = 0; r < kEightRows; ++r) {
+          const __m512 v = bf16x16_to_ps_avx512(p[r] + i, widen);
+          for (int t = 0; t < T; ++t) a[r][t] = _mm512_fmadd_ps(v, xv[t], a[r][t]);
+        }
+      } else {
+        __m512 v[kEightRows];
+        for (int r = 0; r < kEightRows; ++r) v[r] = bf16x16_to_ps_avx512(p[r] + i, widen);
+        for (int t = 0; t < T; ++t) {
+          const __m512 xv = _mm512_loadu_ps(x[t] + i);
+          for (int r = 0; r < kEightRows; ++r) a[r][t] = _mm512_fmadd_ps(v[r], xv, a[r][t]);
+        }
       }
     }
+    for (int r = 0; r < kEightRows; ++r)
+      for (int t = 0; t < T; ++t) lanes[r][t] = _mm512_add_ps(lanes[r][t], a[r][t]);
   }
   for (int t = 0; t < T; ++t)
     for (int r = 0; r < kEightRows; r += 4)
-      _mm256_storeu_pd(&sums[t][r], _mm256_add_pd(_mm256_loadu_pd(&sums[t][r]),
-                                                  fold16x4_avx512(a[r][t], a[r + 1][t], a[r + 2][t], a[r + 3][t])));
+      _mm256_storeu_pd(&sums[t][r],
+                       _mm256_add_pd(_mm256_loadu_pd(&sums[t][r]),
+                                     fold16x4_avx512(lanes[r][t], lanes[r + 1][t], lanes[r + 2][t], lanes[r + 3][t])));
 }
 
 // rows[0..8) against n <= kMaxRegisterTokens tokens; out[t * 8 + r]

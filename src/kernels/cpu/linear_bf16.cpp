@@ -76,18 +76,25 @@ DSV4_BF16 void decode_row_dot_bf16(const Linear& w, int64_t row, int64_t c0, int
 template <int R, int T>
 DSV4_BF16 void micro_kernel_bf16(const uint32_t* w, const uint32_t* x, int64_t pairs, double* sum,
                                  int64_t sum_stride) {
-  __m512 a[R][T];
-  for (auto& r : a)
+  __m512 lanes[R][T];  // the segments' sums
+  for (auto& r : lanes)
     for (auto& t : r) t = _mm512_setzero_ps();
-  for (int64_t p = 0; p < pairs; ++p, w += R * 16, x += T * 16) {
-    __m512bh xv[T];
-    for (int t = 0; t < T; ++t) xv[t] = (__m512bh)_mm512_loadu_si512(x + t * 16);
-    for (int r = 0; r < R; ++r) {
-      const __m512bh wv = (__m512bh)_mm512_loadu_si512(w + r * 16);
-      for (int t = 0; t < T; ++t) a[r][t] = _mm512_dpbf16_ps(a[r][t], wv, xv[t]);
+  for (int64_t p0 = 0; p0 < pairs; p0 += kSegmentPairs) {
+    __m512 a[R][T];
+    for (auto& r : a)
+      for (auto& t : r) t = _mm512_setzero_ps();
+    for (int64_t p = p0; p < std::min(pairs, p0 + kSegmentPairs); ++p, w += R * 16, x += T * 16) {
+      __m512bh xv[T];
+      for (int t = 0; t < T; ++t) xv[t] = (__m512bh)_mm512_loadu_si512(x + t * 16);
+      for (int r = 0; r < R; ++r) {
+        const __m512bh wv = (__m512bh)_mm512_loadu_si512(w + r * 16);
+        for (int t = 0; t < T; ++t) a[r][t] = _mm512_dpbf16_ps(a[r][t], wv, xv[t]);
+      }
     }
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) lanes[r][t] = _mm512_add_ps(lanes[r][t], a[r][t]);
   }
-  add_folds_avx512<R, T>(a, sum, sum_stride);
+  add_folds_avx512<R, T>(lanes, sum, sum_stride);
 }
 
 DSV4_BF16 void micro_kernel_any_bf16(int rows, int tokens, const float* w, const float* x, int64_t steps, double* sum,
@@ -130,19 +137,27 @@ DSV4_BF16 void decode_rows_outer_bf16(const Linear& w, int64_t row, int count, i
 // fp32 results go to out[t * 32 + row] (as outer_lane_kernel).
 template <int T>
 DSV4_BF16 void outer_lane_kernel_bf16(const uint32_t* w, const uint32_t* x, int64_t pairs, float* out) {
-  __m512 a[T][2];
-  for (auto& t : a) t[0] = t[1] = _mm512_setzero_ps();
-  for (int64_t p = 0; p < pairs; ++p, w += kPanelRows, x += T) {
-    const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w), w1 = (__m512bh)_mm512_loadu_si512(w + 16);
-    for (int t = 0; t < T; ++t) {
-      const __m512bh xb = (__m512bh)_mm512_set1_epi32(int(x[t]));
-      a[t][0] = _mm512_dpbf16_ps(a[t][0], w0, xb);
-      a[t][1] = _mm512_dpbf16_ps(a[t][1], w1, xb);
-    }
-  }
+  // The lane's segment sums go into out, which starts at zero.
   for (int t = 0; t < T; ++t) {
-    _mm512_storeu_ps(out + t * kPanelRows, a[t][0]);
-    _mm512_storeu_ps(out + t * kPanelRows + 16, a[t][1]);
+    _mm512_storeu_ps(out + t * kPanelRows, _mm512_setzero_ps());
+    _mm512_storeu_ps(out + t * kPanelRows + 16, _mm512_setzero_ps());
+  }
+  for (int64_t p0 = 0; p0 < pairs; p0 += kSegmentPairs) {
+    __m512 a[T][2];
+    for (auto& t : a) t[0] = t[1] = _mm512_setzero_ps();
+    for (int64_t p = p0; p < std::min(pairs, p0 + kSegmentPairs); ++p, w += kPanelRows, x += T) {
+      const __m512bh w0 = (__m512bh)_mm512_loadu_si512(w), w1 = (__m512bh)_mm512_loadu_si512(w + 16);
+      for (int t = 0; t < T; ++t) {
+        const __m512bh xb = (__m512bh)_mm512_set1_epi32(int(x[t]));
+        a[t][0] = _mm512_dpbf16_ps(a[t][0], w0, xb);
+        a[t][1] = _mm512_dpbf16_ps(a[t][1], w1, xb);
+      }
+    }
+    for (int t = 0; t < T; ++t)
+      for (int h = 0; h < 2; ++h) {
+        float* o = out + t * kPanelRows + 16 * h;
+        _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), a[t][h]));
+      }
   }
 }
 

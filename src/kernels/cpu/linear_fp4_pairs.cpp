@@ -120,8 +120,8 @@ DSV4_BF16_VBMI inline void fp4_pairs_group_chunk(const uint8_t* const* p, const 
                                                  int64_t c1, const uint32_t* const* x, bool prefetch, double* sums) {
   const E2m1PairTables& tables = e2m1_pair_tables();
   const __m512i control = _mm512_load_si512(fp4_lane_order().control);
-  __m512 a[4][T];
-  for (auto& r : a)
+  __m512 lanes[4][T];  // the segments' sums
+  for (auto& r : lanes)
     for (auto& t : r) t = _mm512_setzero_ps();
   const uint8_t* bytes[4];
   const uint8_t* scales[4];
@@ -129,22 +129,29 @@ DSV4_BF16_VBMI inline void fp4_pairs_group_chunk(const uint8_t* const* p, const 
     bytes[r] = p[r] + c0 / 2;
     scales[r] = s[r] + c0 / 32;
   }
-  for (int64_t b = c0; b < c1; b += 32) {
-    if (prefetch && b % 128 == 0)  // one cache line per row, as the fp32 kernel
-      for (int r = 0; r < 4; ++r) _mm_prefetch((const char*)bytes[r] + kPrefetchBytesAhead, _MM_HINT_T0);
-    __m512bh xv[T];
-    for (int t = 0; t < T; ++t) xv[t] = (__m512bh)_mm512_loadu_si512(x[t] + b / 2);
-    for (int r = 0; r < 4; ++r) {
-      const __m512bh w = e2m1_block_pairs(bytes[r], _mm512_load_si512(tables.words[*scales[r]]), control);
-      bytes[r] += 16;
-      ++scales[r];
-      for (int t = 0; t < T; ++t) a[r][t] = _mm512_dpbf16_ps(a[r][t], w, xv[t]);
+  for (int64_t s0 = c0; s0 < c1; s0 += kSegment) {
+    __m512 a[4][T];
+    for (auto& r : a)
+      for (auto& t : r) t = _mm512_setzero_ps();
+    for (int64_t b = s0; b < std::min(c1, s0 + kSegment); b += 32) {
+      if (prefetch && b % 128 == 0)  // one cache line per row, as the fp32 kernel
+        for (int r = 0; r < 4; ++r) _mm_prefetch((const char*)bytes[r] + kPrefetchBytesAhead, _MM_HINT_T0);
+      __m512bh xv[T];
+      for (int t = 0; t < T; ++t) xv[t] = (__m512bh)_mm512_loadu_si512(x[t] + b / 2);
+      for (int r = 0; r < 4; ++r) {
+        const __m512bh w = e2m1_block_pairs(bytes[r], _mm512_load_si512(tables.words[*scales[r]]), control);
+        bytes[r] += 16;
+        ++scales[r];
+        for (int t = 0; t < T; ++t) a[r][t] = _mm512_dpbf16_ps(a[r][t], w, xv[t]);
+      }
     }
+    for (int r = 0; r < 4; ++r)
+      for (int t = 0; t < T; ++t) lanes[r][t] = _mm512_add_ps(lanes[r][t], a[r][t]);
   }
   const __m512i storage = _mm512_load_si512(fp4_lane_order().storage);
-  for (auto& r : a)
+  for (auto& r : lanes)
     for (auto& t : r) t = _mm512_permutexvar_ps(storage, t);
-  add_folds_avx512<4, T>(a, sums, kMaxRegisterTokens);
+  add_folds_avx512<4, T>(lanes, sums, kMaxRegisterTokens);
 }
 
 // Up to four tokens (a decode step's routed experts see one to four): the
@@ -167,33 +174,44 @@ DSV4_BF16_VBMI void fp4_pairs_whole_rows(const uint8_t* const* p, const uint8_t*
   __m256d sums[T];  // rows 0-3 of each token
   for (auto& sum : sums) sum = _mm256_setzero_pd();
   for (int64_t c0 = 0; c0 < cols; c0 += kChunk) {
-    const int64_t first = c0 / 32, end = std::min(cols, c0 + kChunk) / 32;  // blocks
-    __m512 a0[T], a1[T], a2[T], a3[T];
-    for (int t = 0; t < T; ++t) a0[t] = a1[t] = a2[t] = a3[t] = _mm512_setzero_ps();
-    for (int64_t k = first; k < end; ++k) {
-      if (prefetch && k % 4 == 0) {  // one cache line per row, as fp4_pairs_group_chunk
-        _mm_prefetch((const char*)p0 + 16 * k + kPrefetchBytesAhead, _MM_HINT_T0);
-        _mm_prefetch((const char*)p1 + 16 * k + kPrefetchBytesAhead, _MM_HINT_T0);
-        _mm_prefetch((const char*)p2 + 16 * k + kPrefetchBytesAhead, _MM_HINT_T0);
-        _mm_prefetch((const char*)p3 + 16 * k + kPrefetchBytesAhead, _MM_HINT_T0);
+    const int64_t chunk_end = std::min(cols, c0 + kChunk) / 32;  // blocks
+    __m512 l0[T], l1[T], l2[T], l3[T];                           // the lanes: the segments' sums
+    for (int t = 0; t < T; ++t) l0[t] = l1[t] = l2[t] = l3[t] = _mm512_setzero_ps();
+    for (int64_t first = c0 / 32; first < chunk_end; first += kSegment / 32) {
+      const int64_t end = std::min(chunk_end, first + kSegment / 32);
+      __m512 a0[T], a1[T], a2[T], a3[T];
+      for (int t = 0; t < T; ++t) a0[t] = a1[t] = a2[t] = a3[t] = _mm512_setzero_ps();
+      for (int64_t k = first; k < end; ++k) {
+        if (prefetch && k % 4 == 0) {  // one cache line per row, as fp4_pairs_group_chunk
+          _mm_prefetch((const char*)p0 + 16 * k + kPrefetchBytesAhead, _MM_HINT_T0);
+          _mm_prefetch((const char*)p1 + 16 * k + kPrefetchBytesAhead, _MM_HINT_T0);
+          _mm_prefetch((const char*)p2 + 16 * k + kPrefetchBytesAhead, _MM_HINT_T0);
+          _mm_prefetch((const char*)p3 + 16 * k + kPrefetchBytesAhead, _MM_HINT_T0);
+        }
+        __m512bh xv[T];
+        for (int t = 0; t < T; ++t) xv[t] = (__m512bh)_mm512_loadu_si512(x[t] + 16 * k);
+        const __m512bh w0 = e2m1_block_pairs(p0 + 16 * k, _mm512_load_si512(tables.words[s0[k]]), control);
+        for (int t = 0; t < T; ++t) a0[t] = _mm512_dpbf16_ps(a0[t], w0, xv[t]);
+        const __m512bh w1 = e2m1_block_pairs(p1 + 16 * k, _mm512_load_si512(tables.words[s1[k]]), control);
+        for (int t = 0; t < T; ++t) a1[t] = _mm512_dpbf16_ps(a1[t], w1, xv[t]);
+        const __m512bh w2 = e2m1_block_pairs(p2 + 16 * k, _mm512_load_si512(tables.words[s2[k]]), control);
+        for (int t = 0; t < T; ++t) a2[t] = _mm512_dpbf16_ps(a2[t], w2, xv[t]);
+        const __m512bh w3 = e2m1_block_pairs(p3 + 16 * k, _mm512_load_si512(tables.words[s3[k]]), control);
+        for (int t = 0; t < T; ++t) a3[t] = _mm512_dpbf16_ps(a3[t], w3, xv[t]);
       }
-      __m512bh xv[T];
-      for (int t = 0; t < T; ++t) xv[t] = (__m512bh)_mm512_loadu_si512(x[t] + 16 * k);
-      const __m512bh w0 = e2m1_block_pairs(p0 + 16 * k, _mm512_load_si512(tables.words[s0[k]]), control);
-      for (int t = 0; t < T; ++t) a0[t] = _mm512_dpbf16_ps(a0[t], w0, xv[t]);
-      const __m512bh w1 = e2m1_block_pairs(p1 + 16 * k, _mm512_load_si512(tables.words[s1[k]]), control);
-      for (int t = 0; t < T; ++t) a1[t] = _mm512_dpbf16_ps(a1[t], w1, xv[t]);
-      const __m512bh w2 = e2m1_block_pairs(p2 + 16 * k, _mm512_load_si512(tables.words[s2[k]]), control);
-      for (int t = 0; t < T; ++t) a2[t] = _mm512_dpbf16_ps(a2[t], w2, xv[t]);
-      const __m512bh w3 = e2m1_block_pairs(p3 + 16 * k, _mm512_load_si512(tables.words[s3[k]]), control);
-      for (int t = 0; t < T; ++t) a3[t] = _mm512_dpbf16_ps(a3[t], w3, xv[t]);
+      for (int t = 0; t < T; ++t) {
+        l0[t] = _mm512_add_ps(l0[t], a0[t]);
+        l1[t] = _mm512_add_ps(l1[t], a1[t]);
+        l2[t] = _mm512_add_ps(l2[t], a2[t]);
+        l3[t] = _mm512_add_ps(l3[t], a3[t]);
+      }
     }
     // Each register back in storage order, folded by the same tree as
     // fold16_avx512 (four rows at once), added to its row's sum.
     for (int t = 0; t < T; ++t)
       sums[t] = _mm256_add_pd(
-          sums[t], fold16x4_avx512(_mm512_permutexvar_ps(storage, a0[t]), _mm512_permutexvar_ps(storage, a1[t]),
-                                   _mm512_permutexvar_ps(storage, a2[t]), _mm512_permutexvar_ps(storage, a3[t])));
+          sums[t], fold16x4_avx512(_mm512_permutexvar_ps(storage, l0[t]), _mm512_permutexvar_ps(storage, l1[t]),
+                                   _mm512_permutexvar_ps(storage, l2[t]), _mm512_permutexvar_ps(storage, l3[t])));
   }
   for (int t = 0; t < T; ++t) _mm256_storeu_pd(out + t * out_stride, sums[t]);
 }

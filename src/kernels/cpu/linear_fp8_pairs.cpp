@@ -73,24 +73,32 @@ DSV4_BF16 inline void fp8_chunk_to_pairs(const uint8_t* row, const uint8_t* scal
 template <int T>
 DSV4_BF16 inline void group_chunk(const uint32_t* const* rows, const char* const* ahead, int64_t c0, int64_t c1,
                                   const uint32_t* const* x, int group, int groups, double (*sums)[kEightRows]) {
-  __m512 a[kEightRows][T];
-  for (auto& r : a)
+  __m512 lanes[kEightRows][T];  // the segments' sums
+  for (auto& r : lanes)
     for (auto& t : r) t = _mm512_setzero_ps();
-  for (int64_t k = 0; k < c1 - c0; k += 32) {
-    if (k % 64 == 0)
-      for (int r = group; r < kEightRows; r += groups)
-        if (ahead[r]) _mm_prefetch(ahead[r] + k, _MM_HINT_T0);
-    __m512bh xv[T];
-    for (int t = 0; t < T; ++t) xv[t] = (__m512bh)_mm512_loadu_si512(x[t] + (c0 + k) / 2);
-    for (int r = 0; r < kEightRows; ++r) {
-      const __m512bh wv = (__m512bh)_mm512_load_si512(rows[r] + k / 2);
-      for (int t = 0; t < T; ++t) a[r][t] = _mm512_dpbf16_ps(a[r][t], wv, xv[t]);
+  for (int64_t k0 = 0; k0 < c1 - c0; k0 += kSegment) {
+    __m512 a[kEightRows][T];
+    for (auto& r : a)
+      for (auto& t : r) t = _mm512_setzero_ps();
+    for (int64_t k = k0; k < std::min(c1 - c0, k0 + kSegment); k += 32) {
+      if (k % 64 == 0)
+        for (int r = group; r < kEightRows; r += groups)
+          if (ahead[r]) _mm_prefetch(ahead[r] + k, _MM_HINT_T0);
+      __m512bh xv[T];
+      for (int t = 0; t < T; ++t) xv[t] = (__m512bh)_mm512_loadu_si512(x[t] + (c0 + k) / 2);
+      for (int r = 0; r < kEightRows; ++r) {
+        const __m512bh wv = (__m512bh)_mm512_load_si512(rows[r] + k / 2);
+        for (int t = 0; t < T; ++t) a[r][t] = _mm512_dpbf16_ps(a[r][t], wv, xv[t]);
+      }
     }
+    for (int r = 0; r < kEightRows; ++r)
+      for (int t = 0; t < T; ++t) lanes[r][t] = _mm512_add_ps(lanes[r][t], a[r][t]);
   }
   for (int t = 0; t < T; ++t)
     for (int r = 0; r < kEightRows; r += 4)
-      _mm256_storeu_pd(&sums[t][r], _mm256_add_pd(_mm256_loadu_pd(&sums[t][r]),
-                                                  fold16x4_avx512(a[r][t], a[r + 1][t], a[r + 2][t], a[r + 3][t])));
+      _mm256_storeu_pd(&sums[t][r],
+                       _mm256_add_pd(_mm256_loadu_pd(&sums[t][r]),
+                                     fold16x4_avx512(lanes[r][t], lanes[r + 1][t], lanes[r + 2][t], lanes[r + 3][t])));
 }
 
 // The bf16 of every e4m3 code's magnitude (bits 0-6) with its exponent
@@ -187,30 +195,37 @@ template <int R, int T>
 DSV4_BF16_VBMI inline void fp8_pairs_chunk(const E4m3PairDecoder& decoder, const uint8_t* const* p,
                                            const uint8_t* const* s, int64_t c0, int64_t c1, const uint32_t* const* x,
                                            bool prefetch, double* sums) {
-  __m512 a[R][T];
-  for (auto& r : a)
+  __m512 lanes[R][T];  // the segments' sums
+  for (auto& r : lanes)
     for (auto& t : r) t = _mm512_setzero_ps();
   __m512i scale[R];
-  for (int64_t i = c0; i < c1; i += 64) {
-    if (i % 128 == 0 || i == c0)
-      for (int r = 0; r < R; ++r) scale[r] = scale_subtrahend(s[r][i / 128]);
-    if (prefetch)  // one cache line per row
-      for (int r = 0; r < R; ++r) _mm_prefetch((const char*)(p[r] + i) + kFourRowPrefetchBytesAhead, _MM_HINT_T0);
-    __m512bh x01[T], x23[T];
-    for (int t = 0; t < T; ++t) {
-      x01[t] = (__m512bh)_mm512_loadu_si512(x[t] + i / 2);
-      x23[t] = (__m512bh)_mm512_loadu_si512(x[t] + i / 2 + 16);
-    }
-    for (int r = 0; r < R; ++r) {
-      __m512bh steps01, steps23;
-      decoder.decode(p[r] + i, scale[r], steps01, steps23);
+  for (int64_t s0 = c0; s0 < c1; s0 += kSegment) {
+    __m512 a[R][T];
+    for (auto& r : a)
+      for (auto& t : r) t = _mm512_setzero_ps();
+    for (int64_t i = s0; i < std::min(c1, s0 + kSegment); i += 64) {
+      if (i % 128 == 0 || i == c0)
+        for (int r = 0; r < R; ++r) scale[r] = scale_subtrahend(s[r][i / 128]);
+      if (prefetch)  // one cache line per row
+        for (int r = 0; r < R; ++r) _mm_prefetch((const char*)(p[r] + i) + kFourRowPrefetchBytesAhead, _MM_HINT_T0);
+      __m512bh x01[T], x23[T];
       for (int t = 0; t < T; ++t) {
-        a[r][t] = _mm512_dpbf16_ps(a[r][t], steps01, x01[t]);
-        a[r][t] = _mm512_dpbf16_ps(a[r][t], steps23, x23[t]);
+        x01[t] = (__m512bh)_mm512_loadu_si512(x[t] + i / 2);
+        x23[t] = (__m512bh)_mm512_loadu_si512(x[t] + i / 2 + 16);
+      }
+      for (int r = 0; r < R; ++r) {
+        __m512bh steps01, steps23;
+        decoder.decode(p[r] + i, scale[r], steps01, steps23);
+        for (int t = 0; t < T; ++t) {
+          a[r][t] = _mm512_dpbf16_ps(a[r][t], steps01, x01[t]);
+          a[r][t] = _mm512_dpbf16_ps(a[r][t], steps23, x23[t]);
+        }
       }
     }
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) lanes[r][t] = _mm512_add_ps(lanes[r][t], a[r][t]);
   }
-  add_folds_avx512<R, T>(a, sums, kMaxRegisterTokens);
+  add_folds_avx512<R, T>(lanes, sums, kMaxRegisterTokens);
 }
 
 // One token (decoding's attention and shared-expert products): the group's
@@ -233,38 +248,45 @@ DSV4_BF16_VBMI void fp8_pairs_one_token(const Linear& w, const RowGroup& g, cons
   double sum0 = 0, sum1 = 0, sum2 = 0, sum3 = 0;
   for (int64_t c0 = 0; c0 < cols; c0 += kChunk) {
     const int64_t c1 = std::min(cols, c0 + kChunk);
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    __m512 l0 = _mm512_setzero_ps(), l1 = l0, l2 = l0, l3 = l0;  // the lanes: the segments' sums
     // Set at the chunk's first step: c0 is a multiple of kChunk, so of 128.
     __m512i scale0 = _mm512_setzero_si512(), scale1 = scale0, scale2 = scale0, scale3 = scale0;
-    for (int64_t i = c0; i < c1; i += 64) {
-      if (i % 128 == 0) {
-        scale0 = scale_subtrahend(s0[i / 128]);
-        scale1 = scale_subtrahend(s1[i / 128]);
-        scale2 = scale_subtrahend(s2[i / 128]);
-        scale3 = scale_subtrahend(s3[i / 128]);
+    for (int64_t segment = c0; segment < c1; segment += kSegment) {
+      __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+      for (int64_t i = segment; i < std::min(c1, segment + kSegment); i += 64) {
+        if (i % 128 == 0) {
+          scale0 = scale_subtrahend(s0[i / 128]);
+          scale1 = scale_subtrahend(s1[i / 128]);
+          scale2 = scale_subtrahend(s2[i / 128]);
+          scale3 = scale_subtrahend(s3[i / 128]);
+        }
+        if (prefetch) {
+          _mm_prefetch((const char*)(p0 + i) + kFourRowPrefetchBytesAhead, _MM_HINT_T0);
+          _mm_prefetch((const char*)(p1 + i) + kFourRowPrefetchBytesAhead, _MM_HINT_T0);
+          _mm_prefetch((const char*)(p2 + i) + kFourRowPrefetchBytesAhead, _MM_HINT_T0);
+          _mm_prefetch((const char*)(p3 + i) + kFourRowPrefetchBytesAhead, _MM_HINT_T0);
+        }
+        const __m512bh x01 = (__m512bh)_mm512_loadu_si512(x + i / 2);
+        const __m512bh x23 = (__m512bh)_mm512_loadu_si512(x + i / 2 + 16);
+        __m512bh steps01, steps23;
+        decoder.decode(p0 + i, scale0, steps01, steps23);
+        a0 = _mm512_dpbf16_ps(_mm512_dpbf16_ps(a0, steps01, x01), steps23, x23);
+        decoder.decode(p1 + i, scale1, steps01, steps23);
+        a1 = _mm512_dpbf16_ps(_mm512_dpbf16_ps(a1, steps01, x01), steps23, x23);
+        decoder.decode(p2 + i, scale2, steps01, steps23);
+        a2 = _mm512_dpbf16_ps(_mm512_dpbf16_ps(a2, steps01, x01), steps23, x23);
+        decoder.decode(p3 + i, scale3, steps01, steps23);
+        a3 = _mm512_dpbf16_ps(_mm512_dpbf16_ps(a3, steps01, x01), steps23, x23);
       }
-      if (prefetch) {
-        _mm_prefetch((const char*)(p0 + i) + kFourRowPrefetchBytesAhead, _MM_HINT_T0);
-        _mm_prefetch((const char*)(p1 + i) + kFourRowPrefetchBytesAhead, _MM_HINT_T0);
-        _mm_prefetch((const char*)(p2 + i) + kFourRowPrefetchBytesAhead, _MM_HINT_T0);
-        _mm_prefetch((const char*)(p3 + i) + kFourRowPrefetchBytesAhead, _MM_HINT_T0);
-      }
-      const __m512bh x01 = (__m512bh)_mm512_loadu_si512(x + i / 2);
-      const __m512bh x23 = (__m512bh)_mm512_loadu_si512(x + i / 2 + 16);
-      __m512bh steps01, steps23;
-      decoder.decode(p0 + i, scale0, steps01, steps23);
-      a0 = _mm512_dpbf16_ps(_mm512_dpbf16_ps(a0, steps01, x01), steps23, x23);
-      decoder.decode(p1 + i, scale1, steps01, steps23);
-      a1 = _mm512_dpbf16_ps(_mm512_dpbf16_ps(a1, steps01, x01), steps23, x23);
-      decoder.decode(p2 + i, scale2, steps01, steps23);
-      a2 = _mm512_dpbf16_ps(_mm512_dpbf16_ps(a2, steps01, x01), steps23, x23);
-      decoder.decode(p3 + i, scale3, steps01, steps23);
-      a3 = _mm512_dpbf16_ps(_mm512_dpbf16_ps(a3, steps01, x01), steps23, x23);
+      l0 = _mm512_add_ps(l0, a0);
+      l1 = _mm512_add_ps(l1, a1);
+      l2 = _mm512_add_ps(l2, a2);
+      l3 = _mm512_add_ps(l3, a3);
     }
-    sum0 += fold16_avx512(a0);
-    sum1 += fold16_avx512(a1);
-    sum2 += fold16_avx512(a2);
-    sum3 += fold16_avx512(a3);
+    sum0 += fold16_avx512(l0);
+    sum1 += fold16_avx512(l1);
+    sum2 += fold16_avx512(l2);
+    sum3 += fold16_avx512(l3);
   }
   out[0] = sum0;
   out[1] = sum1;

@@ -72,11 +72,15 @@ inline void to_storage_order(const Linear& w, const float* x, float* out) {
     }
 }
 
-// The canonical order (see linear.h): within each chunk of kChunk columns,
-// element i goes to fp32 lane i mod 16 with one fused multiply-add, in
-// increasing i; the 16 lanes are folded in double in a fixed tree; the chunk
-// sums are added in double in increasing chunk order.
+// The canonical order (see linear.h): within each segment of kSegment
+// columns, element i goes to fp32 lane i mod 16 with one fused multiply-add,
+// in increasing i, from zero; each lane adds its segment sums in fp32 in
+// order over a chunk of kChunk columns; the chunk's 16 lanes are folded in
+// double in a fixed tree; the chunk sums are added in double in increasing
+// chunk order.
 constexpr int64_t kChunk = 1024;
+constexpr int64_t kSegment = 256, kSegmentSteps = kSegment / 16, kSegmentPairs = kSegmentSteps / 2;
+static_assert(kChunk % kSegment == 0 && kSegment % 128 == 0, "segments tile chunks and FP8 scale blocks");
 
 inline double fold16(const float* lanes) {
   double s8[8], s4[4];
