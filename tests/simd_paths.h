@@ -1,5 +1,6 @@
 // Kernel tests' check that every SIMD path (and on AVX-512 either vendor's
 // tuning; with AVX512-BF16, either setting of the bf16 dot products; with
+// AMX, either setting of the AMX kernels; with
 // AVX512-VBMI, also without the kernels that need it) gives the scalar
 // kernels' bits.
 #pragma once
@@ -39,6 +40,14 @@ inline std::vector<float> expect_simd_gives_scalar_bits(size_t size, const std::
       product(other.data());
       set_bf16_dot(bf16);
       EXPECT_EQ(0, std::memcmp(other.data(), scalar.data(), size * 4)) << "avx512, bf16 dot " << !bf16;
+    }
+    if (isa == KernelIsa::Avx512 && amx_supported()) {  // and with the other AMX setting
+      const bool amx = amx_enabled();
+      set_amx(!amx);
+      std::vector<float> other(size, -1.0f);
+      product(other.data());
+      set_amx(amx);
+      EXPECT_EQ(0, std::memcmp(other.data(), scalar.data(), size * 4)) << "avx512, AMX " << !amx;
     }
     if (isa == KernelIsa::Avx512) {  // and with the other vendor's tuning
       const KernelTuning tuning = kernel_tuning();

@@ -14,7 +14,7 @@
 // input is permuted to match, once per token. Threads only split the (t, o)
 // space. So a token's result depends neither on its batch, nor on the chunk
 // size, nor on the thread count, nor on which SIMD path (scalar, AVX2,
-// AVX-512) ran it.
+// AVX-512, AMX) ran it.
 //
 // Why fp32 lanes: the official kernels accumulate in fp32 too, and the golden
 // data (stabilised so that a float64 evaluation agrees) are matched as
@@ -38,7 +38,7 @@
 // bf16 pair, adds 16 steps' exact products in order starting from zero and
 // then adds that sum to its accumulator with one rounding. So one tile
 // instruction computes a lane's segment and its addition to the lane, and
-// an AMX kernel can give the same bits as the others (docs/kernels.md, "AMX").
+// the AMX kernels give the same bits as the others (docs/kernels.md, "AMX").
 // A lane now rounds 16 + 3 times per chunk, not 64.
 #pragma once
 #include <cstddef>

@@ -1,6 +1,8 @@
 #include "kernels/cpu/isa.h"
 
 #include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -8,6 +10,7 @@
 #include <cstdlib>
 
 #include "core/error.h"
+#include "core/machine.h"
 
 namespace dsv4 {
 
@@ -191,11 +194,50 @@ TuningChoice& tuning_choice() {
   return c;
 }
 
+struct AmxChoice {
+  bool on = false;
+  std::string why;
+};
+
+constexpr const char* kAmxOn = "AMX tiles for FP8/FP4 products with FP8-rounded inputs from 16 tokens";
+
+AmxChoice initial_amx_choice() {
+  if (!amx_supported()) return {false, ""};
+  const char* env = std::getenv("DSV4_AMX");
+  if (env && std::string(env) == "0") return {false, "AMX off (DSV4_AMX=0)"};
+  return {true, kAmxOn};
+}
+
+AmxChoice& amx_choice() {
+  static AmxChoice c = initial_amx_choice();
+  return c;
+}
+
 }  // namespace
+
+bool amx_supported() {
+  static const bool supported = [] {
+    if (best_kernel_isa() != KernelIsa::Avx512) return false;
+    const CpuFeatures f = detect_cpu_features();
+    if (!f.amx_tile || !f.amx_bf16 || !avx512_vbmi_supported()) return false;  // (every AMX CPU has VBMI)
+    // Linux hands out the tile data state only on request, once per
+    // process (arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA).
+    constexpr int kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return supported;
+}
+bool amx_enabled() { return amx_choice().on; }
+void set_amx(bool on) {
+  AmxChoice& c = amx_choice();
+  c.on = on && amx_supported();
+  c.why = c.on ? std::string(kAmxOn) + " (set by the program)" : "AMX off (set by the program)";
+}
 
 std::string kernel_isa_reason() {
   std::string reason = choice().reason;
   if (choice().isa == KernelIsa::Avx512 && !bf16_choice().why.empty()) reason += "; " + bf16_choice().why;
+  if (choice().isa == KernelIsa::Avx512 && !amx_choice().why.empty()) reason += "; " + amx_choice().why;
   if (choice().isa == KernelIsa::Avx512) reason += "; " + tuning_choice().why;
   return reason;
 }

@@ -69,6 +69,14 @@ enum class KernelTuning { Amd, Intel };
 constexpr int kBf16QuarterMaxTokens = 4, kFp8PrescaledMaxTokens = 4;
 KernelTuning kernel_tuning();
 void set_kernel_tuning(KernelTuning tuning);
+// Whether the packed GEMM may run FP8 and FP4 products with FP8-rounded
+// inputs on AMX tiles (TDPBF16PS, kernels/cpu/linear_amx.cpp): where the
+// CPU has AMX-BF16 (and AVX512-VBMI, which every AMX CPU has) and the
+// kernel grants the process the tile data state,
+// unless DSV4_AMX=0; tests switch it to compare (same bits either way).
+bool amx_supported();
+bool amx_enabled();
+void set_amx(bool on);          // ignored (stays off) where unsupported
 void set_bf16_dot(bool on);     // ignored (stays off) where unsupported
 void set_avx512_vbmi(bool on);  // ignored (stays off) where unsupported
 

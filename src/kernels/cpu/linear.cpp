@@ -122,7 +122,7 @@ namespace {
 // How the prepared inputs are laid out: rows of the storage order (the
 // register path) or packed for a form of the packed GEMM, with fp32 or
 // bf16-pair (linear_bf16.cpp) kernels.
-enum class Packing { Rows, Dot, Outer, DotBf16, OuterBf16 };
+enum class Packing { Rows, Dot, Outer, DotBf16, OuterBf16, AmxRows };
 
 // Token t's inputs in storage order (rounded through FP8 if asked: the round
 // trip works on 128- or 32-column blocks, which the FP4 storage order only
@@ -134,7 +134,7 @@ enum class Packing { Rows, Dot, Outer, DotBf16, OuterBf16 };
 bool prepare_token(const Linear& w, const float* x, int64_t n, int64_t t, Packing packing, float* row, float* xs,
                    uint32_t* pairs = nullptr) {
   const int64_t cols = w.cols;
-  float* dst = packing == Packing::Rows ? xs + t * cols : row;
+  float* dst = packing == Packing::Rows || packing == Packing::AmxRows ? xs + t * cols : row;
   to_storage_order(w, x + t * cols, dst);
   if (w.quantize_input) fp8_round_trip(dst, cols, w.input_block);
   switch (packing) {
@@ -149,6 +149,7 @@ bool prepare_token(const Linear& w, const float* x, int64_t n, int64_t t, Packin
       break;
     case Packing::Dot: pack_token_dot(dst, cols, n, t, xs); break;
     case Packing::Outer: pack_token_outer(dst, cols, n, t, xs); break;
+    case Packing::AmxRows: return bf16_dot_inputs_qualify(dst, cols);
     case Packing::DotBf16:
     case Packing::OuterBf16:
       if (!bf16_dot_inputs_qualify(dst, cols)) return false;
@@ -218,6 +219,13 @@ bool register_pairs_apply(KernelIsa isa, const Linear& w, int64_t n) {
   return n <= kFp8FourRowMaxTokens && w.cols % 64 == 0 && avx512_vbmi_enabled();
 }
 
+// Whether the product of rows [row_begin, row_end) of w with n tokens runs
+// on AMX tiles (linear_amx.cpp), if its inputs qualify too.
+bool amx_applies(KernelIsa isa, const Linear& w, int64_t n, int64_t row_begin, int64_t row_end) {
+  return isa == KernelIsa::Avx512 && amx_enabled() && n >= kAmxMinTokens && row_end - row_begin >= kPackedMinRows &&
+         w.cols % kSegment == 0 && bf16_dot_weights_qualify(w, row_begin, row_end);
+}
+
 }  // namespace
 
 void linear_forward(KernelIsa isa, const Linear& w, const float* x, int64_t n, float* y, int64_t row_begin,
@@ -233,8 +241,22 @@ void linear_forward(KernelIsa isa, const Linear& w, const float* x, int64_t n, f
       n >= packed_min_tokens(w) && out >= kPackedMinRows &&
       ((isa == KernelIsa::Avx512 && n > register_groups_max_tokens(w)) || (isa == KernelIsa::Avx2 && outer));
   const bool pairs_apply = !packed && register_pairs_apply(isa, w, n);
-  float* xs = thread_scratch_array<float>(ScratchSlot::LinearInput, n * cols + (pairs_apply ? n * cols / 2 : 0));
+  const bool amx = amx_applies(isa, w, n, row_begin, row_end);
+  const int64_t amx_tokens = (n + kAmxTokens - 1) / kAmxTokens * kAmxTokens;
+  // After the rows of inputs: the AMX kernel's packed groups, or the step
+  // pairs of the register path's VDPBF16PS kernels.
+  const int64_t after_rows = amx ? amx_tokens * cols : pairs_apply ? n * cols / 2 : 0;
+  float* xs = thread_scratch_array<float>(ScratchSlot::LinearInput, n * cols + after_rows);
   const int threads = threads_for(out * cols * std::max<int64_t>(n, 1));
+  // AMX tiles where they give the canonical bits (linear_amx.cpp): the
+  // inputs prepared as rows, then packed a group of tokens at a time.
+  if (amx && prepare_tokens(w, x, n, Packing::AmxRows, xs)) {
+    float* packed = xs + n * cols;
+#pragma omp parallel for schedule(static) num_threads(threads_for(n* cols * 16))
+    for (int64_t first = 0; first < n; first += kAmxTokens) pack_group_amx(xs, n, cols, first, packed);
+    packed_gemm_amx(w, row_begin, out, packed, n, y, y_stride, threads);
+    return;
+  }
   // VDPBF16PS where it gives the canonical bits (linear_bf16.cpp); the rare
   // product it cannot take goes to the fp32 kernels.
   if (packed && isa == KernelIsa::Avx512 && bf16_dot_enabled() && bf16_dot_weights_qualify(w, row_begin, row_end) &&
@@ -310,7 +332,8 @@ namespace {
 // linear_forward_many can run as pieces in a shared parallel region.
 bool runs_on_register_kernels(KernelIsa isa, const LinearProduct& p) {
   if (p.n < 1) return false;
-  if (isa == KernelIsa::Avx512) return p.n < packed_min_tokens(*p.w);
+  if (isa == KernelIsa::Avx512)
+    return p.n < packed_min_tokens(*p.w) && !amx_applies(isa, *p.w, p.n, p.row_begin, p.end());
   if (isa == KernelIsa::Avx2) return p.n < kOuterMinTokens;
   return false;
 }

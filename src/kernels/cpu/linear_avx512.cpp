@@ -137,9 +137,9 @@ DSV4_AVX512 void outer_lane_kernel(const float* w, const float* x, int64_t steps
 // The 16 lanes of a row group x T tokens (lane l's results at
 // lanes[(l * T + t) * 32 + row]), folded with fold16_avx512's tree, eight
 // rows at a time, and added to sums[t * sums_stride + row].
-DSV4_AVX512 void fold_lanes_avx512(const float* lanes, int tokens, double* sums, int64_t sums_stride) {
+DSV4_AVX512 void fold_lanes_avx512(const float* lanes, int tokens, double* sums, int64_t sums_stride, int width) {
   for (int t = 0; t < tokens; ++t)
-    for (int h = 0; h < kPanelRows; h += 8) {
+    for (int h = 0; h < width; h += 8) {
       __m512d l[16];
       for (int q = 0; q < 16; ++q) l[q] = _mm512_cvtps_pd(_mm256_loadu_ps(lanes + (q * tokens + t) * kPanelRows + h));
       for (int q = 0; q < 8; ++q) l[q] = _mm512_add_pd(l[q], l[q + 8]);
@@ -213,7 +213,8 @@ void packed_gemm_outer_avx512(const Linear& w, int64_t row_begin, int64_t out, c
           outer_lane_kernel_any(group, pg + l * steps * kPanelRows, xg + l * steps * group, steps,
                                 lanes + l * group * kPanelRows);
       },
-      fold_lanes_avx512);
+      [](const float* lanes, int tokens, double* sums, int64_t stride)
+          DSV4_TARGET_AVX512 { fold_lanes_avx512(lanes, tokens, sums, stride); });
 }
 
 }  // namespace dsv4::linear_detail

@@ -285,8 +285,10 @@ DSV4_TARGET_AVX512 void decode_chunk_avx512(const Linear& w, int64_t row, int64_
 // panel input, before its transpose.
 DSV4_TARGET_AVX512 void decode_16_rows_avx512(const Linear& w, int64_t row, int count, int64_t c0, int64_t steps,
                                               float* rows_tmp);
-// The outer form's fold: lanes[(l * tokens + t) * 32 + row] -> sums[t * stride + row] (+=).
-DSV4_TARGET_AVX512 void fold_lanes_avx512(const float* lanes, int tokens, double* sums, int64_t sums_stride);
+// The outer form's fold: lanes[(l * tokens + t) * 32 + row] -> sums[t * stride + row] (+=), for rows [0,
+// width), width a multiple of 8.
+DSV4_TARGET_AVX512 void fold_lanes_avx512(const float* lanes, int tokens, double* sums, int64_t sums_stride,
+                                          int width = 32);
 
 // The eight-row kernels: eight rows against the tokens in pairs (BF16 from
 // kEightRowTriplesMinTokensBf16 tokens mostly in triples), so that an input
@@ -371,6 +373,24 @@ DSV4_TARGET_AVX512_BF16_VBMI bool dot4_fp4_pairs(const Linear& w, const RowGroup
 // next (0: none), whose first bytes the last chunk prefetches.
 DSV4_TARGET_AVX512_BF16 void dot8_fp8_pairs(const Linear& w, const int64_t* rows, int64_t next_rows,
                                             const uint32_t* pairs, int64_t n, double* out);
+
+// linear_amx.cpp: the packed GEMM with AMX tiles for the products where
+// VDPBF16PS would give the canonical bits (bf16_dot_*_qualify), weights of
+// whole segments (cols a multiple of kSegment), on a CPU with AMX-BF16 whose
+// kernel granted the tile data (amx_enabled). Tokens go in groups of
+// kAmxTokens (a tile's rows); xp holds n rounded up to a whole group.
+constexpr int64_t kAmxTokens = 16;
+// From this many tokens on (docs/kernels.md, "AMX").
+constexpr int64_t kAmxMinTokens = 16;
+// The group of kAmxTokens tokens from `first` of the n prepared inputs xs
+// ([n][cols], storage order, FP8-rounded) into its place in xp; tokens past
+// n are zeros.
+void pack_group_amx(const float* xs, int64_t n, int64_t cols, int64_t first, float* xp);
+void packed_gemm_amx(const Linear& w, int64_t row_begin, int64_t out, const float* xp, int64_t n, float* y,
+                     int64_t y_stride, int threads);
+// How many products packed_gemm_amx has run in this process (tests check
+// that the AMX kernel, not a fallback, gave their bits).
+int64_t amx_products();
 
 // linear_fp8_pairs.cpp: the four rows of `g` (FP8, cols a multiple of 64;
 // rows of any blocks) against n <= kFp8FourRowMaxTokens tokens whose pair
