@@ -5,10 +5,8 @@
 // it must leave to the other kernels.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -16,21 +14,12 @@
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/linear_internal.h"
 #include "kernels/cpu/random_linear.h"
+#include "linear_variants.h"
 
 namespace dsv4 {
 namespace {
 
-std::vector<float> inputs(size_t n, uint32_t seed, float magnitude) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd;
-  std::vector<float> x(n);
-  for (auto& v : x) {
-    v = nd(rng) * magnitude;
-    if (rng() % 7 == 0) v *= std::ldexp(1.0f, -int(rng() % 12));  // e4m3 subnormals after the rounding
-    if (rng() % 31 == 0) v = 0.0f;
-  }
-  return x;
-}
+std::vector<float> inputs(size_t n, uint32_t seed, float magnitude) { return test::spread_floats(n, seed, magnitude); }
 
 // linear_forward with the scalar kernels, then on AVX-512 with AMX; the same
 // bits, and `amx_runs` says whether the AMX kernel must have run.
@@ -38,22 +27,14 @@ void expect_amx_gives_scalar_bits(const Linear& w, const std::vector<float>& x, 
                                   int64_t row_begin = 0, int64_t row_end = -1) {
   SCOPED_TRACE(std::string(weight_format_name(w.format)) + ", " + std::to_string(n) + " tokens, " +
                std::to_string(w.cols) + " columns");
-  const int64_t rows = (row_end < 0 ? w.rows : row_end) - row_begin;
-  const KernelIsa saved_isa = active_kernel_isa();
-  const bool saved_amx = amx_enabled();
-  std::vector<float> scalar(size_t(n * rows), -1.0f), amx(size_t(n * rows), -2.0f);
-  set_kernel_isa(KernelIsa::Scalar);
-  linear_forward(w, x.data(), n, scalar.data(), row_begin, row_end);
-  set_kernel_isa(KernelIsa::Avx512);
-  set_amx(true);
-  const int64_t before = linear_detail::amx_products();
-  linear_forward(w, x.data(), n, amx.data(), row_begin, row_end);
-  EXPECT_EQ(linear_detail::amx_products() - before, amx_runs ? 1 : 0);
-  set_amx(saved_amx);
-  set_kernel_isa(saved_isa);
-  size_t differ = 0;
-  for (size_t i = 0; i < scalar.size(); ++i) differ += std::memcmp(&scalar[i], &amx[i], 4) != 0;
-  EXPECT_EQ(differ, 0u) << "of " << scalar.size() << " outputs";
+  test::expect_path_gives_scalar_bits(w, x, n, row_begin, row_end, [&](const std::function<void()>& product) {
+    const bool saved = amx_enabled();
+    set_amx(true);
+    const int64_t before = linear_detail::amx_products();
+    product();
+    EXPECT_EQ(linear_detail::amx_products() - before, amx_runs ? 1 : 0);
+    set_amx(saved);
+  });
 }
 
 class LinearAmx : public ::testing::Test {

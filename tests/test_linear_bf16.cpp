@@ -15,42 +15,23 @@
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/linear_internal.h"
 #include "kernels/cpu/random_linear.h"
+#include "linear_variants.h"
 
 namespace dsv4 {
 namespace {
 
-std::vector<float> inputs(size_t n, uint32_t seed, float magnitude) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd;
-  std::vector<float> x(n);
-  for (auto& v : x) {
-    v = nd(rng) * magnitude;
-    // Spread over exponents: within a 128-value FP8 block the small values
-    // land on e4m3's subnormal codes; some values are exact zeros.
-    if (rng() % 7 == 0) v *= std::ldexp(1.0f, -int(rng() % 12));
-    if (rng() % 31 == 0) v = 0.0f;
-  }
-  return x;
-}
+std::vector<float> inputs(size_t n, uint32_t seed, float magnitude) { return test::spread_floats(n, seed, magnitude); }
 
 // linear_forward with the scalar kernels, then on AVX-512 with the bf16
 // dot products; the same bits.
 void expect_bf16_gives_scalar_bits(const Linear& w, const std::vector<float>& x, int64_t n, int64_t row_begin = 0,
                                    int64_t row_end = -1) {
-  const int64_t rows = (row_end < 0 ? w.rows : row_end) - row_begin;
-  const KernelIsa saved_isa = active_kernel_isa();
-  const bool saved_bf16 = bf16_dot_enabled();
-  std::vector<float> scalar(size_t(n * rows), -1.0f), bf16(size_t(n * rows), -2.0f);
-  set_kernel_isa(KernelIsa::Scalar);
-  linear_forward(w, x.data(), n, scalar.data(), row_begin, row_end);
-  set_kernel_isa(KernelIsa::Avx512);
-  set_bf16_dot(true);
-  linear_forward(w, x.data(), n, bf16.data(), row_begin, row_end);
-  set_bf16_dot(saved_bf16);
-  set_kernel_isa(saved_isa);
-  size_t differ = 0;
-  for (size_t i = 0; i < scalar.size(); ++i) differ += std::memcmp(&scalar[i], &bf16[i], 4) != 0;
-  EXPECT_EQ(differ, 0u) << "of " << scalar.size() << " outputs";
+  test::expect_path_gives_scalar_bits(w, x, n, row_begin, row_end, [](const std::function<void()>& product) {
+    const bool saved = bf16_dot_enabled();
+    set_bf16_dot(true);
+    product();
+    set_bf16_dot(saved);
+  });
 }
 
 class LinearBf16 : public ::testing::Test {
