@@ -19,7 +19,7 @@
 namespace dsv4 {
 namespace {
 
-std::vector<float> inputs(size_t n, uint32_t seed, float magnitude) { return test::spread_floats(n, seed, magnitude); }
+using test::spread_floats;
 
 // linear_forward with the scalar kernels, then on AVX-512 with AMX; the same
 // bits, and `amx_runs` says whether the AMX kernel must have run.
@@ -56,7 +56,7 @@ TEST_F(LinearAmx, PackedProductsGiveScalarBits) {
                      std::to_string(cols));
         RandomLinear w(format, 70, cols, uint32_t(cols + n), 110, 25);
         w.linear.quantize_input = true;
-        expect_amx_gives_scalar_bits(w.linear, inputs(size_t(n * cols), uint32_t(n), 3.0f), n, true);
+        expect_amx_gives_scalar_bits(w.linear, spread_floats(size_t(n * cols), uint32_t(n), 3.0f), n, true);
       }
 }
 
@@ -65,9 +65,9 @@ TEST_F(LinearAmx, PackedProductsGiveScalarBits) {
 TEST_F(LinearAmx, RowSlicesAndInputBlocksGiveScalarBits) {
   RandomLinear w(WeightFormat::FP8_BLOCK128, 300, 1024, 7, 115, 20);
   w.linear.quantize_input = true;
-  expect_amx_gives_scalar_bits(w.linear, inputs(size_t(150 * 1024), 9, 1.0f), 150, true, 40, 290);
+  expect_amx_gives_scalar_bits(w.linear, spread_floats(size_t(150 * 1024), 9, 1.0f), 150, true, 40, 290);
   w.linear.input_block = 32;
-  expect_amx_gives_scalar_bits(w.linear, inputs(size_t(40 * 1024), 10, 100.0f), 40, true);
+  expect_amx_gives_scalar_bits(w.linear, spread_floats(size_t(40 * 1024), 10, 100.0f), 40, true);
 }
 
 // What must take the other kernels (same bits): fewer than kAmxMinTokens
@@ -76,24 +76,24 @@ TEST_F(LinearAmx, RowSlicesAndInputBlocksGiveScalarBits) {
 TEST_F(LinearAmx, ProductsThatCannotTakeTilesTakeTheOtherKernels) {
   RandomLinear fp8(WeightFormat::FP8_BLOCK128, 256, 512, 3, 110, 20);
   fp8.linear.quantize_input = true;
-  expect_amx_gives_scalar_bits(fp8.linear, inputs(size_t(15 * 512), 1, 1.0f), 15, false);
+  expect_amx_gives_scalar_bits(fp8.linear, spread_floats(size_t(15 * 512), 1, 1.0f), 15, false);
   fp8.linear.quantize_input = false;
-  expect_amx_gives_scalar_bits(fp8.linear, inputs(size_t(40 * 512), 2, 1.0f), 40, false);
+  expect_amx_gives_scalar_bits(fp8.linear, spread_floats(size_t(40 * 512), 2, 1.0f), 40, false);
   fp8.linear.quantize_input = true;
   fp8.scale[fp8.linear.scale_cols + 1] = 127 - 50 + 8;  // row block 1: the smallest e4m3 value times it is 2^-51
-  expect_amx_gives_scalar_bits(fp8.linear, inputs(size_t(40 * 512), 3, 1.0f), 40, false);
-  expect_amx_gives_scalar_bits(fp8.linear, inputs(size_t(40 * 512), 3, 1.0f), 40, true, 0, 128);
+  expect_amx_gives_scalar_bits(fp8.linear, spread_floats(size_t(40 * 512), 3, 1.0f), 40, false);
+  expect_amx_gives_scalar_bits(fp8.linear, spread_floats(size_t(40 * 512), 3, 1.0f), 40, true, 0, 128);
 
   RandomLinear fp4(WeightFormat::FP4_BLOCK32, 64, 2400, 5, 110, 20);  // 2400: not whole segments
   fp4.linear.quantize_input = true;
-  expect_amx_gives_scalar_bits(fp4.linear, inputs(size_t(40 * 2400), 6, 1.0f), 40, false);
+  expect_amx_gives_scalar_bits(fp4.linear, spread_floats(size_t(40 * 2400), 6, 1.0f), 40, false);
 
   // (Inputs below 2^-50 cannot reach the kernels: the FP8 rounding clamps
   // a block's largest magnitude to 1e-4 before it scales, so what it keeps
   // is 2^-31 or more; bf16_dot_inputs_qualify stays as a guard.)
   RandomLinear w(WeightFormat::FP8_BLOCK128, 128, 256, 8, 120, 5);
   w.linear.quantize_input = true;
-  expect_amx_gives_scalar_bits(w.linear, inputs(size_t(130 * 256), 12, 1.0f), 130, true);
+  expect_amx_gives_scalar_bits(w.linear, spread_floats(size_t(130 * 256), 12, 1.0f), 130, true);
 }
 
 }  // namespace

@@ -20,7 +20,7 @@
 namespace dsv4 {
 namespace {
 
-std::vector<float> inputs(size_t n, uint32_t seed, float magnitude) { return test::spread_floats(n, seed, magnitude); }
+using test::spread_floats;
 
 // linear_forward with the scalar kernels, then on AVX-512 with the bf16
 // dot products; the same bits.
@@ -56,7 +56,7 @@ TEST_F(LinearBf16, PackedFormsGiveScalarBits) {
         RandomLinear w(format, 70, cols, uint32_t(cols + n), 110, 25);
         w.linear.quantize_input = true;
         ASSERT_TRUE(linear_detail::bf16_dot_weights_qualify(w.linear, 0, 70));
-        expect_bf16_gives_scalar_bits(w.linear, inputs(size_t(n * cols), uint32_t(n), 3.0f), n);
+        expect_bf16_gives_scalar_bits(w.linear, spread_floats(size_t(n * cols), uint32_t(n), 3.0f), n);
       }
 }
 
@@ -65,9 +65,9 @@ TEST_F(LinearBf16, PackedFormsGiveScalarBits) {
 TEST_F(LinearBf16, RowSlicesAndInputBlocksGiveScalarBits) {
   RandomLinear w(WeightFormat::FP8_BLOCK128, 300, 1024, 7, 115, 20);
   w.linear.quantize_input = true;
-  expect_bf16_gives_scalar_bits(w.linear, inputs(size_t(150 * 1024), 9, 1.0f), 150, 40, 290);
+  expect_bf16_gives_scalar_bits(w.linear, spread_floats(size_t(150 * 1024), 9, 1.0f), 150, 40, 290);
   w.linear.input_block = 32;
-  expect_bf16_gives_scalar_bits(w.linear, inputs(size_t(40 * 1024), 10, 100.0f), 40);
+  expect_bf16_gives_scalar_bits(w.linear, spread_floats(size_t(40 * 1024), 10, 100.0f), 40);
 }
 
 // What must take the fp32 kernels: unrounded inputs, weights not exact in
@@ -81,13 +81,13 @@ TEST_F(LinearBf16, ProductsThatCouldFlushTakeTheFp32Kernels) {
   fp8.scale[fp8.linear.scale_cols + 1] = 127 - 50 + 8;  // row block 1: the smallest e4m3 value times it is 2^-51
   EXPECT_TRUE(linear_detail::bf16_dot_weights_qualify(fp8.linear, 0, 128));
   EXPECT_FALSE(linear_detail::bf16_dot_weights_qualify(fp8.linear, 100, 256));
-  expect_bf16_gives_scalar_bits(fp8.linear, inputs(size_t(130 * 512), 4, 1.0f), 130);
+  expect_bf16_gives_scalar_bits(fp8.linear, spread_floats(size_t(130 * 512), 4, 1.0f), 130);
 
   RandomLinear fp4(WeightFormat::FP4_BLOCK32, 64, 256, 5, 110, 20);
   fp4.linear.quantize_input = true;
   fp4.scale[17] = 127 - 50;  // 0.5 * 2^-50
   EXPECT_FALSE(linear_detail::bf16_dot_weights_qualify(fp4.linear, 0, 64));
-  expect_bf16_gives_scalar_bits(fp4.linear, inputs(size_t(40 * 256), 6, 1.0f), 40);
+  expect_bf16_gives_scalar_bits(fp4.linear, spread_floats(size_t(40 * 256), 6, 1.0f), 40);
 
   RandomLinear bf16(WeightFormat::BF16, 64, 256, 5);
   bf16.linear.quantize_input = true;
@@ -97,11 +97,13 @@ TEST_F(LinearBf16, ProductsThatCouldFlushTakeTheFp32Kernels) {
   EXPECT_TRUE(linear_detail::bf16_dot_inputs_qualify(tiny, 4));
   const float tinier[] = {1.0f, std::ldexp(1.0f, -51)};
   EXPECT_FALSE(linear_detail::bf16_dot_inputs_qualify(tinier, 2));
-  // Inputs around 2^-45: their FP8 rounding puts small ones below 2^-50.
+  // Inputs around 2^-45 (the FP8 rounding clamps a block's largest magnitude
+  // to 1e-4 before it scales, so these round to zero and no rounded input
+  // falls below 2^-50; their bits are checked all the same).
   RandomLinear w(WeightFormat::FP8_BLOCK128, 128, 256, 8, 120, 5);
   w.linear.quantize_input = true;
-  expect_bf16_gives_scalar_bits(w.linear, inputs(size_t(20 * 256), 11, std::ldexp(1.0f, -45)), 20);
-  expect_bf16_gives_scalar_bits(w.linear, inputs(size_t(130 * 256), 12, std::ldexp(1.0f, -45)), 130);
+  expect_bf16_gives_scalar_bits(w.linear, spread_floats(size_t(20 * 256), 11, std::ldexp(1.0f, -45)), 20);
+  expect_bf16_gives_scalar_bits(w.linear, spread_floats(size_t(130 * 256), 12, std::ldexp(1.0f, -45)), 130);
 }
 
 }  // namespace

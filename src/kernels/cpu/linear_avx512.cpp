@@ -160,7 +160,7 @@ DSV4_AVX512 void outer_lane_kernel_any(int tokens, const float* w, const float* 
 // positions; the folded chunk is added to sum[r * sum_stride + t].
 template <int R, int T>
 DSV4_AVX512 void micro_kernel_avx512(const float* w, const float* x, int64_t steps, double* sum, int64_t sum_stride) {
-  __m512 lanes[R][T];  // the segment sums (the compiler keeps them in memory)
+  __m512 lanes[R][T];  // the segments' sums
   for (auto& r : lanes)
     for (auto& t : r) t = _mm512_setzero_ps();
   for (int64_t k0 = 0; k0 < steps; k0 += kSegmentSteps) {
@@ -213,8 +213,7 @@ void packed_gemm_outer_avx512(const Linear& w, int64_t row_begin, int64_t out, c
           outer_lane_kernel_any(group, pg + l * steps * kPanelRows, xg + l * steps * group, steps,
                                 lanes + l * group * kPanelRows);
       },
-      [](const float* lanes, int tokens, double* sums, int64_t stride)
-          DSV4_TARGET_AVX512 { fold_lanes_avx512(lanes, tokens, sums, stride); });
+      fold_panel_lanes_avx512);
 }
 
 }  // namespace dsv4::linear_detail

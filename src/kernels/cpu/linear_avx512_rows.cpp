@@ -126,9 +126,10 @@ DSV4_AVX512 void dot4_float_avx512(const Linear& w, const RowGroup& g, const flo
                             p[r] = reinterpret_cast<const uint16_t*>(w.data) + g.row(r) * cols;
                           const __m512i widen = bf16_widen_index();
                           // One group (batch 1) asks for each stream's bytes kPrefetchBytesAhead
-                          // ahead. Several groups share the prefetches of the rows' next chunk
-                          // (after the last chunk, the first chunk of the rows this thread takes
-                          // next), each group its rows, one cache line per two steps.
+                          // ahead. Several groups share the prefetches of the rows' next segment
+                          // ([c0, c1) is one segment; after the last, the first segment of the
+                          // rows this thread takes next), each group its rows, one cache line per
+                          // two steps.
                           const bool next_chunk = c1 < cols;
                           const bool stream_ahead = groups == 1 && g.has_next;
                           const bool chunk_ahead = groups > 1 && (next_chunk || g.has_next);

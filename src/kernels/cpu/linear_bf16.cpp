@@ -256,8 +256,7 @@ void packed_gemm_outer_bf16(const Linear& w, int64_t row_begin, int64_t out, con
           outer_lane_kernel_any_bf16(group, wp + l * pairs * kPanelRows, xp32 + l * pairs * group, pairs,
                                      lanes + l * group * kPanelRows);
       },
-      [](const float* lanes, int tokens, double* sums, int64_t stride)
-          DSV4_TARGET_AVX512 { fold_lanes_avx512(lanes, tokens, sums, stride); });
+      fold_panel_lanes_avx512);
 }
 
 }  // namespace dsv4::linear_detail

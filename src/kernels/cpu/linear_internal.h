@@ -286,9 +286,13 @@ DSV4_TARGET_AVX512 void decode_chunk_avx512(const Linear& w, int64_t row, int64_
 DSV4_TARGET_AVX512 void decode_16_rows_avx512(const Linear& w, int64_t row, int count, int64_t c0, int64_t steps,
                                               float* rows_tmp);
 // The outer form's fold: lanes[(l * tokens + t) * 32 + row] -> sums[t * stride + row] (+=), for rows [0,
-// width), width a multiple of 8.
-DSV4_TARGET_AVX512 void fold_lanes_avx512(const float* lanes, int tokens, double* sums, int64_t sums_stride,
-                                          int width = 32);
+// width), width a multiple of 8 (the AMX kernel folds 16 or 32).
+DSV4_TARGET_AVX512 void fold_lanes_avx512(const float* lanes, int tokens, double* sums, int64_t sums_stride, int width);
+// All 32 rows of an outer-form panel group: the packed_gemm_outer drivers' fold.
+DSV4_TARGET_AVX512 inline void fold_panel_lanes_avx512(const float* lanes, int tokens, double* sums,
+                                                       int64_t sums_stride) {
+  fold_lanes_avx512(lanes, tokens, sums, sums_stride, 32);
+}
 
 // The eight-row kernels: eight rows against the tokens in pairs (BF16 from
 // kEightRowTriplesMinTokensBf16 tokens mostly in triples), so that an input
