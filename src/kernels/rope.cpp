@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 namespace dsv4 {
 
@@ -29,15 +30,26 @@ RopeTable::RopeTable(const RopeParams& c) {
   }
 }
 
-void RopeTable::apply(float* x, int64_t pos, bool inverse) const {
+void RopeTable::angles(int64_t pos, bool inverse, float* cos, float* sin) const {
   for (size_t j = 0; j < freqs_.size(); ++j) {
-    float angle = float(pos) * freqs_[j];
-    float c = std::cos(angle), s = std::sin(angle);
-    if (inverse) s = -s;
-    float a = x[2 * j], b = x[2 * j + 1];
-    x[2 * j] = a * c - b * s;
-    x[2 * j + 1] = a * s + b * c;
+    const float angle = float(pos) * freqs_[j];
+    cos[j] = std::cos(angle);
+    sin[j] = inverse ? -std::sin(angle) : std::sin(angle);
   }
+}
+
+void RopeTable::rotate(float* x, const float* cos, const float* sin) const {
+  for (size_t j = 0; j < freqs_.size(); ++j) {
+    const float a = x[2 * j], b = x[2 * j + 1];
+    x[2 * j] = a * cos[j] - b * sin[j];
+    x[2 * j + 1] = a * sin[j] + b * cos[j];
+  }
+}
+
+void RopeTable::apply(float* x, int64_t pos, bool inverse) const {
+  std::vector<float> cos(freqs_.size()), sin(freqs_.size());
+  angles(pos, inverse, cos.data(), sin.data());
+  rotate(x, cos.data(), sin.data());
 }
 
 }  // namespace dsv4
