@@ -2,8 +2,10 @@
 // references (the weight products: test_linear.cpp).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -137,6 +139,52 @@ TEST(Numeric, Fp4RoundTripUsesPowerOfTwoScales) {
   fp4_round_trip(y.data(), 32, 32);
   EXPECT_EQ(y[0], 6.0f);
   EXPECT_EQ(y[1], 0.0f);
+}
+
+// round_to_e2m1 is bit arithmetic; the plain formula (v / step through
+// nearbyint) is the reference, signs and zeros included. Then the whole round
+// trip against the formula per block (maximum, scale, quotient, rounding),
+// on blocks with ties, negative zeros, subnormals, NaN and a partial block.
+TEST(Numeric, Fp4RoundingMatchesFormula) {
+  auto formula = [](float v) {
+    const float a = std::fabs(v), step = a < 2.0f ? 0.5f : (a < 4.0f ? 1.0f : 2.0f);
+    return std::nearbyint(v / step) * step;
+  };
+  for (uint32_t bits = 0; bits <= float_to_bits(6.0f); bits += 61)
+    for (float v : {bits_to_float(bits), -bits_to_float(bits)})
+      ASSERT_EQ(float_to_bits(round_to_e2m1(v)), float_to_bits(formula(v))) << v;
+  for (float tie : {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f})
+    for (float v : {tie, -tie, std::nextafter(tie, 0.0f), std::nextafter(tie, 8.0f)})
+      ASSERT_EQ(float_to_bits(round_to_e2m1(v)), float_to_bits(formula(v))) << v;
+
+  std::mt19937 rng(17);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(32 * 40 + 7);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = normal(rng) * std::ldexp(1.0f, int(i / 32 % 13) * 9 - 60);
+  x[3] = -0.0f;
+  x[40] = 0.25f;  // ties in a block of amax 6 (scale 1)
+  x[41] = 6.0f;
+  x[42] = -1.25f;
+  x[43] = 2.5f;
+  x[100] = std::numeric_limits<float>::denorm_min();
+  x[200] = NAN;
+  for (int i = 0; i < 32; ++i) x[32 * 20 + i] = std::ldexp(float(i % 5) - 2.0f, -140);  // subnormal block
+  std::vector<float> expected = x;
+  for (size_t b0 = 0; b0 < expected.size(); b0 += 32) {
+    const size_t b1 = std::min(expected.size(), b0 + 32);
+    float amax = 6.0f * std::ldexp(1.0f, -126);
+    for (size_t i = b0; i < b1; ++i) amax = std::max(amax, std::fabs(expected[i]));
+    const float scale = pow2_ceil(amax * (1.0f / 6.0f));
+    for (size_t i = b0; i < b1; ++i) expected[i] = formula(std::clamp(expected[i] / scale, -6.0f, 6.0f)) * scale;
+  }
+  fp4_round_trip(x.data(), int64_t(x.size()), 32);
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (std::isnan(expected[i])) {
+      EXPECT_TRUE(std::isnan(x[i])) << i;
+      continue;
+    }
+    ASSERT_EQ(float_to_bits(x[i]), float_to_bits(expected[i])) << i << " " << x[i] << " " << expected[i];
+  }
 }
 
 // The many-head attention helpers give the bits of the per-pair functions
@@ -350,6 +398,27 @@ TEST(Ops, RopeInverseUndoesRotation) {
   plain.apply(y.data(), 1234, true);
   for (int i = 0; i < 64; ++i) {
     EXPECT_NEAR(y[size_t(i)], x[size_t(i)], 1e-5);
+  }
+}
+
+// The backend rotates rows that share a position with one set of angles:
+// each row gets apply()'s bits, inverse too, for groups of several heads and
+// a last group cut short.
+TEST(Ops, BackendRopeMatchesApplyPerRow) {
+  RopeParams c;
+  c.dim = 64;
+  c.base = 160000;
+  c.original_seq_len = 65536;
+  c.factor = 16;
+  const RopeTable table(c);
+  const int64_t stride = 80, rows = 3 * 5 + 2, per_position = 5;
+  const std::vector<int64_t> positions = {7, 65535, 1048000, 3};
+  for (bool inverse : {false, true}) {
+    std::vector<float> x = normal_floats(size_t(rows * stride), 23), want = x;
+    for (int64_t r = 0; r < rows; ++r)
+      table.apply(want.data() + r * stride, positions[size_t(r / per_position)], inverse);
+    default_backend().rope(x.data(), rows, stride, positions.data(), per_position, table, inverse);
+    for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(float_to_bits(x[i]), float_to_bits(want[i])) << i;
   }
 }
 
