@@ -246,7 +246,14 @@ void linear_forward(KernelIsa isa, const Linear& w, const float* x, int64_t n, f
   // After the rows of inputs: the AMX kernel's packed groups, or the step
   // pairs of the register path's VDPBF16PS kernels.
   const int64_t after_rows = amx ? amx_tokens * cols : pairs_apply ? n * cols / 2 : 0;
-  float* xs = thread_scratch_array<float>(ScratchSlot::LinearInput, n * cols + after_rows);
+  // The register kernels read F32 and BF16 products' inputs where they are
+  // when nothing prepares them: their storage order is the column order, and
+  // without the FP8 rounding or step pairs the copy would be all the
+  // preparation (a quarter of the hyper-connections' 16384-column product
+  // at 4096 tokens).
+  const bool inputs_in_place = !packed && !amx && !pairs_apply && !w.quantize_input &&
+                               (w.format == WeightFormat::F32 || w.format == WeightFormat::BF16);
+  float* xs = inputs_in_place ? nullptr : thread_scratch_array<float>(ScratchSlot::LinearInput, n * cols + after_rows);
   const int threads = threads_for(out * cols * std::max<int64_t>(n, 1));
   // AMX tiles where they give the canonical bits (linear_amx.cpp): the
   // inputs prepared as rows, then packed a group of tokens at a time.
@@ -268,8 +275,13 @@ void linear_forward(KernelIsa isa, const Linear& w, const float* x, int64_t n, f
     return;
   }
   uint32_t* pairs = pairs_apply ? reinterpret_cast<uint32_t*>(xs + n * cols) : nullptr;
-  if (!prepare_tokens(w, x, n, !packed ? Packing::Rows : outer ? Packing::Outer : Packing::Dot, xs, pairs))
+  if (!inputs_in_place && !prepare_tokens(w, x, n,
+                                          !packed ? Packing::Rows
+                                          : outer ? Packing::Outer
+                                                  : Packing::Dot,
+                                          xs, pairs))
     pairs = nullptr;
+  const float* inputs = inputs_in_place ? x : xs;
   if (packed) {
     if (isa == KernelIsa::Avx2)
       packed_gemm_outer_avx2(w, row_begin, out, xs, n, y, y_stride, threads);
@@ -293,7 +305,7 @@ void linear_forward(KernelIsa isa, const Linear& w, const float* x, int64_t n, f
       for (int64_t item = 0; item < token_blocks * pieces; ++item) {
         const int64_t block = item / pieces, piece = item % pieces;
         const int64_t t0 = n * block / token_blocks, t1 = n * (block + 1) / token_blocks;
-        register_rows_piece(w, row_begin, out, xs + t0 * cols, t1 - t0, y + t0 * y_stride, y_stride, piece, pieces,
+        register_rows_piece(w, row_begin, out, inputs + t0 * cols, t1 - t0, y + t0 * y_stride, y_stride, piece, pieces,
                             pairs ? pairs + t0 * (cols / 2) : nullptr);
       }
     }
@@ -306,7 +318,7 @@ void linear_forward(KernelIsa isa, const Linear& w, const float* x, int64_t n, f
       const int64_t pieces = register_pieces(out, out * cols, omp_get_num_threads());
 #pragma omp for schedule(dynamic, 1)
       for (int64_t piece = 0; piece < pieces; ++piece)
-        rows_one_token_avx2(w, row_begin, out * piece / pieces, out * (piece + 1) / pieces, xs, y);
+        rows_one_token_avx2(w, row_begin, out * piece / pieces, out * (piece + 1) / pieces, inputs, y);
     }
     return;
   }
@@ -317,11 +329,11 @@ void linear_forward(KernelIsa isa, const Linear& w, const float* x, int64_t n, f
   for (int64_t k = 0; k < n_tiles; ++k) {
     const int64_t o0 = k * tile, o1 = std::min(out, (k + 1) * tile);
     if (isa == KernelIsa::Avx2) {
-      rows_tokens_avx2(w, row_begin + o0, row_begin + o1, xs, n, y + o0, y_stride);
+      rows_tokens_avx2(w, row_begin + o0, row_begin + o1, inputs, n, y + o0, y_stride);
       continue;
     }
     for (int64_t o = o0; o < o1; ++o)
-      for (int64_t t = 0; t < n; ++t) y[t * y_stride + o] = float(dot(w, row_begin + o, xs + t * cols));
+      for (int64_t t = 0; t < n; ++t) y[t * y_stride + o] = float(dot(w, row_begin + o, inputs + t * cols));
   }
 }
 
