@@ -188,12 +188,13 @@ TEST(Numeric, Fp4RoundingMatchesFormula) {
 }
 
 // The many-head attention helpers give the bits of the per-pair functions
-// (head and key counts that leave remainders after blocks of 4 and 8).
+// (head, key and dim counts that leave remainders after the scores' blocks of
+// 4 x 4 and the weighted sums' blocks of 6 heads x 64, 32 and 16 dims).
 TEST(Ops, AttentionRowsMatchPerPairFunctions) {
   std::mt19937 rng(9);
   std::normal_distribution<float> nd;
-  for (int64_t dim : {48, 512, 40})
-    for (int64_t heads : {1, 4, 7, 9})
+  for (int64_t dim : {48, 112, 512, 40})
+    for (int64_t heads : {1, 4, 7, 9, 13})
       for (int64_t n_keys : {1, 5, 13, 70, 133}) {
         SCOPED_TRACE(std::to_string(dim) + " dims, " + std::to_string(heads) + " heads, " + std::to_string(n_keys) +
                      " keys");
