@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <numeric>
 #include <random>
 #include <vector>
 
@@ -428,6 +429,23 @@ TEST(Ops, TopKBreaksTiesByLowerIndexAndSortsIds) {
   EXPECT_EQ(top_k_indices(s.data(), 6, 3), (std::vector<int32_t>{1, 3, 5}));
   EXPECT_EQ(top_k_indices(s.data(), 6, 5), (std::vector<int32_t>{0, 1, 2, 3, 5}));
   EXPECT_EQ(top_k_indices(s.data(), 2, 5), (std::vector<int32_t>{0, 1}));
+}
+
+// The selection against a full sort by (score descending, index), on scores
+// drawn from a few values (many ties), for k below, at and above n.
+TEST(Ops, TopKMatchesAFullSort) {
+  std::mt19937 rng(31);
+  for (int64_t n : {1, 7, 300, 1024})
+    for (int64_t k : {int64_t(0), int64_t(1), n / 3, n / 2, n - 1, n, n + 5}) {
+      std::vector<float> s(static_cast<size_t>(n));
+      for (auto& v : s) v = float(int(rng() % 9) - 4) * 0.5f;
+      std::vector<int32_t> order(static_cast<size_t>(n));
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return s[size_t(a)] > s[size_t(b)]; });
+      order.resize(size_t(std::clamp<int64_t>(k, 0, n)));
+      std::sort(order.begin(), order.end());
+      EXPECT_EQ(top_k_indices(s.data(), n, k), order) << n << " " << k;
+    }
 }
 
 TEST(Ops, RmsNormMatchesDefinition) {

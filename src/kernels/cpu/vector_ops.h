@@ -49,13 +49,18 @@ void hadamard_transform(float* x, int64_t n);
 
 // Indices of the k largest scores (ties: lower index first), returned sorted
 // ascending by index (float scores, or the exact numerics' doubles).
+// The order (score descending, then index) is total for scores without
+// NaN, so the k selected are the same whichever selection finds them:
+// nth_element, linear on average (a prefill's 4096 selections of 512 from up
+// to 1024 rows took 0.08 s as a partial sort).
 template <typename T>
 std::vector<int32_t> top_k_indices(const T* scores, int64_t n, int64_t k) {
   std::vector<int32_t> idx(static_cast<size_t>(n));
   std::iota(idx.begin(), idx.end(), 0);
-  k = std::min(k, n);
-  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(),
-                    [&](int32_t a, int32_t b) { return scores[a] > scores[b] || (scores[a] == scores[b] && a < b); });
+  if (k >= n) return idx;
+  if (k <= 0) return {};
+  std::nth_element(idx.begin(), idx.begin() + k, idx.end(),
+                   [&](int32_t a, int32_t b) { return scores[a] > scores[b] || (scores[a] == scores[b] && a < b); });
   idx.resize(size_t(k));
   std::sort(idx.begin(), idx.end());
   return idx;
