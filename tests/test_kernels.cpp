@@ -404,23 +404,31 @@ TEST(Ops, RopeInverseUndoesRotation) {
 }
 
 // The backend rotates rows that share a position with one set of angles:
-// each row gets apply()'s bits, inverse too, for groups of several heads and
-// a last group cut short.
+// each row gets apply()'s bits on every path, inverse too, for groups of
+// several heads and a last group cut short.
 TEST(Ops, BackendRopeMatchesApplyPerRow) {
-  RopeParams c;
-  c.dim = 64;
-  c.base = 160000;
-  c.original_seq_len = 65536;
-  c.factor = 16;
-  const RopeTable table(c);
   const int64_t stride = 80, rows = 3 * 5 + 2, per_position = 5;
   const std::vector<int64_t> positions = {7, 65535, 1048000, 3};
-  for (bool inverse : {false, true}) {
-    std::vector<float> x = normal_floats(size_t(rows * stride), 23), want = x;
-    for (int64_t r = 0; r < rows; ++r)
-      table.apply(want.data() + r * stride, positions[size_t(r / per_position)], inverse);
-    default_backend().rope(x.data(), rows, stride, positions.data(), per_position, table, inverse);
-    for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(float_to_bits(x[i]), float_to_bits(want[i])) << i;
+  for (int64_t dim : {64, 40}) {  // 40: two steps of eight pairs and four pairs after
+    RopeParams c;
+    c.dim = dim;
+    c.base = 160000;
+    c.original_seq_len = 65536;
+    c.factor = 16;
+    const RopeTable table(c);
+    for (bool inverse : {false, true}) {
+      std::vector<float> x = normal_floats(size_t(rows * stride), 23), want = x;
+      for (int64_t r = 0; r < rows; ++r)
+        table.apply(want.data() + r * stride, positions[size_t(r / per_position)], inverse);
+      for (KernelIsa isa : {KernelIsa::Scalar, KernelIsa::Avx2, KernelIsa::Avx512}) {
+        if (!kernel_isa_supported(isa)) continue;
+        SCOPED_TRACE(std::string(kernel_isa_name(isa)) + ", " + std::to_string(dim) + " dims");
+        std::vector<float> got = x;
+        backend_by_name(kernel_isa_name(isa))
+            .rope(got.data(), rows, stride, positions.data(), per_position, table, inverse);
+        for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(float_to_bits(got[i]), float_to_bits(want[i])) << i;
+      }
+    }
   }
 }
 

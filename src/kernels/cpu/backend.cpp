@@ -70,7 +70,7 @@ class CpuBackend final : public KernelBackend {
       for (int64_t g = 0; g < groups; ++g) {
         table.angles(positions[g], inverse, cosines.data(), sines.data());
         for (int64_t r = g * rows_per_position; r < std::min(rows, (g + 1) * rows_per_position); ++r)
-          table.rotate(x + r * stride, cosines.data(), sines.data());
+          rotate_pairs(x + r * stride, table.dim(), cosines.data(), sines.data(), isa_);
       }
     }
   }

@@ -239,6 +239,37 @@ void add_scaled_rows(float* out, int64_t heads, const float* p, const float* con
   add_scaled_rows_range(out, dim, heads, p, n_keys, keys, n_keys, 0, dim, isa);
 }
 
+namespace {
+
+// Eight pairs at a time: x * (c, c) + swapped(x) * (-s, s) per pair, which is
+// a c - b s and b c + a s with the products and the sum rounded as in the
+// scalar loop (the negation is exact, the addition commutes).
+DSV4_TARGET_AVX512 int64_t rotate_pairs_avx512(float* x, int64_t dim, const float* cos, const float* sin) {
+  const __m512i twice = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+  const __m512 signs = _mm512_setr_ps(-1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1);
+  int64_t i = 0;
+  for (; i + 16 <= dim; i += 16) {
+    const __m512 c = _mm512_permutexvar_ps(twice, _mm512_castps256_ps512(_mm256_loadu_ps(cos + i / 2)));
+    const __m512 s =
+        _mm512_mul_ps(signs, _mm512_permutexvar_ps(twice, _mm512_castps256_ps512(_mm256_loadu_ps(sin + i / 2))));
+    const __m512 v = _mm512_loadu_ps(x + i);
+    const __m512 swapped = _mm512_permute_ps(v, _MM_SHUFFLE(2, 3, 0, 1));
+    _mm512_storeu_ps(x + i, _mm512_add_ps(_mm512_mul_ps(v, c), _mm512_mul_ps(swapped, s)));
+  }
+  return i;
+}
+
+}  // namespace
+
+void rotate_pairs(float* x, int64_t dim, const float* cos, const float* sin, KernelIsa isa) {
+  int64_t i = isa == KernelIsa::Avx512 ? rotate_pairs_avx512(x, dim, cos, sin) : 0;
+  for (; i + 1 < dim; i += 2) {
+    const float a = x[i], b = x[i + 1];
+    x[i] = a * cos[i / 2] - b * sin[i / 2];
+    x[i + 1] = a * sin[i / 2] + b * cos[i / 2];
+  }
+}
+
 void hadamard_transform(float* x, int64_t n) {
   for (int64_t h = 1; h < n; h *= 2)
     for (int64_t i = 0; i < n; i += 2 * h)
