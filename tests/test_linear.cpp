@@ -310,6 +310,40 @@ TEST_P(LinearFormats, RowSliceWithStrideGivesScalarBits) {
   }
 }
 
+// Inputs read with a stride (the grouped output projection reads each group
+// of heads in place) give the bits of the same inputs packed, on every path:
+// the register kernels (also fused in linear_forward_many), both packed
+// forms, AMX and the exact numerics. The gaps between the tokens hold NaN,
+// so reading one would show.
+TEST_P(LinearFormats, InputStrideGivesPackedBits) {
+  const int64_t rows = 70, cols = 512, x_stride = cols + 48;
+  RandomLinear w = random_linear(GetParam(), rows, cols, 24);
+  for (bool quantize : {false, true}) {
+    w.linear.quantize_input = quantize;
+    for (int64_t n : {1, 3, 17, 33, 130}) {
+      SCOPED_TRACE("tokens " + std::to_string(n) + (quantize ? ", FP8-rounded inputs" : ""));
+      const std::vector<float> packed = normal_floats(size_t(n * cols), 7);
+      std::vector<float> strided(size_t(n * x_stride), NAN);
+      for (int64_t t = 0; t < n; ++t) std::copy_n(packed.begin() + t * cols, cols, strided.begin() + t * x_stride);
+      std::vector<float> want(size_t(n * rows));
+      linear_forward(w.linear, packed.data(), n, want.data());
+      const std::vector<float> scalar = expect_simd_gives_scalar_bits(
+          size_t(n * rows), [&](float* y) { linear_forward(w.linear, strided.data(), n, y, 0, -1, -1, x_stride); });
+      EXPECT_EQ(0, std::memcmp(scalar.data(), want.data(), want.size() * 4));
+      // Fused with another product in one call.
+      std::vector<float> y(size_t(n * rows)), other(size_t(n * rows));
+      const LinearProduct products[] = {{&w.linear, packed.data(), n, other.data()},
+                                        {&w.linear, strided.data(), n, y.data(), 0, -1, -1, x_stride}};
+      linear_forward_many(products, 2);
+      EXPECT_EQ(0, std::memcmp(y.data(), want.data(), want.size() * 4));
+      std::vector<float> exact_packed(size_t(n * rows)), exact_strided(size_t(n * rows));
+      linear_forward_exact(active_kernel_isa(), w.linear, packed.data(), n, exact_packed.data());
+      linear_forward_exact(active_kernel_isa(), w.linear, strided.data(), n, exact_strided.data(), 0, -1, -1, x_stride);
+      EXPECT_EQ(0, std::memcmp(exact_strided.data(), exact_packed.data(), want.size() * 4));
+    }
+  }
+}
+
 // FP8 rows that fill 128-row blocks go in groups that share their scales,
 // and a one-token product then puts each block's scales into a copy of
 // its input where that is exact. The bits stay the scalar ones: for inputs

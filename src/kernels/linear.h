@@ -75,7 +75,8 @@ struct Linear {
 };
 
 // One product Y = X W^T over rows [row_begin, row_end) of W, as
-// KernelBackend::linear takes it: X is [n, w->cols], Y is [n, y_stride]
+// KernelBackend::linear takes it: X is [n, x_stride] (token t's w->cols
+// inputs at x + t * x_stride; x_stride < 0: w->cols), Y is [n, y_stride]
 // with row o of W in column o - row_begin (row_end < 0: to the last row;
 // y_stride < 0: the range's row count).
 struct LinearProduct {
@@ -83,11 +84,12 @@ struct LinearProduct {
   const float* x = nullptr;
   int64_t n = 0;
   float* y = nullptr;
-  int64_t row_begin = 0, row_end = -1, y_stride = -1;
+  int64_t row_begin = 0, row_end = -1, y_stride = -1, x_stride = -1;
 
   int64_t end() const { return row_end < 0 ? w->rows : row_end; }
   int64_t rows() const { return end() - row_begin; }
   int64_t stride() const { return y_stride < 0 ? rows() : y_stride; }
+  int64_t input_stride() const { return x_stride < 0 ? w->cols : x_stride; }
 };
 
 }  // namespace dsv4

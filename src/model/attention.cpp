@@ -118,29 +118,19 @@ void attention_output(const KernelBackend& kb, const ModelConfig& c, const Atten
   const int64_t H = c.n_heads, hd = c.head_dim, nope = hd - c.rope_dim;
   kb.rope(o + nope, n * H, hd, positions, H, rope, /*inverse=*/true);
   // Grouped low-rank output: group g of heads goes through rows
-  // [g*R, (g+1)*R) of wo_a; the concatenation goes through wo_b. In decode
-  // and verify steps (inputs of at most kBatchedSlicesBytes) the G slices
-  // go as one batch of products: on two cores, eight separate 1024-row
-  // slices of V4-Flash's wo_a took 14-27% longer than the whole matrix in
-  // one call (docs/kernels.md, "Grouped products in one call"). Longer
-  // chunks (prefill) go slice by slice: there a fork and a join are a small
-  // part of each slice, and copying every group's inputs at once would
-  // double the attention output's memory.
-  constexpr int64_t kBatchedSlicesBytes = int64_t(8) << 20;
+  // [g*R, (g+1)*R) of wo_a; the concatenation goes through wo_b. The G
+  // slices go as one batch of products (on two cores, eight separate
+  // 1024-row slices of V4-Flash's wo_a in a decode step took 14-27% longer
+  // than the whole matrix in one call; docs/kernels.md, "Grouped products in
+  // one call"), each reading its heads in place: token t's inputs of group g
+  // are at o + t * H * hd + g * group_width (copying them out took 0.1 s of
+  // a 4096-token prefill).
   const int64_t G = c.o_groups, R = c.o_lora_rank, group_width = H * hd / G;
-  const int64_t per_batch = n * H * hd * int64_t(sizeof(float)) <= kBatchedSlicesBytes ? G : 1;
-  Buffer z = kb.buffer(n * G * R), group_in = kb.buffer(per_batch * n * group_width);
+  Buffer z = kb.buffer(n * G * R);
   std::vector<LinearProduct> slices;
-  for (int64_t g0 = 0; g0 < G; g0 += per_batch) {
-    slices.clear();
-    for (int64_t g = g0; g < g0 + per_batch; ++g) {
-      float* in = group_in.data() + (g - g0) * n * group_width;
-      for (int64_t t = 0; t < n; ++t)
-        std::memcpy(in + t * group_width, o + t * H * hd + g * group_width, size_t(group_width) * 4);
-      slices.push_back({&w.wo_a, in, n, z.data() + g * R, g * R, (g + 1) * R, G * R});
-    }
-    kb.linear_many(slices.data(), slices.size());
-  }
+  for (int64_t g = 0; g < G; ++g)
+    slices.push_back({&w.wo_a, o + g * group_width, n, z.data() + g * R, g * R, (g + 1) * R, G * R, H * hd});
+  kb.linear_many(slices.data(), slices.size());
   kb.linear(w.wo_b, z.data(), n, out);
 }
 

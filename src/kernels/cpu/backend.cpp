@@ -37,7 +37,7 @@ class CpuBackend final : public KernelBackend {
     if (!exact_) return linear_forward_many(isa_, products, count);
     for (size_t i = 0; i < count; ++i) {
       const LinearProduct& p = products[i];
-      linear_forward_exact(isa_, *p.w, p.x, p.n, p.y, p.row_begin, p.end(), p.stride());
+      linear_forward_exact(isa_, *p.w, p.x, p.n, p.y, p.row_begin, p.end(), p.stride(), p.input_stride());
     }
   }
   void embed(const Linear& table, const int32_t* ids, int64_t n, int64_t copies, float* out) const override {

@@ -131,11 +131,11 @@ enum class Packing { Rows, Dot, Outer, DotBf16, OuterBf16, AmxRows };
 // to pairs + t * cols / 2 for the FP4 register path's VDPBF16PS kernel.
 // Returns false where a bf16 packing or the pairs meet an input the bf16
 // kernels cannot take (bf16_dot_inputs_qualify).
-bool prepare_token(const Linear& w, const float* x, int64_t n, int64_t t, Packing packing, float* row, float* xs,
-                   uint32_t* pairs = nullptr) {
+bool prepare_token(const Linear& w, const float* x, int64_t x_stride, int64_t n, int64_t t, Packing packing, float* row,
+                   float* xs, uint32_t* pairs = nullptr) {
   const int64_t cols = w.cols;
   float* dst = packing == Packing::Rows || packing == Packing::AmxRows ? xs + t * cols : row;
-  to_storage_order(w, x + t * cols, dst);
+  to_storage_order(w, x + t * x_stride, dst);
   if (w.quantize_input) fp8_round_trip(dst, cols, w.input_block);
   switch (packing) {
     case Packing::Rows:
@@ -163,13 +163,14 @@ bool prepare_token(const Linear& w, const float* x, int64_t n, int64_t t, Packin
 }
 
 // All n tokens, on as many threads as the work is worth; false as above.
-bool prepare_tokens(const Linear& w, const float* x, int64_t n, Packing packing, float* xs, uint32_t* pairs = nullptr) {
+bool prepare_tokens(const Linear& w, const float* x, int64_t x_stride, int64_t n, Packing packing, float* xs,
+                    uint32_t* pairs = nullptr) {
   int qualify = 1;
 #pragma omp parallel num_threads(threads_for(n* w.cols * 16)) reduction(& : qualify)
   {
     float* row = thread_scratch_array<float>(ScratchSlot::LinearRow, w.cols);
 #pragma omp for schedule(static)
-    for (int64_t t = 0; t < n; ++t) qualify &= int(prepare_token(w, x, n, t, packing, row, xs, pairs));
+    for (int64_t t = 0; t < n; ++t) qualify &= int(prepare_token(w, x, x_stride, n, t, packing, row, xs, pairs));
   }
   return qualify != 0;
 }
@@ -229,11 +230,12 @@ bool amx_applies(KernelIsa isa, const Linear& w, int64_t n, int64_t row_begin, i
 }  // namespace
 
 void linear_forward(KernelIsa isa, const Linear& w, const float* x, int64_t n, float* y, int64_t row_begin,
-                    int64_t row_end, int64_t y_stride) {
+                    int64_t row_end, int64_t y_stride, int64_t x_stride) {
   if (row_end < 0) row_end = w.rows;
   const int64_t out = row_end - row_begin;
   if (y_stride < 0) y_stride = out;
   const int64_t cols = w.cols;
+  if (x_stride < 0) x_stride = cols;
   check_width(w);
   const bool outer = n >= kOuterMinTokens;
   // AVX2 has the outer form only (its dot form is rows_tokens_avx2).
@@ -251,13 +253,13 @@ void linear_forward(KernelIsa isa, const Linear& w, const float* x, int64_t n, f
   // without the FP8 rounding or step pairs the copy would be all the
   // preparation (a quarter of the hyper-connections' 16384-column product
   // at 4096 tokens).
-  const bool inputs_in_place = !packed && !amx && !pairs_apply && !w.quantize_input &&
+  const bool inputs_in_place = !packed && !amx && !pairs_apply && !w.quantize_input && x_stride == cols &&
                                (w.format == WeightFormat::F32 || w.format == WeightFormat::BF16);
   float* xs = inputs_in_place ? nullptr : thread_scratch_array<float>(ScratchSlot::LinearInput, n * cols + after_rows);
   const int threads = threads_for(out * cols * std::max<int64_t>(n, 1));
   // AMX tiles where they give the canonical bits (linear_amx.cpp): the
   // inputs prepared as rows, then packed a group of tokens at a time.
-  if (amx && prepare_tokens(w, x, n, Packing::AmxRows, xs)) {
+  if (amx && prepare_tokens(w, x, x_stride, n, Packing::AmxRows, xs)) {
     float* packed = xs + n * cols;
 #pragma omp parallel for schedule(static) num_threads(threads_for(n* cols * 16))
     for (int64_t first = 0; first < n; first += kAmxTokens) pack_group_amx(xs, n, cols, first, packed);
@@ -267,7 +269,7 @@ void linear_forward(KernelIsa isa, const Linear& w, const float* x, int64_t n, f
   // VDPBF16PS where it gives the canonical bits (linear_bf16.cpp); the rare
   // product it cannot take goes to the fp32 kernels.
   if (packed && isa == KernelIsa::Avx512 && bf16_dot_enabled() && bf16_dot_weights_qualify(w, row_begin, row_end) &&
-      prepare_tokens(w, x, n, outer ? Packing::OuterBf16 : Packing::DotBf16, xs)) {
+      prepare_tokens(w, x, x_stride, n, outer ? Packing::OuterBf16 : Packing::DotBf16, xs)) {
     if (outer)
       packed_gemm_outer_bf16(w, row_begin, out, xs, n, y, y_stride, threads);
     else
@@ -275,7 +277,7 @@ void linear_forward(KernelIsa isa, const Linear& w, const float* x, int64_t n, f
     return;
   }
   uint32_t* pairs = pairs_apply ? reinterpret_cast<uint32_t*>(xs + n * cols) : nullptr;
-  if (!inputs_in_place && !prepare_tokens(w, x, n,
+  if (!inputs_in_place && !prepare_tokens(w, x, x_stride, n,
                                           !packed ? Packing::Rows
                                           : outer ? Packing::Outer
                                                   : Packing::Dot,
@@ -377,7 +379,7 @@ void linear_forward_many(KernelIsa isa, const LinearProduct* products, size_t co
     const LinearProduct& p = products[i];
     check_width(*p.w);
     if (!runs_on_register_kernels(isa, p)) {
-      linear_forward(isa, *p.w, p.x, p.n, p.y, p.row_begin, p.end(), p.stride());
+      linear_forward(isa, *p.w, p.x, p.n, p.y, p.row_begin, p.end(), p.stride(), p.input_stride());
       continue;
     }
     fused.push_back(i);
@@ -406,7 +408,7 @@ void linear_forward_many(KernelIsa isa, const LinearProduct* products, size_t co
       const LinearProduct& p = products[fused[k]];
       for (int64_t t = 0; t < p.n; ++t)
         if ((k + size_t(t)) % size_t(nt) == size_t(id) &&
-            !prepare_token(*p.w, p.x, p.n, t, Packing::Rows, nullptr, xs + offset[k], pairs_of(k))) {
+            !prepare_token(*p.w, p.x, p.input_stride(), p.n, t, Packing::Rows, nullptr, xs + offset[k], pairs_of(k))) {
 #pragma omp atomic write
           pairs_ok[k] = 0;
         }

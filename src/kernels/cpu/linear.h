@@ -16,14 +16,15 @@ double linear_dot(const Linear& w, int64_t row, const float* x, KernelIsa isa = 
 double linear_dot_reference(const Linear& w, int64_t row, const float* x);
 
 // Y[t][o] = W[o] . X[t] for rows [row_begin, row_end) of W, n tokens.
-// X is [n, cols] (rounded through FP8 first when w.quantize_input), Y is
-// [n, y_stride] and receives columns 0 .. row_end-row_begin-1.
+// X is [n, x_stride] (x_stride < 0: cols; rounded through FP8 first when
+// w.quantize_input), Y is [n, y_stride] and receives columns 0 ..
+// row_end-row_begin-1.
 void linear_forward(KernelIsa isa, const Linear& w, const float* x, int64_t n, float* y, int64_t row_begin = 0,
-                    int64_t row_end = -1, int64_t y_stride = -1);
+                    int64_t row_end = -1, int64_t y_stride = -1, int64_t x_stride = -1);
 // The same on the process's kernel path (active_kernel_isa).
 inline void linear_forward(const Linear& w, const float* x, int64_t n, float* y, int64_t row_begin = 0,
-                           int64_t row_end = -1, int64_t y_stride = -1) {
-  linear_forward(active_kernel_isa(), w, x, n, y, row_begin, row_end, y_stride);
+                           int64_t row_end = -1, int64_t y_stride = -1, int64_t x_stride = -1) {
+  linear_forward(active_kernel_isa(), w, x, n, y, row_begin, row_end, y_stride, x_stride);
 }
 
 // The products, with the bits linear_forward gives each of them. Those with
@@ -43,7 +44,7 @@ inline void linear_forward_many(const LinearProduct* products, size_t count) {
 // lose the fp32 lanes' bits), used where results must agree with a
 // reference to a few units of the last place (V4.1's golden data).
 void linear_forward_exact(KernelIsa isa, const Linear& w, const float* x, int64_t n, float* y, int64_t row_begin = 0,
-                          int64_t row_end = -1, int64_t y_stride = -1);
+                          int64_t row_end = -1, int64_t y_stride = -1, int64_t x_stride = -1);
 
 // Decodes one weight row to floats (embedding lookups, tests).
 void linear_decode_row(const Linear& w, int64_t row, float* out);

@@ -16,16 +16,17 @@ namespace dsv4 {
 using namespace linear_detail;
 
 void linear_forward_exact(KernelIsa isa, const Linear& w, const float* x, int64_t n, float* y, int64_t row_begin,
-                          int64_t row_end, int64_t y_stride) {
+                          int64_t row_end, int64_t y_stride, int64_t x_stride) {
   if (row_end < 0) row_end = w.rows;
   const int64_t out = row_end - row_begin, cols = w.cols;
   if (y_stride < 0) y_stride = out;
+  if (x_stride < 0) x_stride = cols;
   if (cols % 16) throw Error("linear input width " + std::to_string(cols) + " is not a multiple of 16");
   std::vector<double> xd(static_cast<size_t>(n * cols));
   {
     std::vector<float> row(static_cast<size_t>(cols));
     for (int64_t t = 0; t < n; ++t) {
-      to_storage_order(w, x + t * cols, row.data());
+      to_storage_order(w, x + t * x_stride, row.data());
       if (w.quantize_input) fp8_round_trip(row.data(), cols, w.input_block);
       for (int64_t i = 0; i < cols; ++i) xd[size_t(t * cols + i)] = row[size_t(i)];
     }

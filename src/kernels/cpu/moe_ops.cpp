@@ -63,7 +63,8 @@ void experts(KernelIsa isa, const float* x, int64_t rows, int64_t dim, int64_t i
              size_t count, float swiglu_limit, float* out, bool exact) {
   auto run = [&](std::vector<LinearProduct>& products) {
     if (!exact) return linear_forward_many(isa, products.data(), products.size());
-    for (const LinearProduct& p : products) linear_forward_exact(isa, *p.w, p.x, p.n, p.y);
+    for (const LinearProduct& p : products)
+      linear_forward_exact(isa, *p.w, p.x, p.n, p.y, p.row_begin, p.end(), p.stride(), p.input_stride());
   };
   const int64_t D = dim, I = inter;
   std::vector<int64_t> offset(count);
