@@ -65,6 +65,48 @@ TEST(IndexerFp4, QueriesOffTheGridAreRefused) {
   EXPECT_TRUE(cpu::fp4_query(zeros.data(), heads, dim, form));
 }
 
+// The integer form is the same on every path: the same answer, and where it
+// is given, the same codes, half scales, offsets and words. Blocks on the
+// grid at scales from 2^-140 (subnormal values) to 2^100, all-zero blocks
+// and negative zeros, and blocks one change away from refusal: a value off
+// the grid, NaN, an infinity, a nonzero value whose code underflows to zero.
+TEST(IndexerFp4, QueryFormIsTheSameOnEveryPath) {
+  const int64_t heads = 3, dim = 128;
+  for (int shift : {-35, -5, 0, 4, 25}) {
+    for (int change = 0; change < 6; ++change) {
+      SCOPED_TRACE("block shift " + std::to_string(shift) + ", change " + std::to_string(change));
+      std::vector<float> q = fp4_queries(heads, dim, shift, uint32_t(40 + change));
+      for (int64_t d = 0; d < 32; ++d) q[size_t(dim + d)] = d % 3 ? 0.0f : -0.0f;  // head 1, block 0
+      const size_t at = size_t(2 * dim + 64 + 7);                                  // head 2, block 2
+      if (change == 1) q[at] = std::nextafter(q[at], 1e30f);
+      if (change == 2) q[at] = NAN;
+      if (change == 3) q[at] = -INFINITY;
+      if (change == 4) q[at] = std::ldexp(1.0f, -149);  // beside larger values: code 0
+      if (change == 5) q[at] = q[at] * 0.5f;            // on the grid at twice the precision: refused or kept
+      std::vector<cpu::Fp4Query> forms;
+      std::vector<bool> answers;
+      for (KernelIsa isa : {KernelIsa::Scalar, KernelIsa::Avx2, KernelIsa::Avx512}) {
+        if (!kernel_isa_supported(isa)) continue;
+        forms.emplace_back();
+        answers.push_back(cpu::fp4_query(q.data(), heads, dim, forms.back(), isa));
+      }
+      if (change == 0) {
+        EXPECT_TRUE(answers[0]);
+      } else if (change <= 4) {
+        EXPECT_FALSE(answers[0]);
+      }
+      for (size_t k = 1; k < forms.size(); ++k) {
+        ASSERT_EQ(answers[k], answers[0]) << "path " << k;
+        if (!answers[0]) continue;
+        EXPECT_EQ(forms[k].codes, forms[0].codes);
+        EXPECT_EQ(forms[k].half_scale, forms[0].half_scale);
+        EXPECT_EQ(forms[k].offset, forms[0].offset);
+        EXPECT_EQ(forms[k].words_by_group, forms[0].words_by_group);
+      }
+    }
+  }
+}
+
 TEST(IndexerFp4, ScoresFollowTheDefinitionOnEveryPath) {
   const int64_t dim = 128, keys = 301;
   std::mt19937 rng(7);

@@ -332,8 +332,8 @@ void score_keys(KernelIsa isa, const IndexerSelect& p, int64_t r, const Fp4Query
 }
 
 // The integer form of query row r where the fast numerics can use it.
-bool row_fp4_query(const IndexerSelect& p, int64_t r, bool exact, Fp4Query& out) {
-  return !exact && p.keys[r].block == 32 && fp4_query(p.q + r * p.heads * p.dim, p.heads, p.dim, out);
+bool row_fp4_query(KernelIsa isa, const IndexerSelect& p, int64_t r, bool exact, Fp4Query& out) {
+  return !exact && p.keys[r].block == 32 && fp4_query(p.q + r * p.heads * p.dim, p.heads, p.dim, out, isa);
 }
 
 template <typename T>
@@ -342,7 +342,7 @@ void select_row(KernelIsa isa, const IndexerSelect& p, int64_t r, bool exact, in
   std::vector<T> scores(static_cast<size_t>(visible));
   const int64_t tiles = (visible + kKeyTile - 1) / kKeyTile;
   Fp4Query query;
-  const Fp4Query* fp4 = row_fp4_query(p, r, exact, query) ? &query : nullptr;
+  const Fp4Query* fp4 = row_fp4_query(isa, p, r, exact, query) ? &query : nullptr;
 #pragma omp parallel for schedule(dynamic, 4) num_threads(threads) if (threads > 1)
   for (int64_t tile = 0; tile < tiles; ++tile) {
     const int64_t first = tile * kKeyTile;
@@ -367,7 +367,7 @@ void select_row(KernelIsa isa, const IndexerSelect& p, int64_t r, bool exact, in
 
 void indexer_row_scores(KernelIsa isa, const IndexerSelect& p, int64_t row, float* scores) {
   Fp4Query query;
-  const Fp4Query* fp4 = row_fp4_query(p, row, false, query) ? &query : nullptr;
+  const Fp4Query* fp4 = row_fp4_query(isa, p, row, false, query) ? &query : nullptr;
   for (int64_t first = 0; first < p.visible[row]; first += kKeyTile)
     score_keys(isa, p, row, fp4, first, std::min(kKeyTile, p.visible[row] - first), false, scores + first);
 }

@@ -157,7 +157,75 @@ DSV4_TARGET_VNNI void scores_vnni(const Fp4Query& q, const float* weights, const
 
 }  // namespace
 
-bool fp4_query(const float* q, int64_t heads, int64_t dim, Fp4Query& out) {
+namespace {
+
+// The exponent e of the block's scale 2^e, the power of two at or above
+// amax / 6 (what FP4 rounding used, or a smaller one where the block's
+// largest value is below 6 units); false where 2 / scale or scale / 2
+// would not be a float.
+bool block_exponent(float amax, int& exponent) {
+  exponent = 0;
+  if (amax > 0.0f) {
+    const float m = std::frexp(amax / 6.0f, &exponent);  // amax / 6 = m * 2^exponent, m in [0.5, 1)
+    if (m == 0.5f) --exponent;
+  }
+  return exponent - 1 >= -149 && 1 - exponent <= 127;
+}
+
+// One 32-block: its codes (2 x / scale, dims in the keys' storage order:
+// even dims first, then odd ones), the sum of the codes and the exponent;
+// false where the block is not on the grid.
+bool quantize_block(const float* x, int8_t* codes, int32_t& sum, int& exponent) {
+  float amax = 0.0f;
+  for (int64_t j = 0; j < kBlock; ++j) {
+    if (!std::isfinite(x[j])) return false;
+    amax = std::max(amax, std::fabs(x[j]));
+  }
+  if (!block_exponent(amax, exponent)) return false;
+  const float to_code = std::ldexp(1.0f, 1 - exponent);  // 2 / scale
+  sum = 0;
+  for (int64_t j = 0; j < kBlock; ++j) {
+    // Exact where t is a nonzero code (at most 127 in magnitude): scaling
+    // by a power of two does not round a normal result. A zero t must
+    // come from a zero x (not from a product that underflowed).
+    const float t = x[j] * to_code;
+    if (!(std::fabs(t) <= 127.0f) || float(int32_t(t)) != t || (t == 0.0f && x[j] != 0.0f)) return false;
+    codes[j % 2 ? kBlock / 2 + j / 2 : j / 2] = int8_t(t);
+    sum += int32_t(t);
+  }
+  return true;
+}
+
+// The same 32 values as two registers: the same maximum (exact in any
+// order), exponent, products and checks, so the same codes and answer.
+DSV4_TARGET_AVX512 bool quantize_block_avx512(const float* x, int8_t* codes, int32_t& sum, int& exponent) {
+  const __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
+  constexpr int kNanOrInf = 0x01 | 0x08 | 0x10 | 0x80;  // QNaN, +inf, -inf, SNaN
+  if (_mm512_fpclass_ps_mask(a, kNanOrInf) | _mm512_fpclass_ps_mask(b, kNanOrInf)) return false;
+  const __m512 abs_a = _mm512_abs_ps(a), abs_b = _mm512_abs_ps(b);
+  if (!block_exponent(_mm512_reduce_max_ps(_mm512_max_ps(abs_a, abs_b)), exponent)) return false;
+  const __m512 to_code = _mm512_set1_ps(std::ldexp(1.0f, 1 - exponent));
+  const __m512 ta = _mm512_mul_ps(a, to_code), tb = _mm512_mul_ps(b, to_code), zero = _mm512_setzero_ps();
+  const __m512 limit = _mm512_set1_ps(127.0f);
+  auto off_grid = [&](__m512 t, __m512 v) DSV4_TARGET_AVX512 {
+    return _mm512_cmp_ps_mask(_mm512_abs_ps(t), limit, _CMP_NLE_UQ) |
+           _mm512_cmp_ps_mask(_mm512_roundscale_ps(t, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC), t, _CMP_NEQ_UQ) |
+           (_mm512_cmp_ps_mask(t, zero, _CMP_EQ_OQ) & _mm512_cmp_ps_mask(v, zero, _CMP_NEQ_UQ));
+  };
+  if (off_grid(ta, a) | off_grid(tb, b)) return false;
+  const __m512i ia = _mm512_cvttps_epi32(ta), ib = _mm512_cvttps_epi32(tb);
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(codes), _mm512_cvtepi32_epi8(_mm512_permutex2var_epi32(ia, even, ib)));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + kBlock / 2),
+                   _mm512_cvtepi32_epi8(_mm512_permutex2var_epi32(ia, odd, ib)));
+  sum = _mm512_reduce_add_epi32(_mm512_add_epi32(ia, ib));
+  return true;
+}
+
+}  // namespace
+
+bool fp4_query(const float* q, int64_t heads, int64_t dim, Fp4Query& out, KernelIsa isa) {
   if (dim % kBlock != 0 || dim > 512) return false;
   const int64_t blocks = dim / kBlock;
   out.heads = heads;
@@ -168,33 +236,12 @@ bool fp4_query(const float* q, int64_t heads, int64_t dim, Fp4Query& out) {
   for (int64_t h = 0; h < heads; ++h)
     for (int64_t b = 0; b < blocks; ++b) {
       const float* x = q + h * dim + b * kBlock;
-      float amax = 0.0f;
-      for (int64_t j = 0; j < kBlock; ++j) {
-        if (!std::isfinite(x[j])) return false;
-        amax = std::max(amax, std::fabs(x[j]));
-      }
-      // The power of two at or above amax / 6: the scale FP4 rounding used,
-      // or a smaller one where the block's largest value is below 6 units.
-      int exponent = 0;
-      if (amax > 0.0f) {
-        const float m = std::frexp(amax / 6.0f, &exponent);  // amax / 6 = m * 2^exponent, m in [0.5, 1)
-        if (m == 0.5f) --exponent;
-      }
-      if (exponent - 1 < -149) return false;  // the half scale would not be a float
-      if (1 - exponent > 127) return false;  // 2 / scale would not be a float
-      const float to_code = std::ldexp(1.0f, 1 - exponent);  // 2 / scale
       int8_t* codes = out.codes.data() + h * dim + b * kBlock;
       int32_t sum = 0;
-      for (int64_t j = 0; j < kBlock; ++j) {
-        // Exact where t is a nonzero code (at most 127 in magnitude): scaling
-        // by a power of two does not round a normal result. A zero t must
-        // come from a zero x (not from a product that underflowed).
-        const float t = x[j] * to_code;
-        if (!(std::fabs(t) <= 127.0f) || float(int32_t(t)) != t || (t == 0.0f && x[j] != 0.0f)) return false;
-        // Dims in the keys' storage order: even dims first, then odd ones.
-        codes[j % 2 ? kBlock / 2 + j / 2 : j / 2] = int8_t(t);
-        sum += int32_t(t);
-      }
+      int exponent = 0;
+      if (!(isa == KernelIsa::Avx512 ? quantize_block_avx512(x, codes, sum, exponent)
+                                     : quantize_block(x, codes, sum, exponent)))
+        return false;
       out.half_scale[size_t(b * heads + h)] = std::ldexp(1.0f, exponent - 1);
       out.offset[size_t(b * heads + h)] = -12 * sum;
     }
