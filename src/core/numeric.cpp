@@ -31,24 +31,32 @@ namespace {
 // reciprocal, which moves the scale jump of an amax of exactly 448*2^k.
 const float kInv448 = 1.0f / 448.0f;
 const float kInv6 = 1.0f / 6.0f;
+
+// The largest |x[i]| of a block, at least `floor` (NaN ignored), kept in
+// 16 lanes so that the clones vectorize it without reassociating anything:
+// a maximum is exact, so every clone gives the same value. Inlined into
+// each clone below with its target.
+__attribute__((always_inline)) inline float block_amax(const float* x, int64_t n, float floor) {
+  float lanes[16];
+  std::fill_n(lanes, 16, floor);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int j = 0; j < 16; ++j) lanes[j] = std::max(lanes[j], std::fabs(x[i + j]));
+  for (; i < n; ++i) lanes[0] = std::max(lanes[0], std::fabs(x[i]));
+  float amax = lanes[0];
+  for (int j = 1; j < 16; ++j) amax = std::max(amax, lanes[j]);
+  return amax;
+}
 }  // namespace
 
 // Runs on every matrix product's input (3-4% of a prefill when scalar).
-// The clones let the compiler vectorize both loops; the maximum is kept in
-// 16 lanes so that it needs no reassociation, and every step is exact, so
-// all clones give the same bits.
+// The clones let the compiler vectorize both loops (the maximum as
+// block_amax takes it), and every step is exact, so all clones give the
+// same bits.
 DSV4_FP8_CLONES void fp8_round_trip(float* x, int64_t n, int64_t block) {
   for (int64_t b0 = 0; b0 < n; b0 += block) {
     int64_t b1 = std::min(n, b0 + block);
-    float lanes[16];
-    std::fill_n(lanes, 16, 1e-4f);
-    int64_t i = b0;
-    for (; i + 16 <= b1; i += 16)
-      for (int j = 0; j < 16; ++j) lanes[j] = std::max(lanes[j], std::fabs(x[i + j]));
-    for (; i < b1; ++i) lanes[0] = std::max(lanes[0], std::fabs(x[i]));
-    float amax = lanes[0];
-    for (int j = 1; j < 16; ++j) amax = std::max(amax, lanes[j]);
-    const float scale = pow2_ceil(amax * kInv448);
+    const float scale = pow2_ceil(block_amax(x + b0, b1 - b0, 1e-4f) * kInv448);
     const float inverse = 1.0f / scale;  // exact: scale is a power of two, so x * inverse == x / scale
     for (int64_t i = b0; i < b1; ++i) {
       float q = std::clamp(x[i] * inverse, -448.0f, 448.0f);
@@ -83,21 +91,12 @@ void fp8_round_trip_reference(float* x, int64_t n, int64_t block) {
   }
 }
 
-// As fp8_round_trip: the maximum in 16 lanes, every step exact, so all
-// clones give the same bits.
+// As fp8_round_trip: every step exact, so all clones give the same bits.
 DSV4_FP8_CLONES void fp4_round_trip(float* x, int64_t n, int64_t block) {
   const float min_amax = 6.0f * std::ldexp(1.0f, -126);
   for (int64_t b0 = 0; b0 < n; b0 += block) {
     int64_t b1 = std::min(n, b0 + block);
-    float lanes[16];
-    std::fill_n(lanes, 16, min_amax);
-    int64_t i = b0;
-    for (; i + 16 <= b1; i += 16)
-      for (int j = 0; j < 16; ++j) lanes[j] = std::max(lanes[j], std::fabs(x[i + j]));
-    for (; i < b1; ++i) lanes[0] = std::max(lanes[0], std::fabs(x[i]));
-    float amax = lanes[0];
-    for (int j = 1; j < 16; ++j) amax = std::max(amax, lanes[j]);
-    const float scale = pow2_ceil(amax * kInv6);
+    const float scale = pow2_ceil(block_amax(x + b0, b1 - b0, min_amax) * kInv6);
     const float inverse = 1.0f / scale;  // exact, as in fp8_round_trip
     for (int64_t i = b0; i < b1; ++i) {
       float q = std::clamp(x[i] * inverse, -6.0f, 6.0f);
