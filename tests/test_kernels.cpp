@@ -454,6 +454,13 @@ TEST(Ops, TopKMatchesAFullSort) {
       std::sort(order.begin(), order.end());
       EXPECT_EQ(top_k_indices(s.data(), n, k), order) << n << " " << k;
     }
+  // With a NaN the selection still returns k ids in ascending order, the
+  // same every time.
+  std::vector<float> s = {1.0f, NAN, 3.0f, 2.0f, NAN, 0.5f};
+  const std::vector<int32_t> picked = top_k_indices(s.data(), 6, 3);
+  EXPECT_EQ(picked.size(), 3u);
+  EXPECT_TRUE(std::is_sorted(picked.begin(), picked.end()));
+  EXPECT_EQ(top_k_indices(s.data(), 6, 3), picked);
 }
 
 TEST(Ops, RmsNormMatchesDefinition) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <numeric>
 #include <vector>
 
@@ -55,19 +56,38 @@ void hadamard_transform(float* x, int64_t n);
 // Indices of the k largest scores (ties: lower index first), returned sorted
 // ascending by index (float scores, or the exact numerics' doubles).
 // The order (score descending, then index) is total for scores without
-// NaN, so the k selected are the same whichever selection finds them:
-// nth_element, linear on average (a prefill's 4096 selections of 512 from up
-// to 1024 rows took 0.08 s as a partial sort).
+// NaN, so the k selected are those above the k-th largest score and, of the
+// scores equal to it, the ones of lowest index, whichever selection finds
+// that score: nth_element on a copy of the scores (linear on average, no
+// indirection through indices), then one pass in index order. 1M tokens of
+// context: 262,144 rows a decode step, 1.4 ms as nth_element over indices.
+// With a NaN among the scores the comparison of indices decides, as before.
 template <typename T>
 std::vector<int32_t> top_k_indices(const T* scores, int64_t n, int64_t k) {
-  std::vector<int32_t> idx(static_cast<size_t>(n));
-  std::iota(idx.begin(), idx.end(), 0);
-  if (k >= n) return idx;
-  if (k <= 0) return {};
-  std::nth_element(idx.begin(), idx.begin() + k, idx.end(),
-                   [&](int32_t a, int32_t b) { return scores[a] > scores[b] || (scores[a] == scores[b] && a < b); });
-  idx.resize(size_t(k));
-  std::sort(idx.begin(), idx.end());
+  std::vector<int32_t> idx;
+  if (k >= n) {
+    idx.resize(static_cast<size_t>(std::max<int64_t>(n, 0)));
+    std::iota(idx.begin(), idx.end(), 0);
+    return idx;
+  }
+  if (k <= 0) return idx;
+  std::vector<T> values(scores, scores + n);
+  if (std::any_of(values.begin(), values.end(), [](T v) { return std::isnan(v); })) {
+    idx.resize(static_cast<size_t>(n));
+    std::iota(idx.begin(), idx.end(), 0);
+    std::nth_element(idx.begin(), idx.begin() + k, idx.end(),
+                     [&](int32_t a, int32_t b) { return scores[a] > scores[b] || (scores[a] == scores[b] && a < b); });
+    idx.resize(size_t(k));
+    std::sort(idx.begin(), idx.end());
+    return idx;
+  }
+  std::nth_element(values.begin(), values.begin() + (k - 1), values.end(), std::greater<T>());
+  const T kth = values[size_t(k - 1)];
+  int64_t ties = k;  // how many scores equal to kth are taken: k less those above it
+  for (int64_t i = 0; i < n; ++i) ties -= scores[i] > kth;
+  idx.reserve(static_cast<size_t>(k));
+  for (int64_t i = 0; i < n; ++i)
+    if (scores[i] > kth || (scores[i] == kth && ties-- > 0)) idx.push_back(int32_t(i));
   return idx;
 }
 
