@@ -1,6 +1,7 @@
 #include "kernels/cpu/vector_ops.h"
 
 #include <immintrin.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -178,12 +179,23 @@ DSV4_TARGET_AVX512 void add_scaled_heads(int64_t heads, float* out, int64_t out_
 
 }  // namespace
 
-// Keys are taken a tile at a time (64 keys of 512 floats: 128 KB, which
-// stays in L2) by every block of four heads in turn: a row's 640 keys (1.3
-// MB) are more than a Zen 5 core's L2 and would otherwise be read once per
-// block of heads from further out. (Measured together with the fold change,
-// docs/kernels.md; not separately.)
-constexpr int64_t kDotKeyTile = 64;
+// Keys are taken a tile at a time by every block of four heads in turn, as
+// many as fill two thirds of the core's L1 data cache (16 keys of 512 floats
+// with 48 KB: 32 KB, beside a head block's 8 KB of queries), so that every
+// head block after the first reads them from L1: with 64-key tiles from L2
+// the scores ran 5-7% slower on the Intel Xeon (docs/kernels.md, "Key tiles
+// in L1"). A row's 640 keys (1.3 MB) would otherwise be read once per block
+// of heads from L2 or further out. Each score is one dot_fixed whatever the
+// tile, so the tile changes no bit.
+namespace {
+int64_t dot_key_tile(int64_t dim) {
+  static const int64_t l1_bytes = [] {
+    const long bytes = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+    return bytes > 0 ? int64_t(bytes) : int64_t(32) << 10;
+  }();
+  return std::max<int64_t>(4, l1_bytes * 2 / 3 / (dim * int64_t(sizeof(float))) / 4 * 4);
+}
+}  // namespace
 
 void dot_fixed_rows_strided(const float* q, int64_t heads, const float* const* keys, int64_t n_keys, int64_t dim,
                             float* scores, int64_t score_stride, KernelIsa isa) {
@@ -191,9 +203,10 @@ void dot_fixed_rows_strided(const float* q, int64_t heads, const float* const* k
   if (isa == KernelIsa::Avx512 && dim % 16 == 0) {
     h0 = heads / 4 * 4;
     j0 = n_keys / 4 * 4;
-    for (int64_t tile = 0; tile < j0; tile += kDotKeyTile)
+    const int64_t key_tile = dot_key_tile(dim);
+    for (int64_t tile = 0; tile < j0; tile += key_tile)
       for (int64_t h = 0; h < h0; h += 4)
-        for (int64_t j = tile; j < std::min(j0, tile + kDotKeyTile); j += 4)
+        for (int64_t j = tile; j < std::min(j0, tile + key_tile); j += 4)
           dot_fixed_4x4(q + h * dim, dim, keys + j, dim, scores + h * score_stride + j, score_stride);
   }
   // What the blocks left: the last keys of the blocked heads, then the
