@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <type_traits>
 
 #include "kernels/cpu/exact_sums.h"
 #include "kernels/cpu/ops.h"
@@ -236,15 +237,18 @@ void add_scaled_rows_range(float* out, int64_t out_stride, int64_t heads, const 
         add_scaled(out + h * out_stride + d_begin, p[h * p_stride + j], keys[j] + d_begin, d_end - d_begin, isa);
     return;
   }
-  for (int64_t h0 = 0; h0 < heads; h0 += kScaledHeads) {
-    const int64_t hb = std::min<int64_t>(kScaledHeads, heads - h0);
-    float* o = out + h0 * out_stride;
-    const float* ph = p + h0 * p_stride;
-    int64_t d = d_begin;
-    for (; d + 64 <= d_end; d += 64) add_scaled_heads<4>(hb, o, out_stride, ph, p_stride, keys, n_keys, d);
-    for (; d + 32 <= d_end; d += 32) add_scaled_heads<2>(hb, o, out_stride, ph, p_stride, keys, n_keys, d);
-    if (d < d_end) add_scaled_heads<1>(hb, o, out_stride, ph, p_stride, keys, n_keys, d);
-  }
+  // A block of dims for all heads in turn: the keys' slice for those dims
+  // (64 x 256 bytes for a tile of 64 keys) stays in L1 while every block of
+  // heads reads it.
+  auto for_heads = [&](auto width, int64_t d) {
+    for (int64_t h0 = 0; h0 < heads; h0 += kScaledHeads)
+      add_scaled_heads<decltype(width)::value>(std::min<int64_t>(kScaledHeads, heads - h0), out + h0 * out_stride,
+                                               out_stride, p + h0 * p_stride, p_stride, keys, n_keys, d);
+  };
+  int64_t d = d_begin;
+  for (; d + 64 <= d_end; d += 64) for_heads(std::integral_constant<int, 4>{}, d);
+  for (; d + 32 <= d_end; d += 32) for_heads(std::integral_constant<int, 2>{}, d);
+  if (d < d_end) for_heads(std::integral_constant<int, 1>{}, d);
 }
 
 void add_scaled_rows(float* out, int64_t heads, const float* p, const float* const* keys, int64_t n_keys, int64_t dim,
