@@ -422,7 +422,8 @@ int run_bench(const BenchArgs& a) {
     run_context_bench(*model, a.contexts, a.context_batches, a.decode,
                       {limits.bandwidth, limits.fma_flops(),
                        cpu::fp4_scores_use_vnni(active_kernel_isa()) && int8_ceiling.flops > 0 ? int8_ceiling.flops
-                                                                                               : limits.fma_flops()},
+                                                                                               : limits.fma_flops(),
+                       limits.one_token_rates},
                       csv);
 
   // The 43-layer V4-Flash model has the same layer kinds as a real-shaped

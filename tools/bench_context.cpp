@@ -104,19 +104,33 @@ void run_context_bench(Model& model, const std::vector<int64_t>& contexts, const
       // the fp32 FMA ceiling.
       const double indexer_flops = 2.0 * double(batch) * per_token.indexer_macs;
       const double compute_seconds = (flops - indexer_flops) / limits.fma_flops + indexer_flops / limits.indexer_flops;
-      const double roof_seconds = std::max(bytes / limits.bandwidth, compute_seconds);
+      // The operations run one after another: the weight products at the
+      // floor the batch rows print for them (each weight format at the
+      // longer of its bytes and its decoding; position 1, so no attention
+      // in it), then attention and the indexer at the longer of their rows'
+      // bytes and their multiply-adds at the ceilings. Without this term a
+      // batch's roofline here was the bytes alone, above the batch rows'.
+      const double weights_seconds =
+          decode_step_serial_seconds(c, cost, batch, 1, limits.bandwidth, limits.one_token_rates, limits.fma_flops / 2);
+      const double context_flops = 2.0 * double(batch) * per_token.macs;
+      const double context_seconds =
+          std::max(double(batch) * per_token.bytes / limits.bandwidth,
+                   (context_flops - indexer_flops) / limits.fma_flops + indexer_flops / limits.indexer_flops);
+      const double serial_seconds = weights_seconds + context_seconds;
+      const double roof_seconds = std::max({bytes / limits.bandwidth, compute_seconds, serial_seconds});
       const double attention = timed.account(OpAccount::Attention).seconds,
                    indexer = timed.account(OpAccount::Indexer).seconds,
                    products = timed.account(OpAccount::Linear).seconds + timed.account(OpAccount::Experts).seconds;
       const double outside = timed_step - timed.total_seconds();
       std::printf(
           "  batch %2lld: %8.2f ms/step %8.2f tokens/s = %5.1f%% of the roofline %.2f tokens/s (%.0f MB: %.1f ms at "
-          "the bandwidth; %.1f GFLOP: %.1f ms at the compute ceilings); one more step timed per operation (%.1f ms): weight products %.0f%%, attention "
-          "%.0f%%, indexer + top-k %.0f%%, model code between operations %.0f%%\n",
+          "the bandwidth; %.1f GFLOP: %.1f ms at the compute ceilings; one after another, the weight products %.1f ms "
+          "+ attention and indexer %.1f ms); one more step timed per operation (%.1f ms): weight products %.0f%%, "
+          "attention %.0f%%, indexer + top-k %.0f%%, model code between operations %.0f%%\n",
           (long long)batch, 1e3 * dt, double(batch) / dt, 100 * roof_seconds / dt, double(batch) / roof_seconds,
-          bytes / 1e6, 1e3 * bytes / limits.bandwidth, flops / 1e9, 1e3 * compute_seconds,
-          1e3 * timed_step, 100 * products / timed_step, 100 * attention / timed_step, 100 * indexer / timed_step,
-          100 * outside / timed_step);
+          bytes / 1e6, 1e3 * bytes / limits.bandwidth, flops / 1e9, 1e3 * compute_seconds, 1e3 * weights_seconds,
+          1e3 * context_seconds, 1e3 * timed_step, 100 * products / timed_step, 100 * attention / timed_step,
+          100 * indexer / timed_step, 100 * outside / timed_step);
       if (csv)
         csv << "decode_context_" << context << "," << batch << "," << batch * steps << "," << dt * double(steps) << ","
             << double(batch) / dt << "," << per_token.bytes << ",,," << flops / 1e9 << ",\n";

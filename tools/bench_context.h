@@ -5,6 +5,7 @@
 // for attention and the indexer against the weights, and the roofline of
 // both.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <fstream>
 #include <functional>
@@ -21,6 +22,10 @@ struct ContextBenchLimits {
   // What the indexer's multiply-adds run at: the int8 dot-product ceiling
   // where its integer scores use VPDPBUSD, else the fp32 FMA ceiling.
   double indexer_flops = 0;
+  // Weights/s each weight format is decoded at with one token from cache
+  // (decode_rate.h), for the weight products' floor as the batch rows
+  // print it (bench_costs.h, decode_step_serial_seconds).
+  std::array<double, 4> one_token_rates{};
 };
 
 // Bytes of cached rows and multiply-adds of attention and indexer that one
