@@ -358,6 +358,36 @@ void BM_AttentionLongRow(benchmark::State& state) {
 }
 BENCHMARK(BM_AttentionLongRow)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 
+// A decode step of `rows` sequences at 1M tokens of context in a ratio-128
+// layer: each its own 8,192 + 128 decoded rows (as BM_AttentionLongRow/1),
+// all in one call, as the model makes it for a batch.
+void BM_AttentionLongRows(benchmark::State& state) {
+  const int64_t rows = state.range(0), heads = 64, dim = 512, n_keys = 8192 + 128;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd;
+  AlignedVector<float> decoded(size_t(rows * n_keys * dim)), q(size_t(rows * heads * dim)),
+      out(size_t(rows * heads * dim));
+  std::vector<float> sink(static_cast<size_t>(heads));
+  for (auto& x : decoded) x = nd(rng) * 0.1f;
+  for (auto& x : q) x = nd(rng) * 0.1f;
+  for (auto& x : sink) x = nd(rng) * 0.1f;
+  std::vector<const float*> keys;
+  std::vector<int64_t> key_begin{0};
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < n_keys; ++j) keys.push_back(decoded.data() + (r * n_keys + j) * dim);
+    key_begin.push_back(key_begin.back() + n_keys);
+  }
+  const KernelBackend& kb = default_backend();
+  for (auto _ : state) {
+    kb.sink_attention({q.data(), rows, heads, dim, keys.data(), key_begin.data(), sink.data(),
+                       1.0f / std::sqrt(float(dim)), out.data()});
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.counters["MAC/s"] = benchmark::Counter(2.0 * double(rows * heads * n_keys * dim) * double(state.iterations()),
+                                               benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_AttentionLongRows)->Arg(2)->Arg(4)->Unit(benchmark::kMillisecond)->UseRealTime();
+
 // The lightning indexer scoring one decode row against 4096 FP4 keys (64
 // heads x 128 dims, V4-Flash), on one thread: arg 0 the integer FP4 scores
 // (VPDPBUSD where the CPU has AVX512-VNNI), arg 1 the fp32 path (dot_fixed

@@ -236,16 +236,17 @@ TEST(Ops, AttentionRowsMatchPerPairFunctions) {
 // bits of its definition per (row, head): dot_fixed scores, softmax_with_sink,
 // then add_scaled of each key in order into zeros. Rows long enough for the
 // key-tiled path (more than 256 keys, tiles of 64 with a remainder) and short
-// ones, in one call and alone; many long rows (a thread each); 64 heads (as V4-Flash) and 5; a dim that
+// ones, in one call and alone; many long rows (a thread each), and 2-4 even
+// ones (whole rows where they balance); 64 heads (as V4-Flash) and 5; a dim that
 // leaves a 16-value remainder after 32-wide blocks.
 TEST(Ops, SinkAttentionGivesPerHeadBitsOnEveryPathAndSplit) {
   struct Case {
     int64_t heads, dim;
     std::vector<int64_t> row_keys;
   };
-  for (const Case& c : {Case{64, 512, {1000}}, Case{5, 48, {300, 7, 1000, 257}}, Case{8, 64, {70, 3}},
-                        Case{3, 40, {600, 600}},
-                        Case{16, 64, std::vector<int64_t>(10, 300)}}) {
+  for (const Case& c :
+       {Case{64, 512, {1000}}, Case{5, 48, {300, 7, 1000, 257}}, Case{8, 64, {70, 3}}, Case{3, 40, {600, 600}},
+        Case{4, 32, {400, 400, 400, 400}}, Case{4, 32, {400, 400, 400}}, Case{16, 64, std::vector<int64_t>(10, 300)}}) {
     const int64_t rows = int64_t(c.row_keys.size()), heads = c.heads, dim = c.dim;
     std::vector<int64_t> key_begin = {0};
     for (int64_t n : c.row_keys) key_begin.push_back(key_begin.back() + n);

@@ -157,6 +157,30 @@ void attend_row(KernelIsa isa, const SinkAttention& a, int64_t t, int threads, f
 
 }  // namespace
 
+namespace {
+
+// Whether long rows go whole to the threads: with plenty of rows (dynamic
+// scheduling evens them out), or where handing the rows out in order, each
+// to the least busy thread, ends within 10% of an even split of their keys
+// (a decode batch of 2 or 4 sequences at the same long context on 2
+// threads): a row split over the threads costs three barriers per row
+// (docs/long_context.md, "Whole rows per thread"). Uneven rows (a long and
+// a short sequence) are split, so no thread waits for another's long row.
+bool whole_rows_balance(const SinkAttention& a, int threads) {
+  if (threads <= 1 || a.rows >= 4 * threads) return true;
+  if (a.rows < threads) return false;
+  std::vector<int64_t> busy(size_t(threads), 0);
+  int64_t total = 0;
+  for (int64_t r = 0; r < a.rows; ++r) {
+    const int64_t keys = a.key_begin[r + 1] - a.key_begin[r];
+    *std::min_element(busy.begin(), busy.end()) += keys;
+    total += keys;
+  }
+  return double(*std::max_element(busy.begin(), busy.end())) * threads <= 1.1 * double(total);
+}
+
+}  // namespace
+
 void sink_attention(KernelIsa isa, const SinkAttention& a, bool exact) {
   const int64_t H = a.heads, hd = a.dim;
   int64_t work = 0, longest = 0;
@@ -171,9 +195,9 @@ void sink_attention(KernelIsa isa, const SinkAttention& a, bool exact) {
   }
   const int threads = threads_for(work);
   if (longest > 4 * kAttentionKeyTile) {
-    // Long rows: whole rows, on a thread each where there are plenty of
-    // rows, else one row at a time split over the threads.
-    if (a.rows >= 4 * threads) {
+    // Long rows: whole rows, on a thread each, where that keeps the
+    // threads evenly busy; else one row at a time split over the threads.
+    if (whole_rows_balance(a, threads)) {
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
       for (int64_t t = 0; t < a.rows; ++t)
         attend_row(isa, a, t, 1,
