@@ -103,7 +103,10 @@ void run_context_bench(Model& model, const std::vector<int64_t>& contexts, const
       // The indexer's share of the FLOPs at its own ceiling, the rest at
       // the fp32 FMA ceiling.
       const double indexer_flops = 2.0 * double(batch) * per_token.indexer_macs;
-      const double compute_seconds = (flops - indexer_flops) / limits.fma_flops + indexer_flops / limits.indexer_flops;
+      auto at_ceilings = [&](double total_flops) {
+        return (total_flops - indexer_flops) / limits.fma_flops + indexer_flops / limits.indexer_flops;
+      };
+      const double compute_seconds = at_ceilings(flops);
       // The operations run one after another: the weight products at the
       // floor the batch rows print for them (each weight format at the
       // longer of its bytes and its decoding; position 1, so no attention
@@ -114,8 +117,7 @@ void run_context_bench(Model& model, const std::vector<int64_t>& contexts, const
           decode_step_serial_seconds(c, cost, batch, 1, limits.bandwidth, limits.one_token_rates, limits.fma_flops / 2);
       const double context_flops = 2.0 * double(batch) * per_token.macs;
       const double context_seconds =
-          std::max(double(batch) * per_token.bytes / limits.bandwidth,
-                   (context_flops - indexer_flops) / limits.fma_flops + indexer_flops / limits.indexer_flops);
+          std::max(double(batch) * per_token.bytes / limits.bandwidth, at_ceilings(context_flops));
       const double serial_seconds = weights_seconds + context_seconds;
       const double roof_seconds = std::max({bytes / limits.bandwidth, compute_seconds, serial_seconds});
       const double attention = timed.account(OpAccount::Attention).seconds,

@@ -38,18 +38,14 @@ void RopeTable::angles(int64_t pos, bool inverse, float* cos, float* sin) const 
   }
 }
 
-void RopeTable::rotate(float* x, const float* cos, const float* sin) const {
+void RopeTable::apply(float* x, int64_t pos, bool inverse) const {
+  std::vector<float> cos(freqs_.size()), sin(freqs_.size());
+  angles(pos, inverse, cos.data(), sin.data());
   for (size_t j = 0; j < freqs_.size(); ++j) {
     const float a = x[2 * j], b = x[2 * j + 1];
     x[2 * j] = a * cos[j] - b * sin[j];
     x[2 * j + 1] = a * sin[j] + b * cos[j];
   }
-}
-
-void RopeTable::apply(float* x, int64_t pos, bool inverse) const {
-  std::vector<float> cos(freqs_.size()), sin(freqs_.size());
-  angles(pos, inverse, cos.data(), sin.data());
-  rotate(x, cos.data(), sin.data());
 }
 
 }  // namespace dsv4

@@ -22,11 +22,10 @@ class RopeTable {
   // inverse rotates by -pos * f_j. The reference's fp32 cos/sin of the
   // fp32 angle, so every backend must compute the angle the same way.
   void apply(float* x, int64_t pos, bool inverse = false) const;
-  // apply() in two steps, for rows that share a position (a token's heads):
-  // the cos and sin of each pair's angle (dim() / 2 of each), computed once,
-  // then the rotation of each row with them; the same bits as apply().
+  // The cos and sin of each pair's angle (dim() / 2 of each) that apply()
+  // rotates by, for backends that compute them once for the rows that
+  // share a position (a token's heads) and rotate each row with them.
   void angles(int64_t pos, bool inverse, float* cos, float* sin) const;
-  void rotate(float* x, const float* cos, const float* sin) const;
   const std::vector<float>& frequencies() const { return freqs_; }
   int64_t dim() const { return int64_t(freqs_.size()) * 2; }
 

@@ -6,7 +6,6 @@
 // sees; the backend computes.
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <vector>
 
 #include "model/layers.h"

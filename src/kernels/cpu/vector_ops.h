@@ -47,7 +47,7 @@ inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 inline float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
 // RoPE's rotation of one row: pairs (x[2j], x[2j + 1]) by (cos[j], sin[j]),
 // x[2j] = x[2j] cos - x[2j + 1] sin and x[2j + 1] = x[2j] sin + x[2j + 1] cos,
-// each product and the sum rounded (no FMA): RopeTable::rotate's bits on
+// each product and the sum rounded (no FMA): RopeTable::apply's bits on
 // every path. `dim` is even (2 x the pairs).
 void rotate_pairs(float* x, int64_t dim, const float* cos, const float* sin, KernelIsa isa = active_kernel_isa());
 // Sylvester-order Walsh-Hadamard transform scaled by n^-1/2 (n a power of two).
