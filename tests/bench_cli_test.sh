@@ -114,10 +114,17 @@ grep -q "^batch   1 plain: *[0-9.]* tokens/s ([0-9.]* ms per step; the model all
   "$WORK/out.txt" || fail "no plain line against the limits around its run"
 grep -q "^  limits read around the counted runs (GB/s read; fp32 FMA GFLOP/s; G weights/s decoded, BF16/FP8/FP4): plain $L; accept 2.0 $L; the model takes the best read in this run, $L$" \
   "$WORK/out.txt" || fail "no limits line for the runs"
-grep -q "^    rounds (speculative, with the bypass: tokens/s and x that round's plain): [0-9.]* [0-9.]*x, [0-9.]* [0-9.]*x; [0-9.]* [0-9.]*x, [0-9.]* [0-9.]*x$" \
+grep -q "^    rounds, speculative: tokens/s and x that round's plain run: [0-9.]* [0-9.]*x; [0-9.]* [0-9.]*x$" \
   "$WORK/out.txt" || fail "no rounds line"
-grep -q "^  accept 2.0: speculative  *[0-9.]* tokens/s = [0-9.]*x plain, [0-9]*% of the [0-9.]* the model allows, [0-9]*% of the [0-9.]* at the limits read around the run (verify [0-9.]* ms, draft [0-9.]* ms per step); with the bypass .*; -\?[0-9.]* ms a step outside the forward pass and the drafts, plain -\?[0-9.]*)$" \
+grep -q "^  accept 2.0: speculative  *[0-9.]* tokens/s = [0-9.]*x plain, [0-9]*% of the [0-9.]* the model allows, [0-9]*% of the [0-9.]* at the limits read around the run (verify [0-9.]* ms, draft [0-9.]* ms per step)$" \
   "$WORK/out.txt" || fail "no speculative line"
+# The gate: its engine's steps in turn with a plain engine's, one pair a
+# round, and two plain engines the same way (the method against itself).
+R='[0-9.]* / [0-9.]* = [0-9.]*'
+grep -q "^    with the bypass (after 4 warm-up batches), its steps in turn with a plain engine's: [0-9.]*x that engine's tokens/s (median of 2; rounds: $R $R); [0-9]* of [1-9][0-9]* steps plain; -\?[0-9.]* ms a step outside the forward pass and the drafts, plain -\?[0-9.]*$" \
+  "$WORK/out.txt" || fail "no gate line"
+grep -q "^  two plain engines, their steps in turn (the gate's method against itself): [0-9.]*x (median of 2; [0-9.]* [0-9.]*)$" \
+  "$WORK/out.txt" || fail "no line of two plain engines in turn"
 grep -q "^    the model, per step: verify [0-9.]* ms (the LM head on [0-9]* of its [0-9]* rows), draft [0-9.]* ms, the MTP block over the 20-token prompts [0-9.]* ms" \
   "$WORK/out.txt" || fail "no speculative model line"
 for phase in draft verify; do

@@ -114,10 +114,12 @@ TEST(Engine, PhaseHookSeesEveryStepInOrderAndChangesNothing) {
   EXPECT_EQ(hooked.logprobs, plain.logprobs);
   EXPECT_TRUE(one_thread);
   EXPECT_NE(caller, std::this_thread::get_id());
-  // A step per token (the prompt's gives the first), each in three phases.
-  ASSERT_EQ(phases.size() % 3, 0u);
-  EXPECT_GE(phases.size() / 3, 6u);
-  for (size_t i = 0; i < phases.size(); ++i) EXPECT_EQ(int(phases[i]), int(i % 3)) << "call " << i;
+  // A step per token (the prompt's gives the first), each in four phases,
+  // the last (Done) after the step's events: the handle saw the last token
+  // before the engine's last Done, which the join above waits for.
+  ASSERT_EQ(phases.size() % 4, 0u);
+  EXPECT_GE(phases.size() / 4, 6u);
+  for (size_t i = 0; i < phases.size(); ++i) EXPECT_EQ(int(phases[i]), int(i % 4)) << "call " << i;
 }
 
 TEST(Engine, PrefixCacheHitGivesTheSameBits) {

@@ -7,12 +7,13 @@
 #include "bench_speculative.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <random>
 #include <thread>
+#include <tuple>
 
 #include "bench_costs.h"
 #include "bench_products.h"
@@ -20,6 +21,7 @@
 #include "core/machine.h"
 #include "core/threads.h"
 #include "engine/engine.h"
+#include "engine_turns.h"
 #include "kernels/timed_backend.h"
 
 namespace dsv4::tools {
@@ -41,45 +43,16 @@ struct EngineRun {
 
 // `batch` requests of `prompt_tokens` tokens each; the clock runs from the
 // step after their first tokens (one prefill step) to the last token. `warm_up`
-// batches run first on the same engine, unmeasured: the bypass gate learns
-// once per server, so its exploration belongs to a warm-up, not to every
-// measurement; plain and forced runs take one too, so that no run pays a
-// fresh engine's first steps (its thread's first scratch buffers and team)
-// that the others do not.
+// batches run first on the same engine, unmeasured (warm_up_engine); plain
+// and forced runs take one too, so that no run pays a fresh engine's first
+// steps (its thread's first scratch buffers and team) that the others do not.
 EngineRun engine_run(const std::shared_ptr<const Model>& model, const EngineOptions& options, int64_t batch,
                      int64_t prompt_tokens, int64_t decode, int warm_up = 0,
                      const std::function<void()>& at_start = {}) {
   Engine engine(model, options);
-  for (int round = 0; round < warm_up; ++round) {
-    SamplingParams warm;
-    warm.temperature = 0;
-    warm.max_new_tokens = decode + 1;
-    warm.ignore_eos = true;
-    std::vector<std::shared_ptr<RequestHandle>> running;
-    for (int64_t b = 0; b < batch; ++b)
-      running.push_back(engine.submit("warm" + std::to_string(round) + "-" + std::to_string(b),
-                                      std::vector<int32_t>(size_t(prompt_tokens), int32_t(100 + b)), warm));
-    for (auto& h : running) {
-      std::vector<TokenEvent> events;
-      for (bool done = false; !done;) {
-        events.clear();
-        h->wait(events, 60.0);
-        for (auto& e : events) done |= e.finished;
-      }
-    }
-  }
-  std::mt19937 rng(7);
-  std::uniform_int_distribution<int32_t> token(1, int32_t(model->config().vocab_size) - 1);
-  std::vector<std::shared_ptr<RequestHandle>> handles;
-  SamplingParams params;
-  params.temperature = 0;
-  params.max_new_tokens = decode + 1;
-  params.ignore_eos = true;
-  for (int64_t b = 0; b < batch; ++b) {
-    std::vector<int32_t> prompt(static_cast<size_t>(prompt_tokens));
-    for (auto& t : prompt) t = token(rng);
-    handles.push_back(engine.submit("bench" + std::to_string(b), prompt, params));
-  }
+  warm_up_engine(engine, batch, prompt_tokens, decode, warm_up);
+  const std::vector<std::shared_ptr<RequestHandle>> handles =
+      submit_bench_batch(engine, model->config().vocab_size, batch, prompt_tokens, decode);
   std::vector<int64_t> counts(handles.size(), 0);
   std::vector<bool> finished(handles.size(), false);
   std::vector<TokenEvent> events;
@@ -152,7 +125,7 @@ struct PhaseTimers {
     if (steps > 0 && phase == StepPhase::Draft) draft_seconds += t - entered;
     if (steps > 0 && phase == StepPhase::Forward) verify_seconds += t - entered;
     if (next == StepPhase::Draft && recording.load()) ++steps;
-    const bool timing = steps > 0 && next != StepPhase::Sample;
+    const bool timing = steps > 0 && (next == StepPhase::Draft || next == StepPhase::Forward);
     model.set_backend(!timing ? inner : next == StepPhase::Draft ? static_cast<const KernelBackend&>(draft) : verify);
     phase = next;
     entered = t;
@@ -176,6 +149,13 @@ void print_phase(const TimedBackend& timed, const char* name, double seconds, in
   std::printf("; outside the kernels %.2f ms\n", 1e3 * (seconds - timed.total_seconds()) / double(steps));
   std::printf("  ");  // print_products' line, indented under this one
   print_products(timed, csv_phase.c_str(), batch, batch * steps, double(steps), "per step", csv, &limits);
+}
+
+double median_of(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const size_t half = values.size() / 2;
+  return values.size() % 2 ? values[half] : 0.5 * (values[half - 1] + values[half]);
 }
 
 // The limits again, quicker than the calibration (1 GB read once), around
@@ -314,27 +294,41 @@ void run_speculative_bench(const std::shared_ptr<Model>& model, const Speculativ
       options.speculative.auto_bypass = bypass;
       return options;
     };
-    // Rounds: the plain run, then each accept length forced and gated; every
+    // Rounds: the plain run, then each accept length forced, then gated; every
     // second round runs them in the opposite order, so that a drift within
     // a round does not always favour the plain run. On a shared machine the
     // speed moves by up to a third within minutes, so every case is run once
     // per round, the rounds one after another, and each case's best round
-    // counts; a round's own ratios (the gate against that round's plain
-    // run) are printed beside.
+    // counts. The gated engine runs its steps in turn with a plain engine's
+    // (run_in_turns), and its ratio to that engine is the gate's figure: two
+    // runs minutes apart put the machine's drift into the ratio.
     std::vector<EngineRun> plains;
-    std::vector<std::vector<EngineRun>> forced_runs(a.accept_lens.size()), gated_runs(a.accept_lens.size());
+    std::vector<std::vector<EngineRun>> forced_runs(a.accept_lens.size());
+    std::vector<std::vector<std::array<TurnRun, 2>>> gated_runs(a.accept_lens.size());  // {plain, gated}
     auto run = [&](const EngineOptions& options, int warm_up) {
       return bracketed_run(model_limits, model, options, batch, a.prompt, a.decode, warm_up);
+    };
+    // Two plain engines in turn, once a round: what the gate's ratio reads
+    // where the two sides run the same steps (the method's own spread).
+    std::vector<std::array<TurnRun, 2>> plain_pairs;
+    // The gated engine takes the second place in even rounds and the first
+    // in odd ones; the result is {plain, gated} either way.
+    auto run_gated = [&](double accept_len, bool gated_first) {
+      const EngineOptions gated = options_for(accept_len, true);
+      if (!gated_first) return run_in_turns(model, {plain_options, gated}, batch, a.prompt, a.decode, {1, 4});
+      const std::array<TurnRun, 2> runs =
+          run_in_turns(model, {gated, plain_options}, batch, a.prompt, a.decode, {4, 1});
+      return std::array<TurnRun, 2>{runs[1], runs[0]};
     };
     for (int round = 0; round < a.repeat; ++round) {
       const bool reversed = round % 2 == 1;
       if (!reversed) plains.push_back(run(plain_options, 1));
+      plain_pairs.push_back(run_in_turns(model, {plain_options, plain_options}, batch, a.prompt, a.decode, {1, 1}));
       for (size_t k = 0; k < a.accept_lens.size(); ++k) {
         const size_t i = reversed ? a.accept_lens.size() - 1 - k : k;
-        const EngineOptions forced = options_for(a.accept_lens[i], false), gated = options_for(a.accept_lens[i], true);
-        if (reversed) gated_runs[i].push_back(run(gated, 4));
-        forced_runs[i].push_back(run(forced, 1));
-        if (!reversed) gated_runs[i].push_back(run(gated, 4));
+        if (reversed) gated_runs[i].push_back(run_gated(a.accept_lens[i], true));
+        forced_runs[i].push_back(run(options_for(a.accept_lens[i], false), 1));
+        if (!reversed) gated_runs[i].push_back(run_gated(a.accept_lens[i], false));
       }
       if (reversed) plains.push_back(run(plain_options, 1));
     }
@@ -363,12 +357,18 @@ void run_speculative_bench(const std::shared_ptr<Model>& model, const Speculativ
     for (size_t i = 0; i < a.accept_lens.size(); ++i)
       std::printf("; accept %.1f %s", a.accept_lens[i], best(forced_runs[i]).around.text().c_str());
     std::printf("; the model takes the best read in this run, %s\n", model_limits.text().c_str());
+    std::vector<double> same;
+    for (const auto& [first, second] : plain_pairs) same.push_back(second.tokens_per_second / first.tokens_per_second);
+    std::printf("  two plain engines, their steps in turn (the gate's method against itself): %.3fx (median of %zu;",
+                median_of(same), same.size());
+    for (double r : same) std::printf(" %.3f", r);
+    std::printf(")\n");
     if (csv)
       *csv << "speculative_plain," << batch << ",," << plain.forward_ms_per_step / 1e3 << "," << plain.tokens_per_second
            << ",,,,," << plain_roof << "\n";
     for (size_t i = 0; i < a.accept_lens.size(); ++i) {
       const double accept_len = a.accept_lens[i];
-      const EngineRun forced = best(forced_runs[i]), gated = best(gated_runs[i]);
+      const EngineRun forced = best(forced_runs[i]);
       const double verify_seconds = verify_floor(model_limits, batch, accept_len);
       const double draft_floor = draft_seconds(model_limits, cost, batch, accept_len);
       const double catch_up = catch_up_seconds(model_limits, cost, batch, accept_len);
@@ -376,21 +376,47 @@ void run_speculative_bench(const std::shared_ptr<Model>& model, const Speculativ
       const double roof_around = speculative_roof(forced.around, batch, accept_len);
       std::printf(
           "  accept %.1f: speculative %8.2f tokens/s = %.2fx plain, %.0f%% of the %.2f the model allows, %.0f%% of "
-          "the %.2f at the limits read around the run (verify %.1f ms, draft %.1f ms per step); with the bypass "
-          "(after 4 warm-up batches) %8.2f tokens/s = %.2fx plain (%lld of %lld steps plain; %.2f ms a step outside "
-          "the forward pass and the drafts, plain %.2f)\n",
+          "the %.2f at the limits read around the run (verify %.1f ms, draft %.1f ms per step)\n",
           accept_len, forced.tokens_per_second, forced.tokens_per_second / plain.tokens_per_second,
           100 * forced.tokens_per_second / roof, roof, 100 * forced.tokens_per_second / roof_around, roof_around,
-          forced.forward_ms_per_step, forced.draft_ms_per_step, gated.tokens_per_second,
-          gated.tokens_per_second / plain.tokens_per_second, (long long)gated.bypassed_steps, (long long)gated.steps,
-          gated.outside_ms_per_step, plain.outside_ms_per_step);
+          forced.forward_ms_per_step, forced.draft_ms_per_step);
+      // The gate: each round's gated engine against the plain engine whose
+      // steps alternated with its own.
+      std::vector<double> ratios;
+      TurnRun gated_total, plain_total;
+      double gated_held = 0, plain_held = 0;
+      for (const auto& [p, g] : gated_runs[i]) {
+        ratios.push_back(g.tokens_per_second / p.tokens_per_second);
+        for (auto [total, held, r] :
+             {std::tuple{&plain_total, &plain_held, &p}, std::tuple{&gated_total, &gated_held, &g}}) {
+          total->steps += r->steps;
+          total->tokens += r->tokens;
+          total->bypassed_steps += r->bypassed_steps;
+          *held += r->step_ms * double(r->steps);
+          total->forward_ms_per_step += r->forward_ms_per_step * double(r->steps);
+          total->draft_ms_per_step += r->draft_ms_per_step * double(r->steps);
+        }
+      }
+      const double median = median_of(ratios);
+      auto outside_ms = [](const TurnRun& total, double held) {
+        return total.steps ? (held - total.forward_ms_per_step - total.draft_ms_per_step) / double(total.steps) : 0.0;
+      };
+      std::printf(
+          "    with the bypass (after 4 warm-up batches), its steps in turn with a plain engine's: %.3fx that "
+          "engine's tokens/s (median of %zu; rounds:",
+          median, ratios.size());
+      for (size_t r = 0; r < ratios.size(); ++r)
+        std::printf(" %.2f / %.2f = %.3f", gated_runs[i][r][1].tokens_per_second, gated_runs[i][r][0].tokens_per_second,
+                    ratios[r]);
+      std::printf("); %lld of %lld steps plain; %.2f ms a step outside the forward pass and the drafts, plain %.2f\n",
+                  (long long)gated_total.bypassed_steps, (long long)gated_total.steps,
+                  outside_ms(gated_total, gated_held), outside_ms(plain_total, plain_held));
       if (a.repeat > 1) {
-        std::printf("    rounds (speculative, with the bypass: tokens/s and x that round's plain):");
+        std::printf("    rounds, speculative: tokens/s and x that round's plain run:");
         for (int round = 0; round < a.repeat; ++round) {
           const double base = plains[size_t(round)].tokens_per_second;
           const double sp = forced_runs[i][size_t(round)].tokens_per_second;
-          const double gt = gated_runs[i][size_t(round)].tokens_per_second;
-          std::printf("%s %.2f %.2fx, %.2f %.2fx", round ? ";" : "", sp, sp / base, gt, gt / base);
+          std::printf("%s %.2f %.2fx", round ? ";" : "", sp, sp / base);
         }
         std::printf("\n");
       }
@@ -403,7 +429,7 @@ void run_speculative_bench(const std::shared_ptr<Model>& model, const Speculativ
       std::printf("\n");
       if (csv)
         *csv << "speculative_" << accept_len << "," << batch << ",," << forced.forward_ms_per_step / 1e3 << ","
-             << forced.tokens_per_second << ",,,,," << roof << "," << gated.tokens_per_second << "\n";
+             << forced.tokens_per_second << ",,,,," << roof << "," << median << "\n";
       if (a.split) {
         // One more forced run, its kernel operations timed per phase.
         EngineOptions options = options_for(accept_len, false);

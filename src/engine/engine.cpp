@@ -186,29 +186,32 @@ void Engine::loop() {
       for (auto& s : running)
         if (s->phase != Phase::Finished) finish(*s, FinishReason::Error, e.what());
     }
-    std::lock_guard<std::mutex> lock(mutex_);
-    retire(running);
-    const double step_seconds = now_seconds() - step_start;
-    totals_.step_seconds += step_seconds;
-    ++totals_.steps_total;
-    if (last_step_decode_only_) {
-      totals_.decode_step_seconds += step_seconds;
-      totals_.decode_forward_seconds += last_step_forward_seconds_;
-      ++totals_.decode_steps_total;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      retire(running);
+      const double step_seconds = now_seconds() - step_start;
+      totals_.step_seconds += step_seconds;
+      ++totals_.steps_total;
+      if (last_step_decode_only_) {
+        totals_.decode_step_seconds += step_seconds;
+        totals_.decode_forward_seconds += last_step_forward_seconds_;
+        ++totals_.decode_steps_total;
+      }
+      // Idle again: hand freed sequence memory back to the OS, so a server's
+      // footprint returns to its baseline after a burst.
+      if (running.empty() && waiting_.empty()) {
+        release_thread_scratch();  // the kernels' buffers of this (the model's) thread
+        // The step's reused logits and draft rows (RowBuffer) too: 33 MB at
+        // batch 16 with 4-token verifies.
+        step_logits_ = StepLogits{};
+        std::vector<RowBuffer>().swap(step_hc_);
+        std::vector<RowBuffer>().swap(step_dspark_);
+        RowBuffer().swap(head_hc_);
+        RowBuffer().swap(head_logits_);
+        malloc_trim(0);
+      }
     }
-    // Idle again: hand freed sequence memory back to the OS, so a server's
-    // footprint returns to its baseline after a burst.
-    if (running.empty() && waiting_.empty()) {
-      release_thread_scratch();  // the kernels' buffers of this (the model's) thread
-      // The step's reused logits and draft rows (RowBuffer) too: 33 MB at
-      // batch 16 with 4-token verifies.
-      step_logits_ = StepLogits{};
-      std::vector<RowBuffer>().swap(step_hc_);
-      std::vector<RowBuffer>().swap(step_dspark_);
-      RowBuffer().swap(head_hc_);
-      RowBuffer().swap(head_logits_);
-      malloc_trim(0);
-    }
+    if (options_.on_phase) options_.on_phase(StepPhase::Done);
   }
   for (auto& s : running) finish(*s, FinishReason::Abort, "server shutting down");
   std::lock_guard<std::mutex> lock(mutex_);

@@ -30,8 +30,9 @@ namespace dsv4 {
 
 // The parts of a scheduler step, in order: drafting (speculative decoding),
 // the model's forward pass over the batch (the verify step when drafts ran),
-// then sampling and events.
-enum class StepPhase { Draft, Forward, Sample };
+// then sampling and events; Done once the step's sequences are retired and
+// its totals counted, with no lock of the engine held.
+enum class StepPhase { Draft, Forward, Sample, Done };
 
 struct EngineOptions {
   int64_t max_running_requests = 64;
@@ -52,7 +53,9 @@ struct EngineOptions {
   std::function<void(const std::string&)> log;
   // Profiling: called on the scheduler thread as each step enters a phase
   // (every step, drafting or not). `dsv4 bench --speculative` times each
-  // phase's kernel operations with it; it must not touch the engine.
+  // phase's kernel operations with it, and runs two engines' steps in turn
+  // (Draft waits for the turn, Done hands it on). It must not touch the
+  // engine, except that at Done it may read metrics().
   std::function<void(StepPhase)> on_phase;
 };
 
