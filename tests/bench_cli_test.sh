@@ -101,7 +101,7 @@ if "$BIN" bench --model "$MODEL" --prompt 8 --decode 1 --speculative EAGLE --spe
   > "$WORK/err.txt" 2>&1; then
   fail "a one-token speculative prompt accepted"
 fi
-OMP_WAIT_POLICY=passive "$BIN" bench --model "$MODEL" --prompt 8 --decode 4 --batch 1 --repeat 2 \
+OMP_WAIT_POLICY=passive "$BIN" bench --model "$MODEL" --prompt 8 --decode 4 --batch 1 --repeat 2 --gate-decode 12 \
   --speculative EAGLE --accept-len 2 --speculative-token-map "$WORK/map.txt" --speculative-prompt 20 \
   --csv "$WORK/s.csv" > "$WORK/out.txt"
 grep -q "^speculative decoding (EAGLE, 3 drafts per step, greedy, 20-token prompts, 8 tokens per request)" \
@@ -119,9 +119,10 @@ grep -q "^    rounds, speculative: tokens/s and x that round's plain run: [0-9.]
 grep -q "^  accept 2.0: speculative  *[0-9.]* tokens/s = [0-9.]*x plain, [0-9]*% of the [0-9.]* the model allows, [0-9]*% of the [0-9.]* at the limits read around the run (verify [0-9.]* ms, draft [0-9.]* ms per step)$" \
   "$WORK/out.txt" || fail "no speculative line"
 # The gate: its engine's steps in turn with a plain engine's, one pair a
-# round, and two plain engines the same way (the method against itself).
+# round, and two plain engines the same way (the method against itself),
+# over requests of --gate-decode tokens.
 R='[0-9.]* / [0-9.]* = [0-9.]*'
-grep -q "^    with the bypass (after 4 warm-up batches), its steps in turn with a plain engine's: [0-9.]*x that engine's tokens/s (median of 2; rounds: $R $R); [0-9]* of [1-9][0-9]* steps plain; -\?[0-9.]* ms a step outside the forward pass and the drafts, plain -\?[0-9.]*$" \
+grep -q "^    with the bypass (after 4 warm-up batches; 12 tokens a request), its steps in turn with a plain engine's: [0-9.]*x that engine's tokens/s (median of 2; rounds: $R $R); [0-9]* of [1-9][0-9]* steps plain; a step [0-9.]* ms: forward pass [0-9.]*, drafts [0-9.]*, outside them -\?[0-9.]*; plain [0-9.]*: [0-9.]*, -, -\?[0-9.]*$" \
   "$WORK/out.txt" || fail "no gate line"
 grep -q "^  two plain engines, their steps in turn (the gate's method against itself): [0-9.]*x (median of 2; [0-9.]* [0-9.]*)$" \
   "$WORK/out.txt" || fail "no line of two plain engines in turn"

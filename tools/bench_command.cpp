@@ -51,6 +51,7 @@ struct BenchArgs {
   std::string speculative;  // EAGLE or NGRAM: also bench speculative decoding
   std::string token_map;    // EAGLE's draft vocabulary (--speculative-token-map)
   int64_t speculative_prompt = 16;  // each --speculative request's prompt
+  int64_t gate_decode = 0;          // tokens of each request the gate's engines count; 0: --decode
   std::vector<double> accept_lens = {2, 3, 4};
   LoadModeFlags load_mode;
   std::string numerics = "auto";  // auto (the model's default), exact or fast
@@ -489,6 +490,7 @@ int run_bench(const BenchArgs& a) {
     spec.split = a.split;
     spec.repeat = a.repeat;
     spec.prompt = a.speculative_prompt;
+    spec.gate_decode = a.gate_decode > 0 ? a.gate_decode : spec.decode;
     if (!a.token_map.empty()) model->set_draft_vocab(load_token_map(a.token_map));
     run_speculative_bench(model, spec, limits, csv ? &csv : nullptr);
   }
@@ -566,6 +568,11 @@ void register_bench_command(CLI::App& app, int& exit_code) {
                   "Prompt tokens of each --speculative request (default 16); past the model's window (128) the runs "
                   "also pay the window's attention and the draft rows kept beyond it")
       ->check(CLI::Range(2, 1 << 16));
+  cmd->add_option("--gate-decode", a->gate_decode,
+                  "Tokens of each request that the gate's engines count, in turn with a plain engine's (default: "
+                  "--decode); long enough to hold the gate's probes (up to 256 steps apart or more where speculation "
+                  "loses), it gives the gate's steady state")
+      ->check(CLI::Range(8, 1 << 16));
   cmd->callback([a, batches, accept, contexts, context_batches, &exit_code] {
     try {
       a->batches = parse_list(*batches);

@@ -315,15 +315,17 @@ void run_speculative_bench(const std::shared_ptr<Model>& model, const Speculativ
     // in odd ones; the result is {plain, gated} either way.
     auto run_gated = [&](double accept_len, bool gated_first) {
       const EngineOptions gated = options_for(accept_len, true);
-      if (!gated_first) return run_in_turns(model, {plain_options, gated}, batch, a.prompt, a.decode, {1, 4});
+      if (!gated_first)
+        return run_in_turns(model, {plain_options, gated}, batch, a.prompt, a.decode, a.gate_decode, {1, 4});
       const std::array<TurnRun, 2> runs =
-          run_in_turns(model, {gated, plain_options}, batch, a.prompt, a.decode, {4, 1});
+          run_in_turns(model, {gated, plain_options}, batch, a.prompt, a.decode, a.gate_decode, {4, 1});
       return std::array<TurnRun, 2>{runs[1], runs[0]};
     };
     for (int round = 0; round < a.repeat; ++round) {
       const bool reversed = round % 2 == 1;
       if (!reversed) plains.push_back(run(plain_options, 1));
-      plain_pairs.push_back(run_in_turns(model, {plain_options, plain_options}, batch, a.prompt, a.decode, {1, 1}));
+      plain_pairs.push_back(
+          run_in_turns(model, {plain_options, plain_options}, batch, a.prompt, a.decode, a.gate_decode, {1, 1}));
       for (size_t k = 0; k < a.accept_lens.size(); ++k) {
         const size_t i = reversed ? a.accept_lens.size() - 1 - k : k;
         if (reversed) gated_runs[i].push_back(run_gated(a.accept_lens[i], true));
@@ -402,15 +404,22 @@ void run_speculative_bench(const std::shared_ptr<Model>& model, const Speculativ
         return total.steps ? (held - total.forward_ms_per_step - total.draft_ms_per_step) / double(total.steps) : 0.0;
       };
       std::printf(
-          "    with the bypass (after 4 warm-up batches), its steps in turn with a plain engine's: %.3fx that "
-          "engine's tokens/s (median of %zu; rounds:",
-          median, ratios.size());
+          "    with the bypass (after 4 warm-up batches; %lld tokens a request), its steps in turn with a plain "
+          "engine's: %.3fx that engine's tokens/s (median of %zu; rounds:",
+          (long long)a.gate_decode, median, ratios.size());
       for (size_t r = 0; r < ratios.size(); ++r)
         std::printf(" %.2f / %.2f = %.3f", gated_runs[i][r][1].tokens_per_second, gated_runs[i][r][0].tokens_per_second,
                     ratios[r]);
-      std::printf("); %lld of %lld steps plain; %.2f ms a step outside the forward pass and the drafts, plain %.2f\n",
-                  (long long)gated_total.bypassed_steps, (long long)gated_total.steps,
-                  outside_ms(gated_total, gated_held), outside_ms(plain_total, plain_held));
+      auto per_step = [](double total_ms, const TurnRun& total) {
+        return total.steps ? total_ms / double(total.steps) : 0.0;
+      };
+      std::printf(
+          "); %lld of %lld steps plain; a step %.2f ms: forward pass %.2f, drafts %.2f, outside them %.2f; plain "
+          "%.2f: %.2f, -, %.2f\n",
+          (long long)gated_total.bypassed_steps, (long long)gated_total.steps, per_step(gated_held, gated_total),
+          per_step(gated_total.forward_ms_per_step, gated_total), per_step(gated_total.draft_ms_per_step, gated_total),
+          outside_ms(gated_total, gated_held), per_step(plain_held, plain_total),
+          per_step(plain_total.forward_ms_per_step, plain_total), outside_ms(plain_total, plain_held));
       if (a.repeat > 1) {
         std::printf("    rounds, speculative: tokens/s and x that round's plain run:");
         for (int round = 0; round < a.repeat; ++round) {

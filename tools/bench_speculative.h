@@ -20,6 +20,9 @@ struct SpeculativeBenchArgs {
   // pays what longer contexts add: attention over the whole window, the
   // compressed rows, and the draft rows kept and trimmed beyond it.
   int64_t prompt = 16;
+  // Tokens of each request of the gate's runs in turn (the warm-ups keep
+  // `decode`): past the gate's probe intervals for its steady state.
+  int64_t gate_decode = 32;
   bool split = true;  // one more run per accept length, its kernels timed per phase (draft, verify)
   // Rounds of the batch's runs (plain, then each accept length forced and
   // gated), one after another; each case's best round counts.

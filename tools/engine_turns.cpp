@@ -121,7 +121,8 @@ std::vector<std::shared_ptr<RequestHandle>> submit_bench_batch(Engine& engine, i
 }
 
 std::array<TurnRun, 2> run_in_turns(const std::shared_ptr<const Model>& model, std::array<EngineOptions, 2> options,
-                                    int64_t batch, int64_t prompt_tokens, int64_t decode, std::array<int, 2> warm_up) {
+                                    int64_t batch, int64_t prompt_tokens, int64_t warm_decode, int64_t decode,
+                                    std::array<int, 2> warm_up) {
   Turns turns;
   std::atomic<bool> counting{false};
   std::array<Side, 2> sides;
@@ -153,7 +154,8 @@ std::array<TurnRun, 2> run_in_turns(const std::shared_ptr<const Model>& model, s
     engines[size_t(i)] = std::make_unique<Engine>(model, options[size_t(i)]);
     sides[size_t(i)].engine = engines[size_t(i)].get();
   }
-  for (int i = 0; i < 2; ++i) warm_up_engine(*engines[size_t(i)], batch, prompt_tokens, decode, warm_up[size_t(i)]);
+  for (int i = 0; i < 2; ++i)
+    warm_up_engine(*engines[size_t(i)], batch, prompt_tokens, warm_decode, warm_up[size_t(i)]);
 
   const int64_t vocab = model->config().vocab_size;
   std::array<std::vector<std::shared_ptr<RequestHandle>>, 2> handles;

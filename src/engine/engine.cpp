@@ -26,7 +26,12 @@ Engine::Engine(std::shared_ptr<const Model> model, EngineOptions options)
       options_(options),
       executor_(*model_),
       cache_(model_, cache_options(options), !options.bounded_replay),
-      gate_(options.speculative.auto_bypass) {
+      // The MTP block and DSpark's rings catch up on up to a window of the
+      // positions a bypass skipped (propose_mtp, propose_dspark).
+      gate_(options.speculative.auto_bypass, options.speculative.algorithm == SpeculativeAlgorithm::Eagle ||
+                                                     options.speculative.algorithm == SpeculativeAlgorithm::Dspark
+                                                 ? model_->config().window
+                                                 : 0) {
   const int64_t model_max = model_->config().max_position_embeddings;
   if (options_.context_length <= 0 || options_.context_length > model_max) options_.context_length = model_max;
   if (options_.chunked_prefill_size <= 0) options_.chunked_prefill_size = options_.context_length;

@@ -201,6 +201,7 @@ void SpeculationGate::record(int64_t batch, bool speculative, double seconds, in
   double& avg = speculative ? b.spec_rate : b.plain_rate;
   int64_t& samples = speculative ? b.spec_samples : b.plain_samples;
   int64_t& last = speculative ? b.spec_at : b.plain_at;
+  const int64_t skipped = b.recorded - b.spec_at;  // plain steps since the last speculative one
   const bool stale = ++b.recorded - last > kStaleSteps;
   avg = samples == 0 || stale ? rate : avg + kWeight * (rate - avg);
   last = b.recorded;
@@ -214,7 +215,16 @@ void SpeculationGate::record(int64_t batch, bool speculative, double seconds, in
       // time less what plain steps take for its tokens; after a bypass it
       // includes the drafter catching up on the window it skipped) is
       // kProbeBudget of the plain steps in between.
-      const double excess = seconds - double(tokens) / (b.plain_rate * double(batch));
+      double excess = seconds - double(tokens) / (b.plain_rate * double(batch));
+      // After a bypass of fewer steps than the drafter's catch-up horizon,
+      // the next probe (further apart) catches up on more: its excess is
+      // taken as this one's times horizon / skipped. That also scales the
+      // part that does not grow with the span (the verify step and the
+      // drafts beyond plain), so it errs towards longer intervals. Only
+      // for a real bypass (from kFirstProbeInterval steps): after one or
+      // two plain steps the excess is not the catch-up's.
+      if (catch_up_steps_ > 0 && skipped >= kFirstProbeInterval && skipped < catch_up_steps_)
+        excess *= double(catch_up_steps_) / double(skipped);
       const double plain_step = 1.0 / b.plain_rate;
       const double paid_for = std::ceil(std::max(0.0, excess) / (kProbeBudget * plain_step));
       b.probe_interval = std::max(std::min<int64_t>(b.probe_interval * 2, kDoublingProbeInterval),

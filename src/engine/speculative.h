@@ -124,14 +124,20 @@ bool head_skip_pays(int64_t skipped, const SpeculativeOptions& options);
 // lost is probed less and less often (doubling up to 1 in 256 steps, and
 // rarer where one probe costs more than 2% of the plain steps between two:
 // after a bypass the drafter first catches up on the skipped window), so a
-// losing draft costs about 2% of plain decoding. A mode's average
+// losing draft costs about 2% of plain decoding. A drafter that catches up
+// on what it skipped (`catch_up_steps`: the positions it catches up on at
+// most, a window for the MTP block and DSpark's rings) pays a probe's cost
+// in proportion to the steps it skipped, up to that horizon, so a probe lost
+// after a short bypass predicts the next one's cost from it (scaled to the
+// horizon) instead of finding it probe by probe. A mode's average
 // older than kStaleSteps of the bucket's steps is replaced by the next
 // sample instead of moved a quarter of the way: on a shared machine whose
 // speed moves by half within a minute, an average kept from a slow phase
 // lost probe after probe against the other mode's fresh one.
 class SpeculationGate {
  public:
-  explicit SpeculationGate(bool enabled = true) : enabled_(enabled) {}
+  explicit SpeculationGate(bool enabled = true, int64_t catch_up_steps = 0)
+      : enabled_(enabled), catch_up_steps_(catch_up_steps) {}
   bool speculate(int64_t batch);
   // A step of `batch` decoding sequences took `seconds` and produced `tokens`.
   void record(int64_t batch, bool speculative, double seconds, int64_t tokens);
@@ -153,6 +159,7 @@ class SpeculationGate {
   static constexpr double kProbeBudget = 0.02;
   static size_t bucket_of(int64_t batch);
   bool enabled_;
+  int64_t catch_up_steps_;
   std::array<Bucket, 12> buckets_{};
 };
 
