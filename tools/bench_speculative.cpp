@@ -13,7 +13,6 @@
 #include <cmath>
 #include <cstdio>
 #include <thread>
-#include <tuple>
 
 #include "bench_costs.h"
 #include "bench_products.h"
@@ -31,11 +30,8 @@ namespace {
 struct EngineRun {
   double tokens_per_second = 0;
   double forward_ms_per_step = 0, draft_ms_per_step = 0;
-  // The measured wall time per decode step less its forward and draft time:
-  // sampling, the gate, the rows kept for the drafts, the events.
-  double outside_ms_per_step = 0;
   double accept_length = 0;
-  int64_t bypassed_steps = 0, steps = 0;
+  int64_t steps = 0;
   // The machine's limits read just before the run's engine starts and just
   // after the run, the better of the two for each (bracketed_run).
   MachineLimits around;
@@ -53,26 +49,15 @@ EngineRun engine_run(const std::shared_ptr<const Model>& model, const EngineOpti
   warm_up_engine(engine, batch, prompt_tokens, decode, warm_up);
   const std::vector<std::shared_ptr<RequestHandle>> handles =
       submit_bench_batch(engine, model->config().vocab_size, batch, prompt_tokens, decode);
-  std::vector<int64_t> counts(handles.size(), 0);
-  std::vector<bool> finished(handles.size(), false);
-  std::vector<TokenEvent> events;
-  auto pump = [&](size_t i) {
-    events.clear();
-    handles[i]->wait(events, 60.0);
-    for (auto& e : events) {
-      counts[i] += e.has_token;
-      if (e.finished) finished[i] = true;
-    }
-  };
-  for (size_t i = 0; i < handles.size(); ++i)
-    while (counts[i] == 0 && !finished[i]) pump(i);
-  if (at_start) at_start();
-  const EngineMetrics before = engine.metrics();
-  const double t0 = now_seconds();
+  EngineMetrics before;
+  double t0 = 0;
   int64_t first = 0;
-  for (int64_t c : counts) first += c;
-  for (size_t i = 0; i < handles.size(); ++i)
-    while (!finished[i]) pump(i);
+  const int64_t total = drain(handles, [&](int64_t tokens) {
+    if (at_start) at_start();
+    before = engine.metrics();
+    t0 = now_seconds();
+    first = tokens;
+  });
   const double seconds = now_seconds() - t0;
   // A step's events reach the handles before the engine adds the step to
   // its totals: wait for the last step's (the engine is idle after it).
@@ -84,8 +69,6 @@ EngineRun engine_run(const std::shared_ptr<const Model>& model, const EngineOpti
     after = again;
     if (now_seconds() - settled > 0.02) break;
   }
-  int64_t total = 0;
-  for (int64_t c : counts) total += c;
   EngineRun run;
   run.tokens_per_second = double(total - first) / seconds;
   // Decode steps only: the prompts' step may or may not be in `before` (its
@@ -94,13 +77,11 @@ EngineRun engine_run(const std::shared_ptr<const Model>& model, const EngineOpti
   if (run.steps > 0) {
     run.forward_ms_per_step = 1e3 * (after.decode_forward_seconds - before.decode_forward_seconds) / double(run.steps);
     run.draft_ms_per_step = 1e3 * (after.draft_seconds - before.draft_seconds) / double(run.steps);
-    run.outside_ms_per_step = 1e3 * seconds / double(run.steps) - run.forward_ms_per_step - run.draft_ms_per_step;
   }
   const int64_t verifies = after.spec_verify_total - before.spec_verify_total;
   if (verifies > 0)
     run.accept_length =
         double(after.spec_accepted_tokens_total - before.spec_accepted_tokens_total + verifies) / double(verifies);
-  run.bypassed_steps = after.spec_bypassed_steps_total - before.spec_bypassed_steps_total;
   return run;
 }
 
@@ -360,7 +341,8 @@ void run_speculative_bench(const std::shared_ptr<Model>& model, const Speculativ
       std::printf("; accept %.1f %s", a.accept_lens[i], best(forced_runs[i]).around.text().c_str());
     std::printf("; the model takes the best read in this run, %s\n", model_limits.text().c_str());
     std::vector<double> same;
-    for (const auto& [first, second] : plain_pairs) same.push_back(second.tokens_per_second / first.tokens_per_second);
+    for (const auto& [first, second] : plain_pairs)
+      same.push_back(second.tokens_per_second() / first.tokens_per_second());
     std::printf("  two plain engines, their steps in turn (the gate's method against itself): %.3fx (median of %zu;",
                 median_of(same), same.size());
     for (double r : same) std::printf(" %.3f", r);
@@ -386,40 +368,27 @@ void run_speculative_bench(const std::shared_ptr<Model>& model, const Speculativ
       // steps alternated with its own.
       std::vector<double> ratios;
       TurnRun gated_total, plain_total;
-      double gated_held = 0, plain_held = 0;
       for (const auto& [p, g] : gated_runs[i]) {
-        ratios.push_back(g.tokens_per_second / p.tokens_per_second);
-        for (auto [total, held, r] :
-             {std::tuple{&plain_total, &plain_held, &p}, std::tuple{&gated_total, &gated_held, &g}}) {
-          total->steps += r->steps;
-          total->tokens += r->tokens;
-          total->bypassed_steps += r->bypassed_steps;
-          *held += r->step_ms * double(r->steps);
-          total->forward_ms_per_step += r->forward_ms_per_step * double(r->steps);
-          total->draft_ms_per_step += r->draft_ms_per_step * double(r->steps);
-        }
+        ratios.push_back(g.tokens_per_second() / p.tokens_per_second());
+        plain_total += p;
+        gated_total += g;
       }
       const double median = median_of(ratios);
-      auto outside_ms = [](const TurnRun& total, double held) {
-        return total.steps ? (held - total.forward_ms_per_step - total.draft_ms_per_step) / double(total.steps) : 0.0;
-      };
       std::printf(
           "    with the bypass (after 4 warm-up batches; %lld tokens a request), its steps in turn with a plain "
           "engine's: %.3fx that engine's tokens/s (median of %zu; rounds:",
           (long long)a.gate_decode, median, ratios.size());
       for (size_t r = 0; r < ratios.size(); ++r)
-        std::printf(" %.2f / %.2f = %.3f", gated_runs[i][r][1].tokens_per_second, gated_runs[i][r][0].tokens_per_second,
-                    ratios[r]);
-      auto per_step = [](double total_ms, const TurnRun& total) {
-        return total.steps ? total_ms / double(total.steps) : 0.0;
-      };
+        std::printf(" %.2f / %.2f = %.3f", gated_runs[i][r][1].tokens_per_second(),
+                    gated_runs[i][r][0].tokens_per_second(), ratios[r]);
       std::printf(
           "); %lld of %lld steps plain; a step %.2f ms: forward pass %.2f, drafts %.2f, outside them %.2f; plain "
           "%.2f: %.2f, -, %.2f\n",
-          (long long)gated_total.bypassed_steps, (long long)gated_total.steps, per_step(gated_held, gated_total),
-          per_step(gated_total.forward_ms_per_step, gated_total), per_step(gated_total.draft_ms_per_step, gated_total),
-          outside_ms(gated_total, gated_held), per_step(plain_held, plain_total),
-          per_step(plain_total.forward_ms_per_step, plain_total), outside_ms(plain_total, plain_held));
+          (long long)gated_total.bypassed_steps, (long long)gated_total.steps,
+          gated_total.per_step_ms(gated_total.held_seconds), gated_total.per_step_ms(gated_total.forward_seconds),
+          gated_total.per_step_ms(gated_total.draft_seconds), gated_total.per_step_ms(gated_total.outside_seconds()),
+          plain_total.per_step_ms(plain_total.held_seconds), plain_total.per_step_ms(plain_total.forward_seconds),
+          plain_total.per_step_ms(plain_total.outside_seconds()));
       if (a.repeat > 1) {
         std::printf("    rounds, speculative: tokens/s and x that round's plain run:");
         for (int round = 0; round < a.repeat; ++round) {

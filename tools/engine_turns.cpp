@@ -15,34 +15,17 @@ namespace dsv4::tools {
 namespace {
 
 // Reads the handle's events until it has a token or has finished (`until_first`)
-// or until it has finished; throws on a request that failed.
-void pump(RequestHandle& handle, bool until_first, bool& has_token, bool& finished) {
+// or until it has finished, counting its tokens; throws on a request that failed.
+void pump(RequestHandle& handle, bool until_first, int64_t& tokens, bool& finished) {
   std::vector<TokenEvent> events;
-  while (!finished && !(until_first && has_token)) {
+  while (!finished && !(until_first && tokens > 0)) {
     events.clear();
     handle.wait(events, 60.0);
     for (const TokenEvent& e : events) {
       if (e.reason == FinishReason::Error) throw Error("bench request failed: " + e.error);
-      has_token |= e.has_token;
+      tokens += e.has_token;
       finished |= e.finished;
     }
-  }
-}
-
-// Waits for every handle's first token (then calls `at_first`), then for
-// every handle's last event.
-void drain(const std::vector<std::shared_ptr<RequestHandle>>& handles, const std::function<void()>& at_first = {}) {
-  std::vector<char> has_token(handles.size(), 0), finished(handles.size(), 0);
-  for (size_t i = 0; i < handles.size(); ++i) {
-    bool token = false, done = false;
-    pump(*handles[i], true, token, done);
-    has_token[i] = token;
-    finished[i] = done;
-  }
-  if (at_first) at_first();
-  for (size_t i = 0; i < handles.size(); ++i) {
-    bool token = has_token[i], done = finished[i];
-    pump(*handles[i], false, token, done);
   }
 }
 
@@ -88,6 +71,37 @@ struct Side {
 };
 
 }  // namespace
+
+int64_t drain(const std::vector<std::shared_ptr<RequestHandle>>& handles,
+              const std::function<void(int64_t tokens)>& at_first) {
+  std::vector<int64_t> tokens(handles.size(), 0);
+  std::vector<char> finished(handles.size(), 0);
+  int64_t total = 0;
+  for (size_t i = 0; i < handles.size(); ++i) {
+    bool done = false;
+    pump(*handles[i], true, tokens[i], done);
+    finished[i] = done;
+    total += tokens[i];
+  }
+  if (at_first) at_first(total);
+  total = 0;
+  for (size_t i = 0; i < handles.size(); ++i) {
+    bool done = finished[i];
+    pump(*handles[i], false, tokens[i], done);
+    total += tokens[i];
+  }
+  return total;
+}
+
+TurnRun& TurnRun::operator+=(const TurnRun& other) {
+  held_seconds += other.held_seconds;
+  forward_seconds += other.forward_seconds;
+  draft_seconds += other.draft_seconds;
+  steps += other.steps;
+  tokens += other.tokens;
+  bypassed_steps += other.bypassed_steps;
+  return *this;
+}
 
 void warm_up_engine(Engine& engine, int64_t batch, int64_t prompt_tokens, int64_t decode, int rounds) {
   for (int round = 0; round < rounds; ++round) {
@@ -178,7 +192,7 @@ std::array<TurnRun, 2> run_in_turns(const std::shared_ptr<const Model>& model, s
     pumps[size_t(i)] = std::thread([&, i] {
       bool counted_down = false;
       try {
-        drain(handles[size_t(i)], [&] {
+        drain(handles[size_t(i)], [&](int64_t) {
           counted_down = true;
           first_done();
         });
@@ -209,13 +223,9 @@ std::array<TurnRun, 2> run_in_turns(const std::shared_ptr<const Model>& model, s
     run.tokens = side.last.generation_tokens_total - side.base.generation_tokens_total;
     run.steps = side.last.decode_steps_total - side.base.decode_steps_total;
     run.bypassed_steps = side.last.spec_bypassed_steps_total - side.base.spec_bypassed_steps_total;
-    run.tokens_per_second = double(run.tokens) / side.held;
-    run.step_ms = 1e3 * side.held / double(side.counted_steps);
-    if (run.steps > 0) {
-      run.forward_ms_per_step =
-          1e3 * (side.last.decode_forward_seconds - side.base.decode_forward_seconds) / double(run.steps);
-      run.draft_ms_per_step = 1e3 * (side.last.draft_seconds - side.base.draft_seconds) / double(run.steps);
-    }
+    run.held_seconds = side.held;
+    run.forward_seconds = side.last.decode_forward_seconds - side.base.decode_forward_seconds;
+    run.draft_seconds = side.last.draft_seconds - side.base.draft_seconds;
   }
   return runs;
 }

@@ -12,6 +12,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,6 +20,12 @@
 #include "engine/engine.h"
 
 namespace dsv4::tools {
+
+// Waits for every handle's first token (or its end), calls `at_first` with
+// the tokens the handles have had so far, then waits for every handle's last
+// event; returns the tokens they had in all. Throws on a request that failed.
+int64_t drain(const std::vector<std::shared_ptr<RequestHandle>>& handles,
+              const std::function<void(int64_t tokens)>& at_first = {});
 
 // Runs `rounds` batches of `batch` greedy requests (prompts of
 // `prompt_tokens` copies of one id, `decode` tokens each, EOS ignored) on
@@ -33,12 +40,20 @@ std::vector<std::shared_ptr<RequestHandle>> submit_bench_batch(Engine& engine, i
                                                                int64_t prompt_tokens, int64_t decode);
 
 // One engine's part of a run in turns: its decode steps after every request
-// of both engines had its first token, timed while it held the turn.
+// of both engines had its first token, timed while it held the turn. Totals,
+// so that rounds add up (operator+=); the rates derive from them.
 struct TurnRun {
-  double tokens_per_second = 0;
-  double step_ms = 0;  // held time per counted step
-  double forward_ms_per_step = 0, draft_ms_per_step = 0;
+  double held_seconds = 0;     // while it held the turn, over its counted steps
+  double forward_seconds = 0;  // the engine's forward passes in those steps
+  double draft_seconds = 0;    // and its drafts
   int64_t steps = 0, tokens = 0, bypassed_steps = 0;
+
+  TurnRun& operator+=(const TurnRun& other);
+  double tokens_per_second() const { return held_seconds > 0 ? double(tokens) / held_seconds : 0.0; }
+  // Per counted decode step, in milliseconds: held, forward, drafts, and the
+  // rest of the held time (sampling, the gate, the events).
+  double per_step_ms(double seconds) const { return steps ? 1e3 * seconds / double(steps) : 0.0; }
+  double outside_seconds() const { return held_seconds - forward_seconds - draft_seconds; }
 };
 
 // Engines with `options[0]` and `options[1]` (their on_phase hooks are the
