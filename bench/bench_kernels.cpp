@@ -168,7 +168,7 @@ void linear_args(benchmark::internal::Benchmark* b) {
   // cases they show where batched decode stops being bound by the bytes.
   b->Args({int(WeightFormat::BF16), int(KernelIsa::Avx512), 16, 512, 0});
   // FP8 with decoding's, a verify step's or a batch's tokens: with bf16
-  // off the fp32 four-row kernel (one token: fp8_prescaled_one_token, the
+  // off the fp32 four-row kernels (1-8 tokens: fp8_whole_rows_avx512, the
   // path V4's wo_a always takes, its inputs not rounded through FP8); with
   // it on the four-row kernel with byte tables (1-4 tokens, where the CPU
   // has AVX512-VBMI) and the eight-row kernel (5-16), both VDPBF16PS

@@ -189,8 +189,8 @@ TEST(Linear, Fp4EveryScaleByteGivesScalarBits) {
 }
 
 // One token against FP8 rows that fill 128-row blocks: the block's scales
-// go into a copy of the input (AVX-512 and AVX2; with the Intel tuning of
-// the AVX-512 path also for three tokens, kFp8PrescaledMaxTokens), except
+// go into a copy of the input (AVX-512 and AVX2; the AVX-512 path also for
+// three tokens, kFp8PrescaledMaxTokens), except
 // for the spans whose scale would push an input out of the normal floats
 // or past the fp16 decoding's range. Scales from 0 to 250 per (block,
 // span), a row range that starts and ends inside a block, and an input with
@@ -345,12 +345,13 @@ TEST_P(LinearFormats, InputStrideGivesPackedBits) {
 }
 
 // FP8 rows that fill 128-row blocks go in groups that share their scales,
-// and a one-token product then puts each block's scales into a copy of
-// its input where that is exact. The bits stay the scalar ones: for inputs
+// and a product of 1-4 tokens then puts each block's scales into a copy of
+// its inputs where that is exact. The bits stay the scalar ones: for inputs
 // near both ends of the float range (where a scaled input would overflow
 // or lose bits, the scale goes into the weights again), for row ranges
 // that start inside a block, and for more tokens (prescaled up to
-// kFp8PrescaledMaxTokens with the Intel tuning, not beyond).
+// kFp8PrescaledMaxTokens, not beyond; 5 and 8 tokens as two whole-row
+// passes, kFp8WholeRowsMaxTokens).
 TEST(Linear, Fp8SharedScalesGiveScalarBits) {
   const int64_t rows = 428, cols = 384;  // three whole row blocks
   RandomLinear w = random_linear(WeightFormat::FP8_BLOCK128, rows, cols, 24);
@@ -360,7 +361,7 @@ TEST(Linear, Fp8SharedScalesGiveScalarBits) {
   const uint8_t scales[] = {100, 110, 119, 120, 127, 129};
   w.scale[2] = 119;
   for (size_t i = 3; i < w.scale.size(); ++i) w.scale[i] = scales[(i - 3) % 6];
-  for (int64_t n : {1, 2, 4, 5})
+  for (int64_t n : {1, 2, 4, 5, 8})
     for (float magnitude : {1.0f, 1e-37f, 3e36f})
       for (int64_t row_begin : {0, 100}) {
         char trace[96];

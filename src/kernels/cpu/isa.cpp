@@ -174,10 +174,8 @@ struct TuningChoice {
 };
 
 // What each tuning changes, for the startup log.
-constexpr const char* kIntelTuning =
-    "Intel tuning: BF16 rows against 2-4 tokens as four streams, FP8 inputs prescaled for 1-4 tokens";
-constexpr const char* kAmdTuning =
-    "AMD tuning: BF16 rows against 2-6 tokens eight at a time, FP8 inputs prescaled for one token";
+constexpr const char* kIntelTuning = "Intel tuning: BF16 rows against 2-4 tokens as four streams";
+constexpr const char* kAmdTuning = "AMD tuning: BF16 rows against 2-6 tokens eight at a time";
 
 TuningChoice initial_tuning() {
   const char* env = std::getenv("DSV4_KERNEL_TUNING");

@@ -61,15 +61,16 @@ bool avx512_vbmi_enabled();
 // ways on the two CPU families this runs on (docs/kernels.md, "Tuning by
 // vendor"), each bit for bit the same as the other:
 // - Intel: BF16 rows against 2 to kBf16QuarterMaxTokens tokens go as four
-//   streams a quarter of a thread's rows apart (as one token does), and FP8
-//   rows of whole 128-row blocks against 1 to kFp8PrescaledMaxTokens tokens
-//   take the block's scales in a copy of the inputs;
+//   streams a quarter of a thread's rows apart (as one token does);
 // - AMD (and any other vendor): those BF16 rows go eight consecutive rows
-//   at a time, and only one token's FP8 inputs are prescaled.
+//   at a time.
+// (FP8 rows of whole 128-row blocks against 2-4 tokens took their scales in
+// a copy of the inputs with the Intel tuning only, until the whole-row
+// kernel made that faster on AMD as well; now every CPU does.)
 // Measured: an Intel Xeon (Sapphire Rapids class) and AMD Zen 5 and Zen 4.
 // DSV4_KERNEL_TUNING=intel|amd decides instead; tests switch it to compare.
 enum class KernelTuning { Amd, Intel };
-constexpr int kBf16QuarterMaxTokens = 4, kFp8PrescaledMaxTokens = 4;
+constexpr int kBf16QuarterMaxTokens = 4;
 KernelTuning kernel_tuning();
 void set_kernel_tuning(KernelTuning tuning);
 // Whether the packed GEMM may run FP8 and FP4 products with FP8-rounded

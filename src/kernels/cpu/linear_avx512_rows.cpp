@@ -343,53 +343,79 @@ DSV4_AVX512 void fp4_whole_rows_avx512(const Linear& w, const RowGroup& g, const
   for (int t = 0; t < T; ++t) _mm256_storeu_pd(out + t * out_stride, sums[t]);
 }
 
-// One token against the four rows of `g` (FP8, one 128-row block, so one
-// scale per 128 columns for all four) whose every 128-column span has its
-// scale in g.scaled_inputs: the prescaled fp16 decoding of dot4_fp8_avx512
-// as one function over the whole rows, the four sums in registers. The same
-// steps, chunks and folds (fold16x4_avx512 gives each row fold16_avx512's
-// bits), so the same results, without the per-chunk calls, pointer arrays
-// and sums in memory around the step loop, which took about a quarter of a
-// one-token product's time (docs/kernels.md, "FP8 and FP4 one token").
-// V4's wo_a takes this path: its inputs are not FP8-rounded, so the
-// VDPBF16PS kernels do not serve it. cols is a multiple of 32.
-DSV4_AVX512 void fp8_prescaled_one_token(const Linear& w, const RowGroup& g, double* out) {
+// One to four tokens against the four rows of `g` (FP8, one 128-row block,
+// so one scale per 128 columns for all four, each at most
+// kMaxHalfPathScale), the fp16 decoding of dot4_fp8_avx512 as one function
+// over the whole rows with the sums in registers: each 32 columns of a row
+// are decoded once, scaled (or, kPrescaled, its inputs carry the scale:
+// g.scaled_inputs with every span prescaled) and fed to the tokens'
+// FMAs, whose inputs are loaded once for the four rows. The same steps,
+// chunks and folds as dot4_fp8_avx512, so the same bits. There the step
+// loop's nested lambdas kept the accumulators in memory: four tokens ran at
+// 26% of the FMA chains, the same product with FP4 rows at 55%
+// (docs/kernels.md, "FP8 few tokens in fp32"). V4's wo_a (inputs not
+// FP8-rounded) takes it at every batch of 2-4 rows, and every FP8 product
+// of 2-4 tokens where VDPBF16PS is off; 5-8 tokens call it twice on the same
+// rows (register_rows_avx512). cols is a multiple of 32.
+template <int T, bool kPrescaled>
+DSV4_AVX512 void fp8_whole_rows_avx512(const Linear& w, const RowGroup& g, const float* xs, double* out,
+                                       int64_t out_stride) {
   const int64_t cols = w.cols;
   const uint8_t *p0 = w.data + g.row(0) * cols, *p1 = w.data + g.row(1) * cols;
   const uint8_t *p2 = w.data + g.row(2) * cols, *p3 = w.data + g.row(3) * cols;
-  const float* x = g.scaled_inputs;
-  __m256d sums = _mm256_setzero_pd();
+  const uint8_t* scales = w.scale + (g.row(0) / 128) * w.scale_cols;
+  const float* x = kPrescaled ? g.scaled_inputs : xs;
+  __m256d sums[T];  // rows 0-3 of each token
+  for (auto& sum : sums) sum = _mm256_setzero_pd();
   for (int64_t c0 = 0; c0 < cols; c0 += kChunk) {
     const int64_t c1 = std::min(cols, c0 + kChunk);
-    __m512 l0 = _mm512_setzero_ps(), l1 = l0, l2 = l0, l3 = l0;  // the lanes: the segments' sums
+    __m512 l0[T], l1[T], l2[T], l3[T];  // the lanes: the segments' sums
+    for (int t = 0; t < T; ++t) l0[t] = l1[t] = l2[t] = l3[t] = _mm512_setzero_ps();
     for (int64_t s0 = c0; s0 < c1; s0 += kSegment) {
-      __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+      __m512 a0[T], a1[T], a2[T], a3[T];
+      for (int t = 0; t < T; ++t) a0[t] = a1[t] = a2[t] = a3[t] = _mm512_setzero_ps();
+      // One loop over the segment (no loop per 128-column span: with one
+      // token that cost 5% in cache); the scale changes every 128 columns.
+      __m512 scale = _mm512_setzero_ps();
       for (int64_t i = s0; i < std::min(c1, s0 + kSegment); i += 32) {
+        if constexpr (!kPrescaled)
+          if (i % 128 == 0) scale = _mm512_set1_ps(e8m0_to_float(scales[i / 128]) * 256.0f);
         if (g.has_next && i % 64 == 0) {  // one cache line per row, as dot4_fp8_avx512
           _mm_prefetch((const char*)(p0 + i) + kPrefetchBytesAhead, _MM_HINT_T0);
           _mm_prefetch((const char*)(p1 + i) + kPrefetchBytesAhead, _MM_HINT_T0);
           _mm_prefetch((const char*)(p2 + i) + kPrefetchBytesAhead, _MM_HINT_T0);
           _mm_prefetch((const char*)(p3 + i) + kPrefetchBytesAhead, _MM_HINT_T0);
         }
-        const __m512 x0 = _mm512_loadu_ps(x + i), x1 = _mm512_loadu_ps(x + i + 16);
-        __m512 lo, hi;
-        e4m3x32_to_ps_times_2m8(p0 + i, lo, hi);
-        a0 = _mm512_fmadd_ps(hi, x1, _mm512_fmadd_ps(lo, x0, a0));
-        e4m3x32_to_ps_times_2m8(p1 + i, lo, hi);
-        a1 = _mm512_fmadd_ps(hi, x1, _mm512_fmadd_ps(lo, x0, a1));
-        e4m3x32_to_ps_times_2m8(p2 + i, lo, hi);
-        a2 = _mm512_fmadd_ps(hi, x1, _mm512_fmadd_ps(lo, x0, a2));
-        e4m3x32_to_ps_times_2m8(p3 + i, lo, hi);
-        a3 = _mm512_fmadd_ps(hi, x1, _mm512_fmadd_ps(lo, x0, a3));
+        __m512 x0[T], x1[T];
+        for (int t = 0; t < T; ++t) {
+          x0[t] = _mm512_loadu_ps(x + t * cols + i);
+          x1[t] = _mm512_loadu_ps(x + t * cols + i + 16);
+        }
+        auto row = [&](const uint8_t* p, __m512* a) DSV4_AVX512 {
+          __m512 lo, hi;
+          e4m3x32_to_ps_times_2m8(p + i, lo, hi);
+          if constexpr (!kPrescaled) {
+            lo = _mm512_mul_ps(lo, scale);
+            hi = _mm512_mul_ps(hi, scale);
+          }
+          for (int t = 0; t < T; ++t) a[t] = _mm512_fmadd_ps(lo, x0[t], a[t]);
+          for (int t = 0; t < T; ++t) a[t] = _mm512_fmadd_ps(hi, x1[t], a[t]);
+        };
+        row(p0, a0);
+        row(p1, a1);
+        row(p2, a2);
+        row(p3, a3);
       }
-      l0 = _mm512_add_ps(l0, a0);
-      l1 = _mm512_add_ps(l1, a1);
-      l2 = _mm512_add_ps(l2, a2);
-      l3 = _mm512_add_ps(l3, a3);
+      for (int t = 0; t < T; ++t) {
+        l0[t] = _mm512_add_ps(l0[t], a0[t]);
+        l1[t] = _mm512_add_ps(l1[t], a1[t]);
+        l2[t] = _mm512_add_ps(l2[t], a2[t]);
+        l3[t] = _mm512_add_ps(l3[t], a3[t]);
+      }
     }
-    sums = _mm256_add_pd(sums, fold16x4_avx512(l0, l1, l2, l3));
+    for (int t = 0; t < T; ++t) sums[t] = _mm256_add_pd(sums[t], fold16x4_avx512(l0[t], l1[t], l2[t], l3[t]));
   }
-  _mm256_storeu_pd(out, sums);
+  for (int t = 0; t < T; ++t) _mm256_storeu_pd(out + t * out_stride, sums[t]);
 }
 
 // The four rows of `g` against n < packed_min_tokens(w) tokens.
@@ -606,11 +632,11 @@ DSV4_AVX512 std::pair<int, int> prescalable_scales_avx512(const float* xs, int64
 
 // Rows [o0, o1) against n register-path tokens. FP8 rows that fill whole
 // 128-row blocks go as four streams 32 rows apart inside each block: the
-// four rows of a group then share their scales, and for one token each
-// block's scales go into a copy of the input once, for its 32 groups,
-// instead of into every decoded weight. With 2-4 tokens that prescaling was
-// slower on AMD Zen 4 and faster on an Intel Xeon, so only the Intel tuning
-// prescales them (kernels/cpu/isa.h, docs/kernels.md); from
+// four rows of a group then share their scales, and for 1-4 tokens each
+// block's scales go into a copy of the inputs once, for its 32 groups,
+// instead of into every decoded weight (with the whole-row kernel that was
+// faster on AMD Zen 5 and an Intel Xeon alike; docs/kernels.md, "FP8 few
+// tokens in fp32"); from
 // kEightRowMinTokensFp8 tokens with step pairs, eight rows of the block go
 // at a time (dot8_fp8_pairs). The other rows go as four streams over the
 // range.
@@ -635,7 +661,7 @@ DSV4_AVX512 void register_rows_avx512(const Linear& w, int64_t row_begin, int64_
   }
   rows_as_four_streams(w, row_begin, o0, blocks_begin, xs, n, y, y_stride, nullptr);
   const int64_t cols = w.cols, spans = w.scale_cols;
-  const bool prescale = n == 1 || (n <= kFp8PrescaledMaxTokens && kernel_tuning() == KernelTuning::Intel);
+  const bool prescale = n <= kFp8PrescaledMaxTokens;
   const auto [prescale_min, prescale_max] =
       prescale ? prescalable_scales_avx512(xs, n * cols) : std::pair<int, int>{1, 0};
   float* scaled = nullptr;  // the scaled inputs, then a flag per span, in one scratch block
@@ -668,15 +694,29 @@ DSV4_AVX512 void register_rows_avx512(const Linear& w, int64_t row_begin, int64_
       }
       j = 32;
     }
-    // One token whose every span is prescaled: the whole-row function.
-    const bool whole_rows = n == 1 && prescale && cols % 32 == 0 &&
-                            std::all_of(scaled_spans, scaled_spans + spans, [](uint8_t on) { return on; });
+    // The whole-row function where every span is prescaled or the block's
+    // scales are in the fp16 decoding's range (elsewhere dot4_fp8_avx512
+    // takes the spans apart); 5-8 tokens as two passes over each row group,
+    // the second finding the rows in L1 (docs/kernels.md, "FP8 few tokens
+    // in fp32").
+    const bool all_prescaled =
+        prescale && std::all_of(scaled_spans, scaled_spans + spans, [](uint8_t on) { return on; });
+    const bool whole_rows = cols % 32 == 0 && n <= kFp8WholeRowsMaxTokens &&
+                            (all_prescaled || fp8_block_scales_within(w, row_begin + block, 0));
     for (; j < 32; ++j) {
       const RowGroup g{row_begin + block + j, 32, j + 1 < 32, scaled, scaled_spans};
       double r[4 * kMaxRegisterTokens];
-      if (whole_rows)
-        fp8_prescaled_one_token(w, g, r);
-      else
+      if (whole_rows && all_prescaled) {
+        with_block_size<4>(int(n), [&](auto tokens) { fp8_whole_rows_avx512<tokens.value, true>(w, g, xs, r, 4); });
+      } else if (whole_rows) {
+        RowGroup pass = g;
+        for (int64_t t0 = 0; t0 < n; t0 += 4) {
+          with_block_size<4>(int(n - t0), [&](auto tokens) {
+            fp8_whole_rows_avx512<tokens.value, false>(w, pass, xs + t0 * cols, r + 4 * t0, 4);
+          });
+          pass.has_next = false;  // the later passes find the rows in L1
+        }
+      } else
         dot4_all_tokens_avx512(w, g, xs, n, r, 4);
       for (int64_t t = 0; t < n; ++t)
         for (int q = 0; q < 4; ++q) y[t * y_stride + block + j + 32 * q] = float(r[t * 4 + q]);

@@ -126,6 +126,14 @@ inline const E2m1Tables& e2m1_tables() {
 // SIMD fp16 decoders of e4m3 take the scale times 256.
 constexpr uint8_t kMaxHalfPathScale = 127 + 119;
 
+// FP8 rows of whole 128-row blocks against up to this many tokens take the
+// block's scales in a copy of the inputs (register_rows_avx512).
+constexpr int64_t kFp8PrescaledMaxTokens = 4;
+// Up to this many tokens, FP8 rows of whole 128-row blocks whose inputs keep
+// the fp32 kernel take the whole-row function, four tokens a pass
+// (fp8_whole_rows_avx512; more tokens keep the L1 buffer of decoded rows).
+constexpr int64_t kFp8WholeRowsMaxTokens = 8;
+
 // Calls f(std::integral_constant<int, N>{}) with N = n clamped to [1, Max]:
 // a kernel templated on its register block (rows, tokens), chosen by a
 // run-time count.
