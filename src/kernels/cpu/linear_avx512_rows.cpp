@@ -374,8 +374,9 @@ DSV4_AVX512 void fp8_whole_rows_avx512(const Linear& w, const RowGroup& g, const
     for (int64_t s0 = c0; s0 < c1; s0 += kSegment) {
       __m512 a0[T], a1[T], a2[T], a3[T];
       for (int t = 0; t < T; ++t) a0[t] = a1[t] = a2[t] = a3[t] = _mm512_setzero_ps();
-      // One loop over the segment (no loop per 128-column span: with one
-      // token that cost 5% in cache); the scale changes every 128 columns.
+      // One loop over the segment, the scale changing every 128 columns (a
+      // loop per 128-column span inside it ran one token up to 5% slower in
+      // cache).
       __m512 scale = _mm512_setzero_ps();
       for (int64_t i = s0; i < std::min(c1, s0 + kSegment); i += 32) {
         if constexpr (!kPrescaled)
@@ -634,9 +635,9 @@ DSV4_AVX512 std::pair<int, int> prescalable_scales_avx512(const float* xs, int64
 // 128-row blocks go as four streams 32 rows apart inside each block: the
 // four rows of a group then share their scales, and for 1-4 tokens each
 // block's scales go into a copy of the inputs once, for its 32 groups,
-// instead of into every decoded weight (with the whole-row kernel that was
-// faster on AMD Zen 5 and an Intel Xeon alike; docs/kernels.md, "FP8 few
-// tokens in fp32"); from
+// instead of into every decoded weight (faster on an Intel Xeon with the
+// old four-row kernel and on AMD Zen 5 with the whole-row one; docs/kernels.md,
+// "FP8 few tokens in fp32"); from
 // kEightRowMinTokensFp8 tokens with step pairs, eight rows of the block go
 // at a time (dot8_fp8_pairs). The other rows go as four streams over the
 // range.
