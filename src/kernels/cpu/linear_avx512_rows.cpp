@@ -281,6 +281,20 @@ DSV4_AVX512 void dot4_fp4_avx512(const Linear& w, const RowGroup& g, const float
                         });
 }
 
+// The whole-row functions' end of a segment: each of the four rows' sums
+// of the segment (a) added to the row's lanes (l), token by token.
+template <int T>
+DSV4_AVX512 inline void add_segment_sums(__m512 (&l0)[T], __m512 (&l1)[T], __m512 (&l2)[T], __m512 (&l3)[T],
+                                         const __m512 (&a0)[T], const __m512 (&a1)[T], const __m512 (&a2)[T],
+                                         const __m512 (&a3)[T]) {
+  for (int t = 0; t < T; ++t) {
+    l0[t] = _mm512_add_ps(l0[t], a0[t]);
+    l1[t] = _mm512_add_ps(l1[t], a1[t]);
+    l2[t] = _mm512_add_ps(l2[t], a2[t]);
+    l3[t] = _mm512_add_ps(l3[t], a3[t]);
+  }
+}
+
 // One to four tokens against the four rows of `g` (FP4): dot4_fp4_avx512's
 // steps, chunks and folds (fold16x4_avx512 gives each row fold16_avx512's
 // bits), so the same results, as one function over the whole rows with the
@@ -331,12 +345,7 @@ DSV4_AVX512 void fp4_whole_rows_avx512(const Linear& w, const RowGroup& g, const
         row(p2, s2[k], a2);
         row(p3, s3[k], a3);
       }
-      for (int t = 0; t < T; ++t) {
-        l0[t] = _mm512_add_ps(l0[t], a0[t]);
-        l1[t] = _mm512_add_ps(l1[t], a1[t]);
-        l2[t] = _mm512_add_ps(l2[t], a2[t]);
-        l3[t] = _mm512_add_ps(l3[t], a3[t]);
-      }
+      add_segment_sums<T>(l0, l1, l2, l3, a0, a1, a2, a3);
     }
     for (int t = 0; t < T; ++t) sums[t] = _mm256_add_pd(sums[t], fold16x4_avx512(l0[t], l1[t], l2[t], l3[t]));
   }
@@ -407,12 +416,7 @@ DSV4_AVX512 void fp8_whole_rows_avx512(const Linear& w, const RowGroup& g, const
         row(p2, a2);
         row(p3, a3);
       }
-      for (int t = 0; t < T; ++t) {
-        l0[t] = _mm512_add_ps(l0[t], a0[t]);
-        l1[t] = _mm512_add_ps(l1[t], a1[t]);
-        l2[t] = _mm512_add_ps(l2[t], a2[t]);
-        l3[t] = _mm512_add_ps(l3[t], a3[t]);
-      }
+      add_segment_sums<T>(l0, l1, l2, l3, a0, a1, a2, a3);
     }
     for (int t = 0; t < T; ++t) sums[t] = _mm256_add_pd(sums[t], fold16x4_avx512(l0[t], l1[t], l2[t], l3[t]));
   }
