@@ -58,11 +58,12 @@ struct TurnRun {
 
 // Engines with `options[0]` and `options[1]` (their on_phase hooks are the
 // turns'), each warmed up with `warm_up[i]` batches of `warm_decode` tokens
-// alone, then one batch of `decode` tokens each, their steps in turn. Between its turns an engine's OpenMP team is
-// released and made again (pinned where options.pin_threads asks), outside
-// the timed part, because two idle teams in one process exceed the CPUs and
-// GNU OpenMP then stops spinning its waiting workers (docs/engine.md, "The
-// engine's OpenMP team"), which would slow both engines' steps.
+// alone, then one batch of `decode` tokens each, their steps in turn.
+// Between its turns an engine's OpenMP team is released and made again
+// (pinned where options.pin_threads asks), outside the timed part, because
+// two idle teams in one process exceed the CPUs and GNU OpenMP then stops
+// spinning its waiting workers (docs/engine.md, "The engine's OpenMP
+// team"), which would slow both engines' steps.
 std::array<TurnRun, 2> run_in_turns(const std::shared_ptr<const Model>& model, std::array<EngineOptions, 2> options,
                                     int64_t batch, int64_t prompt_tokens, int64_t warm_decode, int64_t decode,
                                     std::array<int, 2> warm_up);

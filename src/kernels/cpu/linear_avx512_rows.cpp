@@ -356,16 +356,16 @@ DSV4_AVX512 void fp4_whole_rows_avx512(const Linear& w, const RowGroup& g, const
 // so one scale per 128 columns for all four, each at most
 // kMaxHalfPathScale), the fp16 decoding of dot4_fp8_avx512 as one function
 // over the whole rows with the sums in registers: each 32 columns of a row
-// are decoded once, scaled (or, kPrescaled, its inputs carry the scale:
-// g.scaled_inputs with every span prescaled) and fed to the tokens'
-// FMAs, whose inputs are loaded once for the four rows. The same steps,
+// are decoded once, scaled (unless kPrescaled: then `xs` are the scaled
+// inputs, every span prescaled) and fed to the tokens' FMAs, whose inputs
+// are loaded once for the four rows. The same steps,
 // chunks and folds as dot4_fp8_avx512, so the same bits. There the step
 // loop's nested lambdas kept the accumulators in memory: four tokens ran at
 // 26% of the FMA chains, the same product with FP4 rows at 55%
 // (docs/kernels.md, "FP8 few tokens in fp32"). V4's wo_a (inputs not
-// FP8-rounded) takes it at every batch of 2-4 rows, and every FP8 product
-// of 2-4 tokens where VDPBF16PS is off; 5-8 tokens call it twice on the same
-// rows (register_rows_avx512). cols is a multiple of 32.
+// FP8-rounded) takes it at batches of 1-8 rows, and so does every FP8
+// product of 1-8 tokens where VDPBF16PS is off; 5-8 tokens call it twice on
+// the same rows (register_rows_avx512). cols is a multiple of 32.
 template <int T, bool kPrescaled>
 DSV4_AVX512 void fp8_whole_rows_avx512(const Linear& w, const RowGroup& g, const float* xs, double* out,
                                        int64_t out_stride) {
@@ -373,7 +373,6 @@ DSV4_AVX512 void fp8_whole_rows_avx512(const Linear& w, const RowGroup& g, const
   const uint8_t *p0 = w.data + g.row(0) * cols, *p1 = w.data + g.row(1) * cols;
   const uint8_t *p2 = w.data + g.row(2) * cols, *p3 = w.data + g.row(3) * cols;
   const uint8_t* scales = w.scale + (g.row(0) / 128) * w.scale_cols;
-  const float* x = kPrescaled ? g.scaled_inputs : xs;
   __m256d sums[T];  // rows 0-3 of each token
   for (auto& sum : sums) sum = _mm256_setzero_pd();
   for (int64_t c0 = 0; c0 < cols; c0 += kChunk) {
@@ -398,8 +397,8 @@ DSV4_AVX512 void fp8_whole_rows_avx512(const Linear& w, const RowGroup& g, const
         }
         __m512 x0[T], x1[T];
         for (int t = 0; t < T; ++t) {
-          x0[t] = _mm512_loadu_ps(x + t * cols + i);
-          x1[t] = _mm512_loadu_ps(x + t * cols + i + 16);
+          x0[t] = _mm512_loadu_ps(xs + t * cols + i);
+          x1[t] = _mm512_loadu_ps(xs + t * cols + i + 16);
         }
         auto row = [&](const uint8_t* p, __m512* a) DSV4_AVX512 {
           __m512 lo, hi;
@@ -712,7 +711,7 @@ DSV4_AVX512 void register_rows_avx512(const Linear& w, int64_t row_begin, int64_
       const RowGroup g{row_begin + block + j, 32, j + 1 < 32, scaled, scaled_spans};
       double r[4 * kMaxRegisterTokens];
       if (whole_rows && all_prescaled) {
-        with_block_size<4>(int(n), [&](auto tokens) { fp8_whole_rows_avx512<tokens.value, true>(w, g, xs, r, 4); });
+        with_block_size<4>(int(n), [&](auto tokens) { fp8_whole_rows_avx512<tokens.value, true>(w, g, scaled, r, 4); });
       } else if (whole_rows) {
         RowGroup pass = g;
         for (int64_t t0 = 0; t0 < n; t0 += 4) {
