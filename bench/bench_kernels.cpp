@@ -175,7 +175,8 @@ void linear_args(benchmark::internal::Benchmark* b) {
   // (linear_fp8_pairs.cpp); in cache and from DRAM.
   for (int bf16 : {0, 1}) {
     for (int n : {1, 2, 4}) b->Args({int(WeightFormat::FP8_BLOCK128), int(KernelIsa::Avx512), n, 0, bf16});
-    for (int n : {1, 2, 4, 5, 8, 16}) b->Args({int(WeightFormat::FP8_BLOCK128), int(KernelIsa::Avx512), n, 256, bf16});
+    for (int n : {1, 2, 4, 5, 8, 12, 16})
+      b->Args({int(WeightFormat::FP8_BLOCK128), int(KernelIsa::Avx512), n, 256, bf16});
   }
   // The routed experts' FP4 register path, fp32 FMAs against VDPBF16PS
   // step pairs (linear_fp4_pairs.cpp), in cache and from DRAM.

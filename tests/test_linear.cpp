@@ -412,6 +412,40 @@ TEST(Linear, Fp8EightRowsGiveScalarBits) {
   set_compute_threads(saved_threads);
 }
 
+// FP8 rows of whole 128-row blocks against 9-16 inputs in fp32 (V4's wo_a,
+// whose inputs are not FP8-rounded; any FP8 product where VDPBF16PS is off)
+// go eight at a time, each chunk decoded once into bf16
+// (dot8_fp8_as_bf16_avx512) where every scale of the block lies in [10,
+// 246] (kBf16ExactMinFp8Scale, kMaxHalfPathScale): same bits. Scale 10 with
+// the smallest codes (subnormal e4m3 among them, both signs) is the edge
+// where every weight is still a normal float; blocks with a span at 9 or
+// 247 keep the four-row kernel; 2320 columns (not a multiple of 32) keep
+// it for every block.
+TEST(Linear, Fp8EightRowsThroughBf16GiveScalarBits) {
+  const int saved_threads = compute_threads();
+  set_compute_threads(2);
+  for (int64_t cols : {2304, 2320}) {  // two chunks and a partial one
+    const int64_t rows = 640;          // five row blocks
+    RandomLinear w(WeightFormat::FP8_BLOCK128, rows, cols, 47);
+    const int64_t spans = w.linear.scale_cols;
+    const uint8_t block_scales[5][2] = {{10, 246}, {9, 120}, {120, 247}, {100, 140}, {10, 10}};
+    for (int64_t b = 0; b < 5; ++b)
+      for (int64_t k = 0; k < spans; ++k) w.scale[size_t(b * spans + k)] = block_scales[b][k % 2];
+    for (int64_t r : {0, 1, 130, 520, 639})
+      for (int64_t i = 0; i < cols; ++i) w.data[size_t(r * cols + i)] = uint8_t((i % 16) | (i & 16 ? 0x80 : 0));
+    for (int64_t i = 256 * cols; i < 384 * cols; ++i) w.data[size_t(i)] &= 0xb7;  // finite under scale 247
+    for (int64_t n : {9, 12, 16})
+      for (int64_t row_begin : {0, 100}) {
+        SCOPED_TRACE("columns " + std::to_string(cols) + ", tokens " + std::to_string(n) + ", rows from " +
+                     std::to_string(row_begin));
+        const std::vector<float> x = normal_floats(size_t(n * cols), 19);
+        expect_simd_gives_scalar_bits(size_t(n * (rows - row_begin)),
+                                      [&](float* y) { linear_forward(w.linear, x.data(), n, y, row_begin, rows); });
+      }
+  }
+  set_compute_threads(saved_threads);
+}
+
 // FP8 rows against 1-4 FP8-rounded tokens go four at a time with VDPBF16PS
 // where the CPU also has AVX512-VBMI (dot4_fp8_pairs): the rows walk as
 // four long streams whose rows lie in different 128-row blocks, each

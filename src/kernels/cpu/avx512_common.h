@@ -71,6 +71,19 @@ DSV4_TARGET_AVX512 inline void e4m3x32_to_ps_times_2m8(const uint8_t* bytes32, _
   hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
 }
 
+// 16 bf16 values as floats: one word permutation (vpermw, zero-masked) puts
+// value j in the high half of lane j, where a float keeps the bf16 bits;
+// one p5 uop where widening and shifting take a p5 and a p0 uop.
+DSV4_TARGET_AVX512 inline __m512i bf16_widen_index() {
+  alignas(64) static const uint16_t index[32] = {0, 0, 0, 1, 0, 2,  0, 3,  0, 4,  0, 5,  0, 6,  0, 7,
+                                                 0, 8, 0, 9, 0, 10, 0, 11, 0, 12, 0, 13, 0, 14, 0, 15};
+  return _mm512_load_si512(index);
+}
+DSV4_TARGET_AVX512 inline __m512 bf16x16_to_ps_avx512(const uint16_t* p, __m512i widen) {
+  return _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(
+      __mmask32(0xAAAAAAAAu), widen, _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)p))));
+}
+
 // r[i][j] -> r[j][i] for a 16 x 16 block of floats.
 DSV4_TARGET_AVX512 inline void transpose16x16(__m512 r[16]) {
   __m512 a[16], b[16];

@@ -1,9 +1,10 @@
 // The AVX-512 register path: few tokens (decode and small batches) against
 // rows decoded in registers, four rows at a time (all formats) or eight
 // (BF16 from two tokens, from five with the Intel tuning of
-// kernels/cpu/isa.h; FP8 with VDPBF16PS from five), and how a thread's
-// rows are walked (register_rows_avx512). Same bits as the scalar path
-// (kernels/linear.h).
+// kernels/cpu/isa.h; FP8 with VDPBF16PS from five, in fp32 from nine; the
+// eight-row kernels are in linear_avx512_eight_rows.cpp and
+// linear_fp8_pairs.cpp), and how a thread's rows are walked
+// (register_rows_avx512). Same bits as the scalar path (kernels/linear.h).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -40,19 +41,6 @@ namespace {
 // loop nest, so that the compiler keeps the accumulators in registers (one
 // function with a switch over formats spilled them at every scale block).
 constexpr int kSmallTokenGroup = 4;
-
-// 16 bf16 values as floats: one word permutation (vpermw, zero-masked) puts
-// value j in the high half of lane j, where a float keeps the bf16 bits;
-// one p5 uop where widening and shifting take a p5 and a p0 uop.
-DSV4_AVX512 inline __m512i bf16_widen_index() {
-  alignas(64) static const uint16_t index[32] = {0, 0, 0, 1, 0, 2,  0, 3,  0, 4,  0, 5,  0, 6,  0, 7,
-                                                 0, 8, 0, 9, 0, 10, 0, 11, 0, 12, 0, 13, 0, 14, 0, 15};
-  return _mm512_load_si512(index);
-}
-DSV4_AVX512 inline __m512 bf16x16_to_ps_avx512(const uint16_t* p, __m512i widen) {
-  return _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(
-      __mmask32(0xAAAAAAAAu), widen, _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)p))));
-}
 
 template <int T>
 DSV4_AVX512 inline void fma16_tokens(__m512 v, const float* const* x, int64_t i, __m512* a) {
@@ -441,107 +429,6 @@ DSV4_AVX512 void dot4_all_tokens_avx512(const Linear& w, const RowGroup& g, cons
   }
 }
 
-// BF16 rows with many tokens (a decode batch's LM head): eight rows against
-// the tokens in pairs, each pair widening the rows' bf16 itself. In the
-// four-row kernel every group of four tokens loads its inputs from L2 (16
-// tokens of a chunk are 64 KB), one input load per four FMAs, and the first
-// group also stores the widened rows for the others; here an input load
-// feeds eight FMAs, the raw rows of a chunk (16 KB) stay in L1 for the later
-// pairs, and nothing is stored (docs/kernels.md, "Eight rows"). From
-// kEightRowTriplesMinTokensBf16 tokens most groups take three tokens: 24
-// accumulators, each row widened as it is used (one register for it), so a
-// widening feeds three FMAs instead of two (docs/kernels.md, "Token
-// triples"). Each (row, token) still sees the sequence dot_avx512 gives it:
-// same bits.
-template <int T>
-DSV4_AVX512 inline void dot8_bf16_group_chunk(const uint16_t* const* p, const uint16_t* const* ahead, int64_t c0,
-                                              int64_t c1, const float* const* x, int group, int groups,
-                                              double (*sums)[kEightRows]) {
-  const __m512i widen = bf16_widen_index();
-  __m512 lanes[kEightRows][T];  // the segments' sums
-  for (auto& r : lanes)
-    for (auto& t : r) t = _mm512_setzero_ps();
-  for (int64_t s0 = c0; s0 < c1; s0 += kSegment) {
-    __m512 a[kEightRows][T];
-    for (auto& r : a)
-      for (auto& t : r) t = _mm512_setzero_ps();
-    for (int64_t i = s0; i < std::min(c1, s0 + kSegment); i += 16) {
-      // The rows' next bytes (next chunk, or the thread's next rows), one
-      // cache line per row every two steps, shared out among the groups.
-      if ((i - c0) % 32 == 0)
-        for (int r = group; r < kEightRows; r += groups)
-          if (ahead[r]) _mm_prefetch((const char*)(ahead[r] + (i - c0)), _MM_HINT_T0);
-      if constexpr (T == 3) {
-        __m512 xv[T];
-        for (int t = 0; t < T; ++t) xv[t] = _mm512_loadu_ps(x[t] + i);
-        for (int r = 0; r < kEightRows; ++r) {
-          const __m512 v = bf16x16_to_ps_avx512(p[r] + i, widen);
-          for (int t = 0; t < T; ++t) a[r][t] = _mm512_fmadd_ps(v, xv[t], a[r][t]);
-        }
-      } else {
-        __m512 v[kEightRows];
-        for (int r = 0; r < kEightRows; ++r) v[r] = bf16x16_to_ps_avx512(p[r] + i, widen);
-        for (int t = 0; t < T; ++t) {
-          const __m512 xv = _mm512_loadu_ps(x[t] + i);
-          for (int r = 0; r < kEightRows; ++r) a[r][t] = _mm512_fmadd_ps(v[r], xv, a[r][t]);
-        }
-      }
-    }
-    for (int r = 0; r < kEightRows; ++r)
-      for (int t = 0; t < T; ++t) lanes[r][t] = _mm512_add_ps(lanes[r][t], a[r][t]);
-    // The lanes live in memory (the empty asm says it changed them there):
-    // beside 8 x T accumulators and the eight widened rows they do not fit
-    // the registers, and left to itself the compiler spilled accumulators
-    // inside the step loop instead (the 16-token head 11% slower than
-    // before the segments, 6% with this; docs/kernels.md).
-    if constexpr (T >= 2) asm volatile("" : "+m"(lanes));
-  }
-  for (int t = 0; t < T; ++t)
-    for (int r = 0; r < kEightRows; r += 4)
-      _mm256_storeu_pd(&sums[t][r],
-                       _mm256_add_pd(_mm256_loadu_pd(&sums[t][r]),
-                                     fold16x4_avx512(lanes[r][t], lanes[r + 1][t], lanes[r + 2][t], lanes[r + 3][t])));
-}
-
-// rows[0..8) against n <= kMaxRegisterTokens tokens; out[t * 8 + r]
-// receives (rows[r], token t). next_rows: the thread takes rows[r] +
-// next_rows next (0: none), whose first bytes the last chunk prefetches.
-DSV4_AVX512 void dot8_bf16_avx512(const Linear& w, const int64_t* rows, int64_t next_rows, const float* xs, int64_t n,
-                                  double* out) {
-  const int64_t cols = w.cols;
-  const uint16_t* p[kEightRows];
-  for (int r = 0; r < kEightRows; ++r) p[r] = reinterpret_cast<const uint16_t*>(w.data) + rows[r] * cols;
-  double sums[kMaxRegisterTokens][kEightRows] = {};
-  // The token groups: pairs (the last one alone when n is odd), or from
-  // kEightRowTriplesMinTokensBf16 tokens triples, with pairs where four or
-  // two tokens are left (16 tokens: 3, 3, 3, 3, 2, 2).
-  int64_t first[kMaxRegisterTokens], size[kMaxRegisterTokens];
-  int groups = 0;
-  for (int64_t t = 0; t < n; t += size[groups++]) {
-    const int64_t left = n - t;
-    first[groups] = t;
-    size[groups] = n >= kEightRowTriplesMinTokensBf16 && left != 4 && left >= 3 ? 3 : std::min<int64_t>(left, 2);
-  }
-  for (int64_t c0 = 0; c0 < cols; c0 += kChunk) {
-    const int64_t c1 = std::min(cols, c0 + kChunk);
-    const uint16_t* ahead[kEightRows];
-    for (int r = 0; r < kEightRows; ++r)
-      ahead[r] = c1 < cols ? p[r] + c1 : next_rows ? p[r] + next_rows * cols : nullptr;
-    for (int g = 0; g < groups; ++g) {
-      const int64_t t = first[g];
-      const float* x[3];
-      for (int u = 0; u < 3; ++u) x[u] = xs + std::min(t + u, n - 1) * cols;
-      switch (size[g]) {
-        case 3: dot8_bf16_group_chunk<3>(p, ahead, c0, c1, x, g, groups, sums + t); break;
-        case 2: dot8_bf16_group_chunk<2>(p, ahead, c0, c1, x, g, groups, sums + t); break;
-        default: dot8_bf16_group_chunk<1>(p, ahead, c0, c1, x, g, groups, sums + t); break;
-      }
-    }
-  }
-  for (int64_t t = 0; t < n; ++t)
-    for (int r = 0; r < kEightRows; ++r) out[t * kEightRows + r] = sums[t][r];
-}
-
 // The rows an eight-row kernel takes: rows[r] = first + r % run + (r / run)
 // * stride, runs of `run` consecutive rows `stride` apart (run 8: the eight
 // consecutive rows from `first`; dot8_fp8_pairs reads its block scales from
@@ -688,13 +575,23 @@ DSV4_AVX512 void register_rows_avx512(const Linear& w, int64_t row_begin, int64_
       }
     }
     int64_t j = 0;
-    if (pairs && n >= kEightRowMinTokensFp8 && fp8_block_scales_within(w, row_begin + block, kBf16DotMinFp8Scale)) {
-      // With VDPBF16PS: eight consecutive rows at a time, then the next
-      // eight (after the block's last, the next block's first).
+    // Eight consecutive rows at a time, then the next eight (after the
+    // block's last, the next block's first): with VDPBF16PS, or from
+    // kEightRowMinTokensFp32Fp8 tokens through bf16.
+    const int64_t first_row = row_begin + block;
+    const bool by_pairs =
+        pairs && n >= kEightRowMinTokensFp8 && fp8_block_scales_within(w, first_row, kBf16DotMinFp8Scale);
+    const bool as_bf16 = !by_pairs && n >= kEightRowMinTokensFp32Fp8 && cols % 32 == 0 &&
+                         fp8_block_scales_within(w, first_row, kBf16ExactMinFp8Scale);
+    if (by_pairs || as_bf16) {
       for (int64_t k = 0; k < 128; k += kEightRows) {
         const int64_t next_rows = k + kEightRows < 128 || block + 128 < blocks_end ? kEightRows : 0;
-        eight_rows(row_begin + block + k, kEightRows, 0, row_begin, n, y, y_stride,
-                   [&](const int64_t* rows, double* out) { dot8_fp8_pairs(w, rows, next_rows, pairs, n, out); });
+        eight_rows(first_row + k, kEightRows, 0, row_begin, n, y, y_stride, [&](const int64_t* rows, double* out) {
+          if (by_pairs)
+            dot8_fp8_pairs(w, rows, next_rows, pairs, n, out);
+          else
+            dot8_fp8_as_bf16_avx512(w, rows, next_rows, xs, n, out);
+        });
       }
       j = 32;
     }

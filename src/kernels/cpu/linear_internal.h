@@ -325,6 +325,22 @@ constexpr int64_t kEightRowMinTokens = 2, kEightRowMinTokensFp8 = 5, kEightRowCo
 // 5-16 tokens on AMD Zen 5, but 13% slower from DRAM with three tokens as
 // one group (docs/kernels.md, "Token triples").
 constexpr int64_t kEightRowTriplesMinTokensBf16 = 5;
+// linear_avx512_eight_rows.cpp. rows[0..8) against n <= kMaxRegisterTokens
+// tokens (xs: [n][cols]); out[t * 8 + r] receives (rows[r], token t).
+// next_rows: the thread takes rows[r] + next_rows next (0: none), whose
+// first bytes the last chunk prefetches. BF16 rows:
+DSV4_TARGET_AVX512 void dot8_bf16_avx512(const Linear& w, const int64_t* rows, int64_t next_rows, const float* xs,
+                                         int64_t n, double* out);
+// FP8 rows (cols a multiple of 32) of one 128-row block whose scales all lie
+// in [kBf16ExactMinFp8Scale, kMaxHalfPathScale], against inputs in fp32
+// (V4's wo_a, or wherever the VDPBF16PS kernels do not run), from
+// kEightRowMinTokensFp32Fp8 tokens: decoded into bf16 once per chunk.
+DSV4_TARGET_AVX512 void dot8_fp8_as_bf16_avx512(const Linear& w, const int64_t* rows, int64_t next_rows,
+                                                const float* xs, int64_t n, double* out);
+// The block scale bytes from which every decoded e4m3 weight (smallest
+// nonzero 2^-9 times the scale) is a normal fp32 value, hence exact in bf16.
+constexpr int kBf16ExactMinFp8Scale = 127 - 126 + 9;
+constexpr int64_t kEightRowMinTokensFp32Fp8 = kFp8WholeRowsMaxTokens + 1;
 // Whether every span of the 128-row block holding `row` has a scale in
 // [min_scale, kMaxHalfPathScale].
 inline bool fp8_block_scales_within(const Linear& w, int64_t row, int min_scale) {
