@@ -384,31 +384,36 @@ TEST(Linear, Fp8SharedScalesGiveScalarBits) {
 // them, is the edge where no weight lies below 2^-50; rows from 100 start
 // inside a block; tiny inputs keep every block off VDPBF16PS.
 // expect_simd_gives_scalar_bits runs AVX-512 with the bf16 kernels on and
-// off.
+// off, and without the VBMI byte tables (the chunks then take the fp16
+// decoding).
 TEST(Linear, Fp8EightRowsGiveScalarBits) {
   const int saved_threads = compute_threads();
   set_compute_threads(2);
-  const int64_t rows = 768, cols = 2304;  // six row blocks; two chunks and a partial one
-  RandomLinear w(WeightFormat::FP8_BLOCK128, rows, cols, 43);
-  w.linear.quantize_input = true;
-  const int64_t spans = w.linear.scale_cols;
-  const uint8_t block_scales[6][2] = {{86, 246}, {9, 120}, {120, 247}, {115, 125}, {85, 120}, {86, 86}};
-  for (int64_t b = 0; b < 6; ++b)
-    for (int64_t k = 0; k < spans; ++k) w.scale[size_t(b * spans + k)] = block_scales[b][k % 2];
-  for (int64_t r : {0, 1, 512, 545, 640})
-    for (int64_t i = 0; i < cols; ++i) w.data[size_t(r * cols + i)] = uint8_t((i % 16) | (i & 16 ? 0x80 : 0));
-  for (int64_t i = 256 * cols; i < 384 * cols; ++i) w.data[size_t(i)] &= 0xb7;  // finite under scale 247
-  for (bool tiny : {false, true})
-    for (int64_t n : {5, 6, 9, 16})
-      for (int64_t row_begin : {0, 100}) {
-        SCOPED_TRACE(std::string(tiny ? "tiny inputs, " : "") + "tokens " + std::to_string(n) + ", rows from " +
-                     std::to_string(row_begin));
-        std::vector<float> x = normal_floats(size_t(n * cols), 17);
-        if (tiny)
-          for (int64_t c = 0; c < 128; ++c) x[size_t(cols + c)] *= 1e-20f;
-        expect_simd_gives_scalar_bits(size_t(n * (rows - row_begin)),
-                                      [&](float* y) { linear_forward(w.linear, x.data(), n, y, row_begin, rows); });
-      }
+  // Two chunks and a partial one (of 256 columns, or of 288: the byte-table
+  // decoding's 64 columns at a time, then a 32-column tail).
+  for (int64_t cols : {2304, 2336}) {
+    const int64_t rows = 768;  // six row blocks
+    RandomLinear w(WeightFormat::FP8_BLOCK128, rows, cols, 43);
+    w.linear.quantize_input = true;
+    const int64_t spans = w.linear.scale_cols;
+    const uint8_t block_scales[6][2] = {{86, 246}, {9, 120}, {120, 247}, {115, 125}, {85, 120}, {86, 86}};
+    for (int64_t b = 0; b < 6; ++b)
+      for (int64_t k = 0; k < spans; ++k) w.scale[size_t(b * spans + k)] = block_scales[b][k % 2];
+    for (int64_t r : {0, 1, 512, 545, 640})
+      for (int64_t i = 0; i < cols; ++i) w.data[size_t(r * cols + i)] = uint8_t((i % 16) | (i & 16 ? 0x80 : 0));
+    for (int64_t i = 256 * cols; i < 384 * cols; ++i) w.data[size_t(i)] &= 0xb7;  // finite under scale 247
+    for (bool tiny : {false, true})
+      for (int64_t n : {5, 6, 9, 16})
+        for (int64_t row_begin : {0, 100}) {
+          SCOPED_TRACE(std::string(tiny ? "tiny inputs, " : "") + "columns " + std::to_string(cols) + ", tokens " +
+                       std::to_string(n) + ", rows from " + std::to_string(row_begin));
+          std::vector<float> x = normal_floats(size_t(n * cols), 17);
+          if (tiny)
+            for (int64_t c = 0; c < 128; ++c) x[size_t(cols + c)] *= 1e-20f;
+          expect_simd_gives_scalar_bits(size_t(n * (rows - row_begin)),
+                                        [&](float* y) { linear_forward(w.linear, x.data(), n, y, row_begin, rows); });
+        }
+  }
   set_compute_threads(saved_threads);
 }
 

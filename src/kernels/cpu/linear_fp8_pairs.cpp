@@ -326,6 +326,32 @@ DSV4_BF16_VBMI void fp8_pairs_rows(const Linear& w, const RowGroup& g, const uin
   }
 }
 
+// The eight rows' chunk [c0, c1) as fp8_chunk_to_pairs lays it out, 64
+// columns at a time by the byte tables (a 32-column tail by the fp16
+// decoding): about nine vector uops per 64 weights where the fp16 decoding,
+// its two scale multiplies and the packing take about twenty. With five to
+// eight tokens that decoding was most of dot8_fp8_pairs' work: five tokens
+// ran half again as long as four (docs/kernels.md, "FP8 eight rows with byte
+// tables").
+DSV4_BF16_VBMI void eight_rows_to_pairs_vbmi(const uint8_t* const* p, const uint8_t* scales, int64_t c0, int64_t c1,
+                                             uint32_t (*decoded)[kChunk / 2]) {
+  const E4m3PairDecoder decoder(e4m3_byte_tables());
+  for (int64_t b = c0; b < c1; b += 128) {
+    const __m512i scale = scale_subtrahend(scales[b / 128]);
+    const int64_t end = std::min(c1, b + 128);
+    for (int r = 0; r < kEightRows; ++r) {
+      int64_t i = b;
+      for (; i + 64 <= end; i += 64) {
+        __m512bh steps01, steps23;
+        decoder.decode(p[r] + i, scale, steps01, steps23);
+        _mm512_store_si512(decoded[r] + (i - c0) / 2, (__m512i)steps01);
+        _mm512_store_si512(decoded[r] + (i - c0) / 2 + 16, (__m512i)steps23);
+      }
+      if (i < end) fp8_chunk_to_pairs(p[r], scales, i, end, decoded[r] + (i - c0) / 2);
+    }
+  }
+}
+
 }  // namespace
 
 DSV4_BF16 void dot8_fp8_pairs(const Linear& w, const int64_t* rows, int64_t next_rows, const uint32_t* pairs, int64_t n,
@@ -337,12 +363,14 @@ DSV4_BF16 void dot8_fp8_pairs(const Linear& w, const int64_t* rows, int64_t next
   alignas(64) uint32_t decoded[kEightRows][kChunk / 2];
   double sums[kMaxRegisterTokens][kEightRows] = {};
   const int groups = int((n + kEightRowTokenGroup - 1) / kEightRowTokenGroup);
+  const bool vbmi = avx512_vbmi_enabled();
   for (int64_t c0 = 0; c0 < cols; c0 += kChunk) {
     const int64_t c1 = std::min(cols, c0 + kChunk);
     const uint32_t* chunk[kEightRows];
     const char* ahead[kEightRows];
+    if (vbmi) eight_rows_to_pairs_vbmi(p, scales, c0, c1, decoded);
     for (int r = 0; r < kEightRows; ++r) {
-      fp8_chunk_to_pairs(p[r], scales, c0, c1, decoded[r]);
+      if (!vbmi) fp8_chunk_to_pairs(p[r], scales, c0, c1, decoded[r]);
       chunk[r] = decoded[r];
       ahead[r] = reinterpret_cast<const char*>(c1 < cols ? p[r] + c1 : next_rows ? p[r] + next_rows * cols : nullptr);
     }
