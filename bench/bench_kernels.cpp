@@ -168,13 +168,15 @@ void linear_args(benchmark::internal::Benchmark* b) {
   // cases they show where batched decode stops being bound by the bytes.
   b->Args({int(WeightFormat::BF16), int(KernelIsa::Avx512), 16, 512, 0});
   // FP8 with decoding's, a verify step's or a batch's tokens: with bf16
-  // off the fp32 four-row kernels (1-8 tokens: fp8_whole_rows_avx512, the
-  // path V4's wo_a always takes, its inputs not rounded through FP8); with
-  // it on the four-row kernel with byte tables (1-4 tokens, where the CPU
-  // has AVX512-VBMI) and the eight-row kernel (5-16), both VDPBF16PS
-  // (linear_fp8_pairs.cpp); in cache and from DRAM.
+  // off the fp32 kernels (1-8 tokens: fp8_whole_rows_avx512; 9-16: the
+  // eight-row kernel through bf16; the paths V4's wo_a always takes, its
+  // inputs not rounded through FP8); with it on the four-row kernel with
+  // byte tables (1-4 tokens, where the CPU has AVX512-VBMI) and the
+  // eight-row kernel (5-16), both VDPBF16PS (linear_fp8_pairs.cpp); in
+  // cache and from DRAM.
   for (int bf16 : {0, 1}) {
-    for (int n : {1, 2, 4}) b->Args({int(WeightFormat::FP8_BLOCK128), int(KernelIsa::Avx512), n, 0, bf16});
+    for (int n : {1, 2, 4, 5, 8, 12, 16})
+      b->Args({int(WeightFormat::FP8_BLOCK128), int(KernelIsa::Avx512), n, 0, bf16});
     for (int n : {1, 2, 4, 5, 8, 12, 16})
       b->Args({int(WeightFormat::FP8_BLOCK128), int(KernelIsa::Avx512), n, 256, bf16});
   }

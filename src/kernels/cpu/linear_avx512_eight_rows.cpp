@@ -29,7 +29,7 @@ namespace {
 // group also stores the widened rows for the others; here an input load
 // feeds eight FMAs, the raw rows of a chunk (16 KB) stay in L1 for the later
 // pairs, and nothing is stored (docs/kernels.md, "Eight rows"). From
-// kEightRowTriplesMinTokensBf16 tokens most groups take three tokens: 24
+// kEightRowTriplesMinTokens tokens most groups take three tokens: 24
 // accumulators, each row widened as it is used (one register for it), so a
 // widening feeds three FMAs instead of two (docs/kernels.md, "Token
 // triples"). Each (row, token) still sees the sequence dot_avx512 gives it:
@@ -87,20 +87,6 @@ DSV4_AVX512 inline void dot8_bf16_group_chunk(const uint16_t* const* p, const ui
       _mm256_storeu_pd(&sums[t][r],
                        _mm256_add_pd(_mm256_loadu_pd(&sums[t][r]),
                                      fold16x4_avx512(lanes[r][t], lanes[r + 1][t], lanes[r + 2][t], lanes[r + 3][t])));
-}
-
-// The token groups of the eight-row kernels: pairs (the last one alone when
-// n is odd), or from kEightRowTriplesMinTokensBf16 tokens triples, with
-// pairs where four or two tokens are left (16 tokens: 3, 3, 3, 3, 2, 2).
-// Returns the count; group g is tokens [first[g], first[g] + size[g]).
-int eight_row_token_groups(int64_t n, int64_t* first, int64_t* size) {
-  int groups = 0;
-  for (int64_t t = 0; t < n; t += size[groups++]) {
-    const int64_t left = n - t;
-    first[groups] = t;
-    size[groups] = n >= kEightRowTriplesMinTokensBf16 && left != 4 && left >= 3 ? 3 : std::min<int64_t>(left, 2);
-  }
-  return groups;
 }
 
 // One chunk [c0, c1) of the rows p[r] (bf16, indexed by column) against

@@ -4,9 +4,9 @@
 //
 // - dot8_fp8_pairs, FP8 rows against 5-16 tokens (a decode batch's
 //   attention and shared-expert products, a verify step's): eight rows of
-//   one 128-row block against the tokens in pairs, in the shape of the BF16
-//   eight-row kernel (dot8_bf16_avx512), but each chunk of the rows is
-//   decoded once into step-pair words in an L1 buffer, and one VDPBF16PS
+//   one 128-row block against the tokens in triples and pairs, in the shape
+//   of the BF16 eight-row kernel (dot8_bf16_avx512), but each chunk of the
+//   rows is decoded once into step-pair words in an L1 buffer, and one VDPBF16PS
 //   per row, token and 32 columns replaces the fp32 four-row kernel's two
 //   FMAs (FP8 rows without these pairs stay on that kernel).
 // - dot4_fp8_pairs, FP8 rows against 1-4 tokens (decoding), where the CPU
@@ -362,7 +362,8 @@ DSV4_BF16 void dot8_fp8_pairs(const Linear& w, const int64_t* rows, int64_t next
   for (int r = 0; r < kEightRows; ++r) p[r] = w.data + rows[r] * cols;
   alignas(64) uint32_t decoded[kEightRows][kChunk / 2];
   double sums[kMaxRegisterTokens][kEightRows] = {};
-  const int groups = int((n + kEightRowTokenGroup - 1) / kEightRowTokenGroup);
+  int64_t first[kMaxRegisterTokens], size[kMaxRegisterTokens];
+  const int groups = eight_row_token_groups(n, first, size);
   const bool vbmi = avx512_vbmi_enabled();
   for (int64_t c0 = 0; c0 < cols; c0 += kChunk) {
     const int64_t c1 = std::min(cols, c0 + kChunk);
@@ -375,13 +376,14 @@ DSV4_BF16 void dot8_fp8_pairs(const Linear& w, const int64_t* rows, int64_t next
       ahead[r] = reinterpret_cast<const char*>(c1 < cols ? p[r] + c1 : next_rows ? p[r] + next_rows * cols : nullptr);
     }
     for (int g = 0; g < groups; ++g) {
-      const int64_t t = int64_t(g) * kEightRowTokenGroup;
-      const uint32_t* x[kEightRowTokenGroup];
-      for (int u = 0; u < kEightRowTokenGroup; ++u) x[u] = pairs + std::min(t + u, n - 1) * (cols / 2);
-      if (n - t >= 2)
-        group_chunk<2>(chunk, ahead, c0, c1, x, g, groups, sums + t);
-      else
-        group_chunk<1>(chunk, ahead, c0, c1, x, g, groups, sums + t);
+      const int64_t t = first[g];
+      const uint32_t* x[3];
+      for (int u = 0; u < 3; ++u) x[u] = pairs + std::min(t + u, n - 1) * (cols / 2);
+      switch (size[g]) {
+        case 3: group_chunk<3>(chunk, ahead, c0, c1, x, g, groups, sums + t); break;
+        case 2: group_chunk<2>(chunk, ahead, c0, c1, x, g, groups, sums + t); break;
+        default: group_chunk<1>(chunk, ahead, c0, c1, x, g, groups, sums + t); break;
+      }
     }
   }
   for (int64_t t = 0; t < n; ++t)

@@ -302,8 +302,8 @@ DSV4_TARGET_AVX512 inline void fold_panel_lanes_avx512(const float* lanes, int t
   fold_lanes_avx512(lanes, tokens, sums, sums_stride, 32);
 }
 
-// The eight-row kernels: eight rows against the tokens in pairs (BF16 from
-// kEightRowTriplesMinTokensBf16 tokens mostly in triples), so that an input
+// The eight-row kernels: eight rows against the tokens in pairs (from
+// kEightRowTriplesMinTokens tokens mostly in triples), so that an input
 // vector feeds eight accumulators (docs/kernels.md, "Eight rows").
 // BF16 rows from two tokens (one token keeps the four-row kernel's
 // streaming prefetches, as fast or faster); FP8 rows of whole 128-row
@@ -318,13 +318,28 @@ DSV4_TARGET_AVX512 inline void fold_panel_lanes_avx512(const float* lanes, int t
 // slower than those; where its FMAs bound it (seven and more) the eight
 // streams are 7-15% faster and the consecutive rows up to 10% slower
 // (docs/kernels.md, "Eight consecutive rows").
-constexpr int kEightRows = 8, kEightRowTokenGroup = 2;
+constexpr int kEightRows = 8;
 constexpr int64_t kEightRowMinTokens = 2, kEightRowMinTokensFp8 = 5, kEightRowConsecutiveMaxTokensBf16 = 6;
-// From this many tokens the BF16 eight-row kernel takes them mostly three
-// at a time (dot8_bf16_avx512): 2-8% faster from DRAM and 6-14% in cache at
-// 5-16 tokens on AMD Zen 5, but 13% slower from DRAM with three tokens as
-// one group (docs/kernels.md, "Token triples").
-constexpr int64_t kEightRowTriplesMinTokensBf16 = 5;
+// From this many tokens the eight-row kernels take them mostly three at a
+// time: the BF16 kernel (dot8_bf16_avx512) 2-8% faster from DRAM and 6-14%
+// in cache at 5-16 tokens on AMD Zen 5, but 13% slower from DRAM with three
+// tokens as one group (docs/kernels.md, "Token triples"); the FP8 one with
+// VDPBF16PS (dot8_fp8_pairs) 2-8% faster in cache at 5-16 tokens ("FP8
+// eight rows with byte tables").
+constexpr int64_t kEightRowTriplesMinTokens = 5;
+// The token groups of the eight-row kernels: pairs (the last one alone when
+// n is odd), or from kEightRowTriplesMinTokens tokens triples, with pairs
+// where four or two tokens are left (16 tokens: 3, 3, 3, 3, 2, 2). Returns
+// the count; group g is tokens [first[g], first[g] + size[g]).
+inline int eight_row_token_groups(int64_t n, int64_t* first, int64_t* size) {
+  int groups = 0;
+  for (int64_t t = 0; t < n; t += size[groups++]) {
+    const int64_t left = n - t;
+    first[groups] = t;
+    size[groups] = n >= kEightRowTriplesMinTokens && left != 4 && left >= 3 ? 3 : std::min<int64_t>(left, 2);
+  }
+  return groups;
+}
 // linear_avx512_eight_rows.cpp. rows[0..8) against n <= kMaxRegisterTokens
 // tokens (xs: [n][cols]); out[t * 8 + r] receives (rows[r], token t).
 // next_rows: the thread takes rows[r] + next_rows next (0: none), whose
