@@ -17,6 +17,9 @@
 // AVX512-BF16 plus AVX512-VBMI (byte permutes across a register: the FP8
 // one-token kernel's table decoding, see kernels/cpu/linear_fp8_pairs.cpp).
 #define DSV4_TARGET_AVX512_BF16_VBMI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vbmi")))
+// AVX-512 plus AVX512-VBMI without AVX512-BF16 (the fp32 FP8 eight-row
+// kernel's table decoding, kernels/cpu/fp8_byte_tables.h).
+#define DSV4_TARGET_AVX512_VBMI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi")))
 // AVX-512 with AVX512-VBMI plus AMX tiles and their bf16 dot product
 // (kernels/cpu/linear_amx.cpp).
 #define DSV4_TARGET_AMX __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,amx-tile,amx-bf16")))

@@ -14,6 +14,7 @@
 
 #include "core/numeric.h"
 #include "kernels/cpu/avx512_common.h"
+#include "kernels/cpu/fp8_byte_tables.h"
 #include "kernels/cpu/linear_internal.h"
 
 #define DSV4_AVX512 DSV4_TARGET_AVX512
@@ -115,6 +116,28 @@ DSV4_AVX512 inline __m512i high_halves_index() {
   return _mm512_load_si512(index);
 }
 
+// 32 FP8 codes at `row` times 2^(scale - 127), as bf16 (exact, see
+// dot8_fp8_as_bf16_avx512) at dst, by the fp16 decoding.
+DSV4_AVX512 void fp8_to_bf16_fp16_path(const uint8_t* row, uint8_t scale, uint16_t* dst) {
+  // e4m3 * 2^-8 from the fp16 decoding, times 2^(s - 127) * 2^8: exact.
+  const __m512 factor = _mm512_set1_ps(e8m0_to_float(scale) * 256.0f);
+  __m512 lo, hi;
+  e4m3x32_to_ps_times_2m8(row, lo, hi);
+  _mm512_store_si512(dst, _mm512_permutex2var_epi16(_mm512_castps_si512(_mm512_mul_ps(lo, factor)), high_halves_index(),
+                                                    _mm512_castps_si512(_mm512_mul_ps(hi, factor))));
+}
+
+// The eight rows' FP8 chunk [c0, c1) as bf16 in column order, by the byte
+// tables where the CPU has AVX512-VBMI.
+DSV4_TARGET_AVX512_VBMI void eight_rows_to_bf16_vbmi(const uint8_t* const* p, const uint8_t* scales, int64_t c0,
+                                                     int64_t c1, uint16_t (*decoded)[kChunk]) {
+  uint8_t* dst[kEightRows];
+  for (int r = 0; r < kEightRows; ++r) dst[r] = reinterpret_cast<uint8_t*>(decoded[r]);
+  eight_rows_by_byte_tables(E4m3ByteDecoder::columns(), p, scales, c0, c1, dst, [&](int r, int64_t i, int64_t) {
+    fp8_to_bf16_fp16_path(p[r] + i, scales[i / 128], decoded[r] + (i - c0));
+  });
+}
+
 }  // namespace
 
 DSV4_AVX512 void dot8_bf16_avx512(const Linear& w, const int64_t* rows, int64_t next_rows, const float* xs, int64_t n,
@@ -157,20 +180,14 @@ DSV4_AVX512 void dot8_fp8_as_bf16_avx512(const Linear& w, const int64_t* rows, i
   double sums[kMaxRegisterTokens][kEightRows] = {};
   int64_t first[kMaxRegisterTokens], size[kMaxRegisterTokens];
   const int groups = eight_row_token_groups(n, first, size);
-  const __m512i high_halves = high_halves_index();
+  const bool vbmi = avx512_vbmi_enabled();
   for (int64_t c0 = 0; c0 < cols; c0 += kChunk) {
     const int64_t c1 = std::min(cols, c0 + kChunk);
-    for (int64_t b = c0; b < c1; b += 128) {
-      // e4m3 * 2^-8 from the fp16 decoding, times 2^(s - 127) * 2^8: exact.
-      const __m512 scale = _mm512_set1_ps(e8m0_to_float(scales[b / 128]) * 256.0f);
-      for (int64_t i = b; i < std::min(c1, b + 128); i += 32)
-        for (int r = 0; r < kEightRows; ++r) {
-          __m512 lo, hi;
-          e4m3x32_to_ps_times_2m8(p[r] + i, lo, hi);
-          const __m512i words = _mm512_permutex2var_epi16(_mm512_castps_si512(_mm512_mul_ps(lo, scale)), high_halves,
-                                                          _mm512_castps_si512(_mm512_mul_ps(hi, scale)));
-          _mm512_store_si512(decoded[r] + (i - c0), words);
-        }
+    if (vbmi) {
+      eight_rows_to_bf16_vbmi(p, scales, c0, c1, decoded);
+    } else {
+      for (int64_t i = c0; i < c1; i += 32)
+        for (int r = 0; r < kEightRows; ++r) fp8_to_bf16_fp16_path(p[r] + i, scales[i / 128], decoded[r] + (i - c0));
     }
     const uint16_t* q[kEightRows];
     const uint8_t* ahead[kEightRows];

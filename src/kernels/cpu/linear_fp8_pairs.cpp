@@ -31,6 +31,7 @@
 #include <cstring>
 
 #include "kernels/cpu/avx512_common.h"
+#include "kernels/cpu/fp8_byte_tables.h"
 #include "kernels/cpu/linear_internal.h"
 
 #define DSV4_BF16 DSV4_TARGET_AVX512_BF16
@@ -101,85 +102,6 @@ DSV4_BF16 inline void group_chunk(const uint32_t* const* rows, const char* const
                                      fold16x4_avx512(lanes[r][t], lanes[r + 1][t], lanes[r + 2][t], lanes[r + 3][t])));
 }
 
-// The bf16 of every e4m3 code's magnitude (bits 0-6) with its exponent
-// raised by kExponentBias, split in its high byte (sign bit clear) and its
-// low byte, as vpermi2b tables: the lookup reads the low seven bits of each
-// index byte, so the code itself is the index and its sign goes into the
-// high byte after, for nonzero codes only. Code 0x7F (NaN) reads as 480, as
-// the other SIMD decoders read it (docs/kernels.md). Both zero codes give
-// the word 0: a -0 weight adds the same as a +0 one to a chain that starts
-// at +0, which never becomes -0 (a sum is -0 only if both terms are).
-//
-// The scale: a word w with exponent field f + kExponentBias (f: the code's
-// own, 118-135) minus (kExponentBias - (s - 127)) << 7 is the code times
-// 2^(s - 127), exactly, for every block scale s in [kBf16DotMinFp8Scale,
-// kMaxHalfPathScale] (the result's field f + s - 127 lies in [77, 254]);
-// a zero word stays zero under the saturating subtraction. One vpsubusw
-// per 32 words, without masks.
-constexpr int kExponentBias = 120;
-static_assert(kMaxHalfPathScale - 127 < kExponentBias && 135 + kExponentBias <= 255);
-struct E4m3ByteTables {
-  alignas(64) uint8_t high[128], low[128];
-  // Byte indices of vpermt2b (low bytes: 0-63, high bytes: 64-127) that
-  // lay 64 decoded columns out as two registers of step-pair words: dword
-  // j of the first holds column j in its high word (the step VDPBF16PS
-  // adds first) and column 16 + j in its low word; the second columns 32 +
-  // j and 48 + j.
-  alignas(64) uint8_t first_pairs[64], second_pairs[64];
-  E4m3ByteTables() {
-    for (int c = 0; c < 128; ++c) {
-      const float v = c == 0x7f ? 480.0f : e4m3_to_float(uint8_t(c));
-      uint32_t bits;
-      std::memcpy(&bits, &v, 4);
-      const uint32_t word = v == 0.0f ? 0 : (bits >> 16) + (uint32_t(kExponentBias) << 7);
-      high[c] = uint8_t(word >> 8);
-      low[c] = uint8_t(word);
-    }
-    for (int j = 0; j < 16; ++j)
-      for (int half = 0; half < 2; ++half) {
-        uint8_t* dst = (half == 0 ? first_pairs : second_pairs) + 4 * j;
-        const int first = 32 * half + j, second = first + 16;
-        dst[0] = uint8_t(second);
-        dst[1] = uint8_t(64 + second);
-        dst[2] = uint8_t(first);
-        dst[3] = uint8_t(64 + first);
-      }
-  }
-};
-const E4m3ByteTables& e4m3_byte_tables() {
-  static const E4m3ByteTables tables;
-  return tables;
-}
-
-// The subtrahend that applies scale byte s (see above), in every word.
-DSV4_BF16_VBMI inline __m512i scale_subtrahend(uint8_t s) {
-  return _mm512_set1_epi16(short((kExponentBias + 127 - int(s)) << 7));
-}
-
-struct E4m3PairDecoder {
-  __m512i high0, high1, low0, low1, first, second;
-  DSV4_BF16_VBMI explicit E4m3PairDecoder(const E4m3ByteTables& t)
-      : high0(_mm512_load_si512(t.high)),
-        high1(_mm512_load_si512(t.high + 64)),
-        low0(_mm512_load_si512(t.low)),
-        low1(_mm512_load_si512(t.low + 64)),
-        first(_mm512_load_si512(t.first_pairs)),
-        second(_mm512_load_si512(t.second_pairs)) {}
-  // 64 codes of a block with the subtrahend `scale` as the pair words of
-  // their four steps: (columns 0-15, 16-31) and (32-47, 48-63).
-  DSV4_BF16_VBMI void decode(const uint8_t* codes, __m512i scale, __m512bh& steps01, __m512bh& steps23) const {
-    const __m512i b = _mm512_loadu_si512(codes);
-    // The signs of the nonzero codes: a -0 (0x80) must give the word 0 like
-    // +0, which the subtraction keeps at 0 (0x8000 would lose its sign).
-    const __m512i signs = _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(b, _mm512_set1_epi8(0x7f)), b);
-    const __m512i high =
-        _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(high0, b, high1), signs, _mm512_set1_epi8(char(0x80)), 0xF8);
-    const __m512i low = _mm512_permutex2var_epi8(low0, b, low1);
-    steps01 = (__m512bh)_mm512_subs_epu16(_mm512_permutex2var_epi8(low, first, high), scale);
-    steps23 = (__m512bh)_mm512_subs_epu16(_mm512_permutex2var_epi8(low, second, high), scale);
-  }
-};
-
 // How far ahead in each stream the four-row kernel asks for its rows: 2 KB,
 // more than the other register kernels (kPrefetchBytesAhead). It takes its
 // bytes faster than they do, and on AMD Zen 5 one layer's FP8 products ran
@@ -192,7 +114,7 @@ constexpr int64_t kFourRowPrefetchBytesAhead = 2048;
 // (a multiple of 64 columns), the folded lanes added to
 // sums[r * kMaxRegisterTokens + t].
 template <int R, int T>
-DSV4_BF16_VBMI inline void fp8_pairs_chunk(const E4m3PairDecoder& decoder, const uint8_t* const* p,
+DSV4_BF16_VBMI inline void fp8_pairs_chunk(const E4m3ByteDecoder& decoder, const uint8_t* const* p,
                                            const uint8_t* const* s, int64_t c0, int64_t c1, const uint32_t* const* x,
                                            bool prefetch, double* sums) {
   __m512 lanes[R][T];  // the segments' sums
@@ -243,7 +165,7 @@ DSV4_BF16_VBMI void fp8_pairs_one_token(const Linear& w, const RowGroup& g, cons
   const uint8_t* s1 = w.scale + g.row(1) / 128 * w.scale_cols;
   const uint8_t* s2 = w.scale + g.row(2) / 128 * w.scale_cols;
   const uint8_t* s3 = w.scale + g.row(3) / 128 * w.scale_cols;
-  const E4m3PairDecoder decoder(e4m3_byte_tables());
+  const E4m3ByteDecoder decoder = E4m3ByteDecoder::pairs();
   const bool prefetch = g.has_next;
   double sum0 = 0, sum1 = 0, sum2 = 0, sum3 = 0;
   for (int64_t c0 = 0; c0 < cols; c0 += kChunk) {
@@ -305,7 +227,7 @@ DSV4_BF16_VBMI void fp8_pairs_rows(const Linear& w, const RowGroup& g, const uin
   }
   const uint32_t* x[T];
   for (int t = 0; t < T; ++t) x[t] = pairs + t * (cols / 2);
-  const E4m3PairDecoder decoder(e4m3_byte_tables());
+  const E4m3ByteDecoder decoder = E4m3ByteDecoder::pairs();
   for (int64_t c0 = 0; c0 < cols; c0 += kChunk) {
     const int64_t c1 = std::min(cols, c0 + kChunk);
     if constexpr (T == 4) {
@@ -335,21 +257,11 @@ DSV4_BF16_VBMI void fp8_pairs_rows(const Linear& w, const RowGroup& g, const uin
 // tables").
 DSV4_BF16_VBMI void eight_rows_to_pairs_vbmi(const uint8_t* const* p, const uint8_t* scales, int64_t c0, int64_t c1,
                                              uint32_t (*decoded)[kChunk / 2]) {
-  const E4m3PairDecoder decoder(e4m3_byte_tables());
-  for (int64_t b = c0; b < c1; b += 128) {
-    const __m512i scale = scale_subtrahend(scales[b / 128]);
-    const int64_t end = std::min(c1, b + 128);
-    for (int r = 0; r < kEightRows; ++r) {
-      int64_t i = b;
-      for (; i + 64 <= end; i += 64) {
-        __m512bh steps01, steps23;
-        decoder.decode(p[r] + i, scale, steps01, steps23);
-        _mm512_store_si512(decoded[r] + (i - c0) / 2, (__m512i)steps01);
-        _mm512_store_si512(decoded[r] + (i - c0) / 2 + 16, (__m512i)steps23);
-      }
-      if (i < end) fp8_chunk_to_pairs(p[r], scales, i, end, decoded[r] + (i - c0) / 2);
-    }
-  }
+  uint8_t* dst[kEightRows];
+  for (int r = 0; r < kEightRows; ++r) dst[r] = reinterpret_cast<uint8_t*>(decoded[r]);
+  eight_rows_by_byte_tables(E4m3ByteDecoder::pairs(), p, scales, c0, c1, dst, [&](int r, int64_t i, int64_t end) {
+    fp8_chunk_to_pairs(p[r], scales, i, end, decoded[r] + (i - c0) / 2);
+  });
 }
 
 }  // namespace
