@@ -36,13 +36,14 @@ namespace {
 // triples"). Each (row, token) still sees the sequence dot_avx512 gives it:
 // same bits.
 //
-// ahead[r] (null: none) is where row r's next bytes start (its next chunk,
-// or the thread's next rows), kAheadBytes bytes per column: the rows' own
-// bf16, or (dot8_fp8_as_bf16_avx512) the FP8 bytes the buffered rows came
-// from.
+// p[r][0] holds column p_first of row r: 0 for the matrix's rows, the
+// chunk's first column for a buffer (dot8_fp8_as_bf16_avx512). ahead[r]
+// (null: none) is where row r's next bytes start (its next chunk, or the
+// thread's next rows), kAheadBytes bytes per column: the rows' own bf16,
+// or the FP8 bytes the buffered rows came from.
 template <int T, int kAheadBytes = 2>
-DSV4_AVX512 inline void dot8_bf16_group_chunk(const uint16_t* const* p, const uint8_t* const* ahead, int64_t c0,
-                                              int64_t c1, const float* const* x, int group, int groups,
+DSV4_AVX512 inline void dot8_bf16_group_chunk(const uint16_t* const* p, int64_t p_first, const uint8_t* const* ahead,
+                                              int64_t c0, int64_t c1, const float* const* x, int group, int groups,
                                               double (*sums)[kEightRows]) {
   const __m512i widen = bf16_widen_index();
   __m512 lanes[kEightRows][T];  // the segments' sums
@@ -62,12 +63,12 @@ DSV4_AVX512 inline void dot8_bf16_group_chunk(const uint16_t* const* p, const ui
         __m512 xv[T];
         for (int t = 0; t < T; ++t) xv[t] = _mm512_loadu_ps(x[t] + i);
         for (int r = 0; r < kEightRows; ++r) {
-          const __m512 v = bf16x16_to_ps_avx512(p[r] + i, widen);
+          const __m512 v = bf16x16_to_ps_avx512(p[r] + (i - p_first), widen);
           for (int t = 0; t < T; ++t) a[r][t] = _mm512_fmadd_ps(v, xv[t], a[r][t]);
         }
       } else {
         __m512 v[kEightRows];
-        for (int r = 0; r < kEightRows; ++r) v[r] = bf16x16_to_ps_avx512(p[r] + i, widen);
+        for (int r = 0; r < kEightRows; ++r) v[r] = bf16x16_to_ps_avx512(p[r] + (i - p_first), widen);
         for (int t = 0; t < T; ++t) {
           const __m512 xv = _mm512_loadu_ps(x[t] + i);
           for (int r = 0; r < kEightRows; ++r) a[r][t] = _mm512_fmadd_ps(v[r], xv, a[r][t]);
@@ -90,20 +91,21 @@ DSV4_AVX512 inline void dot8_bf16_group_chunk(const uint16_t* const* p, const ui
                                      fold16x4_avx512(lanes[r][t], lanes[r + 1][t], lanes[r + 2][t], lanes[r + 3][t])));
 }
 
-// One chunk [c0, c1) of the rows p[r] (bf16, indexed by column) against
+// One chunk [c0, c1) of the rows p[r] (bf16 from column p_first) against
 // every token group in turn.
 template <int kAheadBytes>
-DSV4_AVX512 inline void eight_row_chunk(const uint16_t* const* p, const uint8_t* const* ahead, int64_t c0, int64_t c1,
-                                        const float* xs, int64_t n, int64_t cols, const int64_t* first,
-                                        const int64_t* size, int groups, double (*sums)[kEightRows]) {
+DSV4_AVX512 inline void eight_row_chunk(const uint16_t* const* p, int64_t p_first, const uint8_t* const* ahead,
+                                        int64_t c0, int64_t c1, const float* xs, int64_t n, int64_t cols,
+                                        const int64_t* first, const int64_t* size, int groups,
+                                        double (*sums)[kEightRows]) {
   for (int g = 0; g < groups; ++g) {
     const int64_t t = first[g];
     const float* x[3];
     for (int u = 0; u < 3; ++u) x[u] = xs + std::min(t + u, n - 1) * cols;
     switch (size[g]) {
-      case 3: dot8_bf16_group_chunk<3, kAheadBytes>(p, ahead, c0, c1, x, g, groups, sums + t); break;
-      case 2: dot8_bf16_group_chunk<2, kAheadBytes>(p, ahead, c0, c1, x, g, groups, sums + t); break;
-      default: dot8_bf16_group_chunk<1, kAheadBytes>(p, ahead, c0, c1, x, g, groups, sums + t); break;
+      case 3: dot8_bf16_group_chunk<3, kAheadBytes>(p, p_first, ahead, c0, c1, x, g, groups, sums + t); break;
+      case 2: dot8_bf16_group_chunk<2, kAheadBytes>(p, p_first, ahead, c0, c1, x, g, groups, sums + t); break;
+      default: dot8_bf16_group_chunk<1, kAheadBytes>(p, p_first, ahead, c0, c1, x, g, groups, sums + t); break;
     }
   }
 }
@@ -155,7 +157,7 @@ DSV4_AVX512 void dot8_bf16_avx512(const Linear& w, const int64_t* rows, int64_t 
       ahead[r] = reinterpret_cast<const uint8_t*>(c1 < cols   ? p[r] + c1
                                                   : next_rows ? p[r] + next_rows * cols
                                                               : nullptr);
-    eight_row_chunk<2>(p, ahead, c0, c1, xs, n, cols, first, size, groups, sums);
+    eight_row_chunk<2>(p, 0, ahead, c0, c1, xs, n, cols, first, size, groups, sums);
   }
   for (int64_t t = 0; t < n; ++t)
     for (int r = 0; r < kEightRows; ++r) out[t * kEightRows + r] = sums[t][r];
@@ -192,10 +194,10 @@ DSV4_AVX512 void dot8_fp8_as_bf16_avx512(const Linear& w, const int64_t* rows, i
     const uint16_t* q[kEightRows];
     const uint8_t* ahead[kEightRows];
     for (int r = 0; r < kEightRows; ++r) {
-      q[r] = decoded[r] - c0;
+      q[r] = decoded[r];
       ahead[r] = c1 < cols ? p[r] + c1 : next_rows ? p[r] + next_rows * cols : nullptr;
     }
-    eight_row_chunk<1>(q, ahead, c0, c1, xs, n, cols, first, size, groups, sums);
+    eight_row_chunk<1>(q, c0, ahead, c0, c1, xs, n, cols, first, size, groups, sums);
   }
   for (int64_t t = 0; t < n; ++t)
     for (int r = 0; r < kEightRows; ++r) out[t * kEightRows + r] = sums[t][r];
