@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "core/numeric.h"
+#include "kernels/cpu/avx512_common.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/linear_internal.h"
 
@@ -48,6 +49,10 @@ struct E4m3ByteTables {
   // of the second column 32 + j.
   alignas(64) uint8_t first_pairs[64], second_pairs[64];
   alignas(64) uint8_t first_columns[64], second_columns[64];
+  // The same two layouts for the fp16 decoding (fp8_words_by_fp16): word
+  // indices of vpermt2w over 32 decoded floats (16 in each source, index
+  // 32 + : the second), each word the high half of a float.
+  alignas(64) uint16_t pair_words[32], column_words[32];
   E4m3ByteTables() {
     for (int c = 0; c < 128; ++c) {
       const float v = c == 0x7f ? 480.0f : e4m3_to_float(uint8_t(c));
@@ -72,6 +77,12 @@ struct E4m3ByteTables {
         dst[0] = uint8_t(32 * half + j);
         dst[1] = uint8_t(64 + 32 * half + j);
       }
+    for (int j = 0; j < 16; ++j) {
+      pair_words[2 * j] = uint16_t(32 + 2 * j + 1);  // column 16 + j: the step VDPBF16PS adds second
+      pair_words[2 * j + 1] = uint16_t(2 * j + 1);   // column j
+      column_words[j] = uint16_t(2 * j + 1);
+      column_words[16 + j] = uint16_t(32 + 2 * j + 1);
+    }
   }
 };
 inline const E4m3ByteTables& e4m3_byte_tables() {
@@ -122,6 +133,30 @@ struct E4m3ByteDecoder {
     steps23 = (__m512bh)words1;
   }
 };
+
+// The fp16 decoding's way to the same words, where the CPU lacks VBMI and
+// for a 32-column tail: columns [c0, c1) (a multiple of 32; c0 a multiple
+// of 128, or [c0, c1) within one 128-column span) of an FP8 row (scales:
+// its block's; each in [kBf16ExactMinFp8Scale, kMaxHalfPathScale]), 32 at
+// a time decoded as floats times the scale
+// (exact), their high halves laid out by `layout` (pair_words or
+// column_words) into dst, two bytes a column (column c0 first).
+DSV4_TARGET_AVX512 inline void fp8_words_by_fp16(const uint8_t* row, const uint8_t* scales, int64_t c0, int64_t c1,
+                                                 const uint16_t* layout, uint8_t* dst) {
+  const __m512i index = _mm512_load_si512(layout);
+  for (int64_t b = c0; b < c1; b += 128) {
+    // e4m3 * 2^-8 from the fp16 decoding, times 2^(s - 127) * 2^8.
+    const __m512 scale256 = _mm512_set1_ps(e8m0_to_float(scales[b / 128]) * 256.0f);
+    const int64_t end = std::min(c1, b + 128);
+    for (int64_t i = b; i < end; i += 32) {
+      __m512 first, second;
+      e4m3x32_to_ps_times_2m8(row + i, first, second);
+      _mm512_storeu_si512(dst + 2 * (i - c0),
+                          _mm512_permutex2var_epi16(_mm512_castps_si512(_mm512_mul_ps(first, scale256)), index,
+                                                    _mm512_castps_si512(_mm512_mul_ps(second, scale256))));
+    }
+  }
+}
 
 // The FP8 chunk [c0, c1) of rows p[0..kEightRows) (scales: their block's,
 // each in the decoder's range) decoded by `decoder` into dst[r], two bytes a

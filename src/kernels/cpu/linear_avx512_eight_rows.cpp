@@ -110,33 +110,14 @@ DSV4_AVX512 inline void eight_row_chunk(const uint16_t* const* p, int64_t p_firs
   }
 }
 
-// Word j of a register: the high half of float j of lo (j < 16) or of float
-// j - 16 of hi, i.e. the bf16 of each float where its low half is zero.
-DSV4_AVX512 inline __m512i high_halves_index() {
-  alignas(64) static const uint16_t index[32] = {1,  3,  5,  7,  9,  11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31,
-                                                 33, 35, 37, 39, 41, 43, 45, 47, 49, 51, 53, 55, 57, 59, 61, 63};
-  return _mm512_load_si512(index);
-}
-
-// 32 FP8 codes at `row` times 2^(scale - 127), as bf16 (exact, see
-// dot8_fp8_as_bf16_avx512) at dst, by the fp16 decoding.
-DSV4_AVX512 void fp8_to_bf16_fp16_path(const uint8_t* row, uint8_t scale, uint16_t* dst) {
-  // e4m3 * 2^-8 from the fp16 decoding, times 2^(s - 127) * 2^8: exact.
-  const __m512 factor = _mm512_set1_ps(e8m0_to_float(scale) * 256.0f);
-  __m512 lo, hi;
-  e4m3x32_to_ps_times_2m8(row, lo, hi);
-  _mm512_store_si512(dst, _mm512_permutex2var_epi16(_mm512_castps_si512(_mm512_mul_ps(lo, factor)), high_halves_index(),
-                                                    _mm512_castps_si512(_mm512_mul_ps(hi, factor))));
-}
-
 // The eight rows' FP8 chunk [c0, c1) as bf16 in column order, by the byte
 // tables where the CPU has AVX512-VBMI.
 DSV4_TARGET_AVX512_VBMI void eight_rows_to_bf16_vbmi(const uint8_t* const* p, const uint8_t* scales, int64_t c0,
                                                      int64_t c1, uint16_t (*decoded)[kChunk]) {
   uint8_t* dst[kEightRows];
   for (int r = 0; r < kEightRows; ++r) dst[r] = reinterpret_cast<uint8_t*>(decoded[r]);
-  eight_rows_by_byte_tables(E4m3ByteDecoder::columns(), p, scales, c0, c1, dst, [&](int r, int64_t i, int64_t) {
-    fp8_to_bf16_fp16_path(p[r] + i, scales[i / 128], decoded[r] + (i - c0));
+  eight_rows_by_byte_tables(E4m3ByteDecoder::columns(), p, scales, c0, c1, dst, [&](int r, int64_t i, int64_t end) {
+    fp8_words_by_fp16(p[r], scales, i, end, e4m3_byte_tables().column_words, dst[r] + 2 * (i - c0));
   });
 }
 
@@ -188,8 +169,9 @@ DSV4_AVX512 void dot8_fp8_as_bf16_avx512(const Linear& w, const int64_t* rows, i
     if (vbmi) {
       eight_rows_to_bf16_vbmi(p, scales, c0, c1, decoded);
     } else {
-      for (int64_t i = c0; i < c1; i += 32)
-        for (int r = 0; r < kEightRows; ++r) fp8_to_bf16_fp16_path(p[r] + i, scales[i / 128], decoded[r] + (i - c0));
+      for (int r = 0; r < kEightRows; ++r)
+        fp8_words_by_fp16(p[r], scales, c0, c1, e4m3_byte_tables().column_words,
+                          reinterpret_cast<uint8_t*>(decoded[r]));
     }
     const uint16_t* q[kEightRows];
     const uint8_t* ahead[kEightRows];

@@ -41,30 +41,13 @@ namespace dsv4::linear_detail {
 
 namespace {
 
-// Columns [c0, c1) of an FP8 row (c1 - c0 a multiple of 32; `scales`: its
-// block's scale bytes, within [kBf16DotMinFp8Scale, kMaxHalfPathScale]) as
-// step-pair words at dst: word b / 2 + j of each 32-column block b holds
-// column b + j in its high half (the step VDPBF16PS adds first) and column
-// b + 16 + j in its low half, as pair_token_steps lays out the inputs.
+// Columns [c0, c1) of an FP8 row as step-pair words at dst (word b / 2 + j
+// of each 32-column block b holds column b + j in its high half, column b
+// + 16 + j in its low half, as pair_token_steps lays out the inputs), by
+// the fp16 decoding.
 DSV4_BF16 inline void fp8_chunk_to_pairs(const uint8_t* row, const uint8_t* scales, int64_t c0, int64_t c1,
                                          uint32_t* dst) {
-  // Word 2j + 1 <- the top half of lane j of the first 16 columns, word 2j
-  // <- the top half of lane j of the second 16 (index 32 + : the second
-  // source).
-  alignas(64) static const uint16_t pair_index[32] = {33, 1,  35, 3,  37, 5,  39, 7,  41, 9,  43, 11, 45, 13, 47, 15,
-                                                      49, 17, 51, 19, 53, 21, 55, 23, 57, 25, 59, 27, 61, 29, 63, 31};
-  const __m512i index = _mm512_load_si512(pair_index);
-  for (int64_t b = c0; b < c1; b += 128) {
-    const __m512 scale256 = _mm512_set1_ps(e8m0_to_float(scales[b / 128]) * 256.0f);
-    const int64_t end = std::min(c1, b + 128);
-    for (int64_t i = b; i < end; i += 32) {
-      __m512 first, second;
-      e4m3x32_to_ps_times_2m8(row + i, first, second);
-      _mm512_storeu_si512(dst + (i - c0) / 2,
-                          _mm512_permutex2var_epi16(_mm512_castps_si512(_mm512_mul_ps(first, scale256)), index,
-                                                    _mm512_castps_si512(_mm512_mul_ps(second, scale256))));
-    }
-  }
+  fp8_words_by_fp16(row, scales, c0, c1, e4m3_byte_tables().pair_words, reinterpret_cast<uint8_t*>(dst));
 }
 
 // T tokens (pair words x[t]) over the chunk [c0, c1) of the eight rows
