@@ -36,6 +36,14 @@ using AlignedVector = std::vector<T, AlignedAllocator<T>>;
 // every 4 KB. Rounds `bytes` up to the size allocated; free with std::free.
 void* allocate_huge_pages(std::size_t& bytes);
 
+// Reads one byte of each 2 MB page of [p, p + bytes). On the development VM
+// (Firecracker, Linux 6.18, AMD Zen 5) the first pass over a huge page made
+// read-only by mprotect read at 4-6 GB/s on one core against 26-37 GB/s on
+// later passes, with no page fault counted; one load per page first (18 ms
+// for 6 GB) removes that (docs/loading.md, "The first read after write
+// protection"; bench/bench_first_read.cpp measures it).
+void touch_huge_pages(const void* p, std::size_t bytes);
+
 template <class T>
 struct HugePageAllocator {
   using value_type = T;

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/aligned.h"
 #include "core/error.h"
 
 namespace dsv4 {
@@ -81,19 +82,6 @@ uint8_t* allocate_copy(const std::string& path, int64_t bytes, size_t& mapped) {
   return static_cast<uint8_t*>(p);
 }
 
-// Reads one byte of each 2 MB page of a copy made read-only. On the
-// development VM (Firecracker, Linux 6.18, AMD Zen 5) the first pass over a
-// huge page after mprotect read at 4-6 GB/s on one core against 26-37 GB/s
-// on later passes, with no page fault counted; one load per 2 MB page (18
-// ms for 6 GB) removes that, so decoding does not pay it on each expert's
-// first use (docs/loading.md, "The first read after write protection").
-void touch_huge_pages(const uint8_t* p, size_t bytes) {
-  const size_t huge = size_t(2) << 20;
-  uint8_t sum = 0;
-  for (size_t i = 0; i < bytes; i += huge) sum ^= *static_cast<const volatile uint8_t*>(p + i);
-  (void)sum;
-}
-
 // Reads bytes [offset, offset + bytes) of fd into dst, in pieces of at most
 // 64 MB; an empty string, or why it failed.
 std::string read_range(int fd, uint8_t* dst, int64_t offset, int64_t bytes) {
@@ -135,6 +123,8 @@ MappedFile::MappedFile(const std::string& path, std::vector<Segment>& segments) 
   }
   ::close(fd);
   mprotect(dst, mapped_bytes_, PROT_READ);
+  // The first read of a page after mprotect can be slow; each page's first
+  // read happens here, not on an expert's first use (core/aligned.h).
   touch_huge_pages(dst, mapped_bytes_);
   data_ = dst;
   size_ = total;
