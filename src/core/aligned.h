@@ -29,6 +29,9 @@ struct AlignedAllocator {
 template <class T>
 using AlignedVector = std::vector<T, AlignedAllocator<T>>;
 
+// The transparent huge page size of x86-64.
+constexpr std::size_t kHugePageBytes = std::size_t(2) << 20;
+
 // Large buffers (weights, the kernels' scratch, activations) in whole 2 MB
 // pages, aligned to them and marked for transparent huge pages (advisory:
 // ignored where THP is off; needed where it is in `madvise` mode): a
