@@ -455,8 +455,35 @@ TEST(Ops, TopKMatchesAFullSort) {
       std::sort(order.begin(), order.end());
       EXPECT_EQ(top_k_indices(s.data(), n, k), order) << n << " " << k;
     }
+  // From kTopKHistogramMin scores on, the histogram path: scores spread over
+  // both signs and many exponents, scores in a few values (one bin holds the
+  // k-th and many ties), -0 and +0 mixed (equal scores: the lower index
+  // first), and the k-th at either end.
+  for (int kind = 0; kind < 3; ++kind) {
+    const int64_t n = kTopKHistogramMin * 3 + 5;
+    std::vector<float> s(static_cast<size_t>(n));
+    std::normal_distribution<float> nd;
+    for (auto& v : s)
+      v = kind == 0   ? std::ldexp(nd(rng), int(rng() % 40) - 20)
+          : kind == 1 ? float(int(rng() % 9) - 4) * 0.5f
+                      : (rng() % 2 ? 0.0f : -0.0f) + (rng() % 5 == 0 ? float(rng() % 3) : 0.0f);
+    for (int64_t k : {int64_t(1), int64_t(512), n / 3, n - 1}) {
+      std::vector<int32_t> order(static_cast<size_t>(n));
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return s[size_t(a)] > s[size_t(b)]; });
+      order.resize(size_t(k));
+      std::sort(order.begin(), order.end());
+      EXPECT_EQ(top_k_indices(s.data(), n, k), order) << "kind " << kind << " k " << k;
+    }
+  }
   // With a NaN the selection still returns k ids in ascending order, the
-  // same every time.
+  // same every time (both paths).
+  std::vector<float> many(static_cast<size_t>(kTopKHistogramMin * 2), 1.0f);
+  many[77] = NAN;
+  many[3000] = 2.0f;
+  const std::vector<int32_t> picked_many = top_k_indices(many.data(), int64_t(many.size()), 3);
+  EXPECT_EQ(picked_many.size(), 3u);
+  EXPECT_TRUE(std::is_sorted(picked_many.begin(), picked_many.end()));
   std::vector<float> s = {1.0f, NAN, 3.0f, 2.0f, NAN, 0.5f};
   const std::vector<int32_t> picked = top_k_indices(s.data(), 6, 3);
   EXPECT_EQ(picked.size(), 3u);
