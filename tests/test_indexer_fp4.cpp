@@ -70,6 +70,8 @@ TEST(IndexerFp4, QueriesOffTheGridAreRefused) {
 // grid at scales from 2^-140 (subnormal values) to 2^100, all-zero blocks
 // and negative zeros, and blocks one change away from refusal: a value off
 // the grid, NaN, an infinity, a nonzero value whose code underflows to zero.
+void scores_follow_the_definition(int64_t dim);
+
 TEST(IndexerFp4, QueryFormIsTheSameOnEveryPath) {
   const int64_t heads = 3, dim = 128;
   for (int shift : {-35, -5, 0, 4, 25}) {
@@ -107,8 +109,15 @@ TEST(IndexerFp4, QueryFormIsTheSameOnEveryPath) {
   }
 }
 
+// 128 dims (V4's keys: the VNNI kernel's one-register tile) and 64 and 256
+// (its general tile through a row buffer).
 TEST(IndexerFp4, ScoresFollowTheDefinitionOnEveryPath) {
-  const int64_t dim = 128, keys = 301;
+  for (int64_t dim : {128, 64, 256}) scores_follow_the_definition(dim);
+}
+
+void scores_follow_the_definition(int64_t dim) {
+  SCOPED_TRACE(std::to_string(dim) + " dims");
+  const int64_t keys = 301;
   std::mt19937 rng(7);
   std::vector<uint8_t> nibbles(size_t(keys * dim / 2)), scales(size_t(keys * dim / 32));
   for (auto& b : nibbles) b = uint8_t(rng());

@@ -112,38 +112,82 @@ DSV4_TARGET_VNNI inline __m512 add_head_group(const Fp4Query& q, const float* we
   return score;
 }
 
-// 16 keys per register lane by lane. The keys' codes are transposed so that
-// register g holds dims [4g, 4g + 4) of all 16 keys (a dword each), and
-// VPDPBUSD adds four products per lane against the query's four codes of
-// those dims, broadcast.
-DSV4_TARGET_VNNI void scores_vnni(const Fp4Query& q, const float* weights, const Fp4RowsView& keys, int64_t first,
-                                  int64_t count, float* scores) {
-  const int64_t dim = q.dim, blocks = dim / kBlock, groups = dim / 4;
+// The codes of 16 keys (from `key`; past the end, copies of the last) into
+// `tile` ([dword group][key]: register g holds dims [4g, 4g + 4) of all 16
+// keys, a dword each) and their blocks' half scales into `half`
+// ([block][key]). Any width up to 512: each key's blocks through a row
+// buffer, 128 bits at a time.
+DSV4_TARGET_VNNI void keys_to_tile(const Fp4RowsView& keys, int64_t dim, int64_t key, int64_t n, int32_t (*tile)[16],
+                                   float (*half)[16]) {
+  const int64_t blocks = dim / kBlock, groups = dim / 4;
   const __m128i lut = _mm_loadu_si128(reinterpret_cast<const __m128i*>(key_codes()));
   const __m128i low = _mm_set1_epi8(0x0f);
-  alignas(64) uint8_t rows[16][512];    // key codes, [key][dim] (dim <= 512)
-  alignas(64) int32_t tile[128][16];    // [dword group][key]
-  alignas(64) float half[16][16];       // [block][key]
+  alignas(64) uint8_t rows[16][512];  // key codes, [key][dim]
+  for (int64_t i = 0; i < 16; ++i) {
+    const int64_t k = key + std::min(i, n - 1);
+    const uint8_t* nibbles = keys.nibbles + k * (dim / 2);
+    for (int64_t b = 0; b < blocks; ++b) {
+      const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(nibbles + b * kBlock / 2));
+      _mm_store_si128(reinterpret_cast<__m128i*>(&rows[i][b * kBlock]),
+                      _mm_shuffle_epi8(lut, _mm_and_si128(bytes, low)));
+      _mm_store_si128(reinterpret_cast<__m128i*>(&rows[i][b * kBlock + 16]),
+                      _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(bytes, 4), low)));
+      half[b][i] = key_half_scale(keys.scales[k * blocks + b]);
+    }
+  }
+  for (int64_t g0 = 0; g0 < groups; g0 += 16) {
+    __m512 r[16];
+    for (int i = 0; i < 16; ++i) r[i] = _mm512_load_ps(reinterpret_cast<const float*>(&rows[i][g0 * 4]));
+    linear_detail::transpose16x16(r);
+    for (int g = 0; g < 16; ++g) _mm512_store_ps(reinterpret_cast<float*>(tile[g0 + g]), r[g]);
+  }
+}
+
+// The same tile for 128-dim keys (V4's): a key's 64 bytes in one register,
+// the low nibbles of its four blocks (their even dims) and the high nibbles
+// (odd dims) turned into codes by one 512-bit PSHUFB each, and both sets
+// transposed from registers. Dword 4b + j of `even` is dword 8b + j of
+// keys_to_tile's row and dword 4b + j of `odd` its dword 8b + 4 + j, so the
+// tile is the same; keys_to_tile's 128-bit steps and row buffer took 6% more
+// of the scoring time (docs/long_context.md, "Runs of key tiles, the
+// scores' buffer and the top-k").
+DSV4_TARGET_VNNI void keys_to_tile_128(const Fp4RowsView& keys, int64_t key, int64_t n, int32_t (*tile)[16],
+                                       float (*half)[16]) {
+  constexpr int64_t kBlocks = 128 / kBlock;
+  const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(key_codes())));
+  const __m512i low = _mm512_set1_epi8(0x0f);
+  __m512 even[16], odd[16];
+  for (int64_t i = 0; i < 16; ++i) {
+    const int64_t k = key + std::min(i, n - 1);
+    const __m512i bytes = _mm512_loadu_si512(keys.nibbles + k * 64);
+    even[i] = _mm512_castsi512_ps(_mm512_shuffle_epi8(lut, _mm512_and_si512(bytes, low)));
+    odd[i] = _mm512_castsi512_ps(_mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low)));
+    for (int64_t b = 0; b < kBlocks; ++b) half[b][i] = key_half_scale(keys.scales[k * kBlocks + b]);
+  }
+  linear_detail::transpose16x16(even);
+  linear_detail::transpose16x16(odd);
+  for (int b = 0; b < kBlocks; ++b)
+    for (int j = 0; j < 4; ++j) {
+      _mm512_store_ps(reinterpret_cast<float*>(tile[8 * b + j]), even[4 * b + j]);
+      _mm512_store_ps(reinterpret_cast<float*>(tile[8 * b + 4 + j]), odd[4 * b + j]);
+    }
+}
+
+// 16 keys per register lane by lane: VPDPBUSD adds four products per lane
+// (a key's dims [4g, 4g + 4) in tile row g) against the query's four codes
+// of those dims, broadcast.
+DSV4_TARGET_VNNI void scores_vnni(const Fp4Query& q, const float* weights, const Fp4RowsView& keys, int64_t first,
+                                  int64_t count, float* scores) {
+  const int64_t dim = q.dim;
+  alignas(64) int32_t tile[128][16];  // [dword group][key]
+  alignas(64) float half[16][16];     // [block][key]
   const __m512 zero = _mm512_setzero_ps();
   for (int64_t k0 = 0; k0 < count; k0 += 16) {
     const int64_t n = std::min<int64_t>(16, count - k0);
-    for (int64_t i = 0; i < 16; ++i) {
-      const int64_t key = first + k0 + std::min(i, n - 1);  // past the end: a copy of the last key
-      const uint8_t* nibbles = keys.nibbles + key * (dim / 2);
-      for (int64_t b = 0; b < blocks; ++b) {
-        const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(nibbles + b * kBlock / 2));
-        _mm_store_si128(reinterpret_cast<__m128i*>(&rows[i][b * kBlock]), _mm_shuffle_epi8(lut, _mm_and_si128(bytes, low)));
-        _mm_store_si128(reinterpret_cast<__m128i*>(&rows[i][b * kBlock + 16]),
-                        _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(bytes, 4), low)));
-        half[b][i] = key_half_scale(keys.scales[key * blocks + b]);
-      }
-    }
-    for (int64_t g0 = 0; g0 < groups; g0 += 16) {
-      __m512 r[16];
-      for (int i = 0; i < 16; ++i) r[i] = _mm512_load_ps(reinterpret_cast<const float*>(&rows[i][g0 * 4]));
-      linear_detail::transpose16x16(r);
-      for (int g = 0; g < 16; ++g) _mm512_store_ps(reinterpret_cast<float*>(tile[g0 + g]), r[g]);
-    }
+    if (dim == 128 && keys.block == kBlock)
+      keys_to_tile_128(keys, first + k0, n, tile, half);
+    else
+      keys_to_tile(keys, dim, first + k0, n, tile, half);
     __m512 score = zero;
     int64_t h0 = 0;
     for (; h0 + kHeadGroup <= q.heads; h0 += kHeadGroup)
