@@ -1,7 +1,9 @@
 // The float top-k by a radix histogram (see top_k_indices in vector_ops.h).
+#include <algorithm>
 #include <bit>
 #include <cmath>
-#include <cstring>
+#include <functional>
+#include <vector>
 
 #include "core/scratch.h"
 #include "kernels/cpu/vector_ops.h"
