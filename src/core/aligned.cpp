@@ -5,7 +5,7 @@
 namespace dsv4 {
 
 void* allocate_huge_pages(std::size_t& bytes) {
-  bytes = (bytes + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
+  bytes = whole_huge_pages(bytes);
   void* p = std::aligned_alloc(kHugePageBytes, bytes);
   if (!p) throw std::bad_alloc();
   madvise(p, bytes, MADV_HUGEPAGE);

@@ -31,6 +31,10 @@ using AlignedVector = std::vector<T, AlignedAllocator<T>>;
 
 // The transparent huge page size of x86-64.
 constexpr std::size_t kHugePageBytes = std::size_t(2) << 20;
+// `bytes` rounded up to whole huge pages.
+constexpr std::size_t whole_huge_pages(std::size_t bytes) {
+  return (bytes + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
+}
 
 // Large buffers (weights, the kernels' scratch, activations) in whole 2 MB
 // pages, aligned to them and marked for transparent huge pages (advisory:

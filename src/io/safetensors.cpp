@@ -72,7 +72,7 @@ namespace {
 // Anonymous memory of at least `bytes`, rounded up to whole 2 MB pages and
 // advised to transparent huge pages; sets `mapped`.
 uint8_t* allocate_copy(const std::string& path, int64_t bytes, size_t& mapped) {
-  mapped = (size_t(std::max<int64_t>(bytes, 1)) + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
+  mapped = whole_huge_pages(size_t(std::max<int64_t>(bytes, 1)));
   void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED)
     throw Error("cannot allocate " + std::to_string(bytes >> 20) + " MiB to copy " + path + ": " +
