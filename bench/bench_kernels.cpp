@@ -312,40 +312,77 @@ void BM_AttentionHeads(benchmark::State& state) {
 }
 BENCHMARK(BM_AttentionHeads)->Arg(0)->Arg(1)->Arg(2)->Arg(3);
 
+// The cached rows of a ratio-128 layer at 1M tokens of context, as a decode
+// state stores them (448 e4m3 codes with a scale per 64, 64 RoPE floats),
+// for `sequences` sequences: 8,192 compressed rows each.
+struct StoredHcaRows {
+  static constexpr int64_t kDim = 512, kNope = 448, kBlock = 64, kRows = 8192;
+  std::vector<uint8_t> codes, scales;
+  std::vector<float> rope;
+  std::vector<Fp8RowsView> views;
+  explicit StoredHcaRows(int64_t sequences, uint32_t seed)
+      : codes(size_t(sequences * kRows * kNope)),
+        scales(size_t(sequences * kRows * kNope / kBlock)),
+        rope(size_t(sequences * kRows * (kDim - kNope))) {
+    std::mt19937 rng(seed);
+    for (auto& c : codes) c = uint8_t(rng() % 0x7e);  // finite e4m3, positive and small
+    for (auto& c : scales) c = uint8_t(120 + rng() % 6);
+    std::normal_distribution<float> nd;
+    for (auto& x : rope) x = nd(rng) * 0.1f;
+    for (int64_t r = 0; r < sequences; ++r)
+      views.push_back({codes.data() + r * kRows * kNope, scales.data() + r * kRows * kNope / kBlock,
+                       rope.data() + r * kRows * (kDim - kNope), kDim, kNope, kBlock});
+  }
+};
+
 // A decode row's attention at 1M tokens of context in a ratio-128 layer:
-// 8,192 compressed rows + the 128-token window, 64 heads of 512 dims, the
-// rows stored as the decode state keeps them (448 e4m3 codes with a scale
-// per 64, 64 RoPE floats). Arg 0: the FP8 rows decoded, then the sink
-// attention (what the model runs); arg 1: the attention alone; arg 2: the
-// decoding alone. On every
-// compute thread; MAC/s counts the scores' and weighted sums' multiply-adds.
+// its 8,192 compressed rows (StoredHcaRows) + the 128-token window, 64 heads
+// of 512 dims. Arg 0: the FP8 rows decoded into memory, then the sink
+// attention; arg 1: the attention alone over those decoded rows; arg 2: the
+// decoding alone; arg 3: the rows handed over as stored, decoded per key
+// tile inside the attention (what the model runs since these were
+// compared: docs/long_context.md, "Cached rows decoded per key tile"). On
+// every compute thread; MAC/s counts the scores' and weighted sums'
+// multiply-adds.
 void BM_AttentionLongRow(benchmark::State& state) {
-  const bool with_decode = state.range(0) != 1, with_attention = state.range(0) != 2;
-  const int64_t heads = 64, dim = 512, nope = 448, block = 64, n_keys = 8192 + 128;
+  const int part = int(state.range(0));
+  const bool with_decode = part == 0 || part == 2, with_attention = part != 2;
+  const int64_t heads = 64, dim = StoredHcaRows::kDim, nope = StoredHcaRows::kNope, block = StoredHcaRows::kBlock;
+  const int64_t compressed = StoredHcaRows::kRows, window = 128, n_keys = compressed + window;
+  const StoredHcaRows stored(1, 10);
   std::mt19937 rng(10);
-  std::vector<uint8_t> codes(size_t(n_keys * nope)), scales(size_t(n_keys * nope / block));
-  for (auto& c : codes) c = uint8_t(rng() % 0x7e);  // finite e4m3, positive and small
-  for (auto& c : scales) c = uint8_t(120 + rng() % 6);
   std::normal_distribution<float> nd;
-  std::vector<float> rope(size_t(n_keys * (dim - nope))), sink(static_cast<size_t>(heads));
-  AlignedVector<float> q(size_t(heads * dim));
-  for (auto* v : {&rope, &sink})
-    for (auto& x : *v) x = nd(rng) * 0.1f;
+  std::vector<float> sink(static_cast<size_t>(heads));
+  AlignedVector<float> q(size_t(heads * dim)), window_keys(size_t(window * dim));
+  for (auto& x : sink) x = nd(rng) * 0.1f;
   for (auto& x : q) x = nd(rng) * 0.1f;
-  const Fp8RowsView view{codes.data(), scales.data(), rope.data(), dim, nope, block};
-  std::vector<int64_t> ids(static_cast<size_t>(n_keys));
+  for (auto& x : window_keys) x = nd(rng) * 0.1f;
+  std::vector<int64_t> ids(static_cast<size_t>(compressed));
   std::iota(ids.begin(), ids.end(), 0);
-  AlignedVector<float> decoded(size_t(n_keys * dim)), out(size_t(heads * dim));  // as the model's Buffers
-  std::vector<const float*> keys;
-  for (int64_t j = 0; j < n_keys; ++j) keys.push_back(decoded.data() + j * dim);
+  AlignedVector<float> decoded(size_t(compressed * dim)), out(size_t(heads * dim));  // as the model's Buffers
+  std::vector<const float*> keys, undecoded;
+  std::vector<Fp8Key> fp8;
+  for (int64_t j = 0; j < compressed; ++j) {
+    keys.push_back(decoded.data() + j * dim);
+    undecoded.push_back(nullptr);
+    fp8.push_back({&stored.views[0], j});
+  }
+  for (int64_t j = 0; j < window; ++j) {
+    keys.push_back(window_keys.data() + j * dim);
+    undecoded.push_back(window_keys.data() + j * dim);
+    fp8.push_back({});
+  }
   const int64_t key_begin[2] = {0, n_keys};
   const KernelBackend& kb = default_backend();
-  kb.decode_fp8_rows(view, ids.data(), n_keys, decoded.data());
+  kb.decode_fp8_rows(stored.views[0], ids.data(), compressed, decoded.data());
+  const float scale = 1.0f / std::sqrt(float(dim));
   for (auto _ : state) {
-    if (with_decode) kb.decode_fp8_rows(view, ids.data(), n_keys, decoded.data());
-    if (with_attention)
-      kb.sink_attention({q.data(), 1, heads, dim, keys.data(), key_begin, sink.data(), 1.0f / std::sqrt(float(dim)),
-                         out.data()});
+    if (with_decode) kb.decode_fp8_rows(stored.views[0], ids.data(), compressed, decoded.data());
+    if (part == 3)
+      kb.sink_attention(
+          {q.data(), 1, heads, dim, undecoded.data(), key_begin, sink.data(), scale, out.data(), fp8.data()});
+    else if (with_attention)
+      kb.sink_attention({q.data(), 1, heads, dim, keys.data(), key_begin, sink.data(), scale, out.data()});
     benchmark::DoNotOptimize(out.data());
   }
   if (with_attention)
@@ -354,42 +391,66 @@ void BM_AttentionLongRow(benchmark::State& state) {
   // Bytes the decode writes (the floats) and reads (codes, scales, RoPE floats).
   if (with_decode)
     state.counters["decode B/s"] = benchmark::Counter(
-        double(n_keys * (dim * 4 + nope + nope / block + (dim - nope) * 4)) * double(state.iterations()),
+        double(compressed * (dim * 4 + nope + nope / block + (dim - nope) * 4)) * double(state.iterations()),
         benchmark::Counter::kIsRate);
-  const char* labels[] = {"FP8 rows decoded + attention", "attention over decoded rows", "FP8 rows decoded alone"};
-  state.SetLabel(labels[state.range(0)]);
+  const char* labels[] = {"FP8 rows decoded + attention", "attention over decoded rows", "FP8 rows decoded alone",
+                          "stored FP8 rows, decoded per key tile"};
+  state.SetLabel(labels[part]);
 }
-BENCHMARK(BM_AttentionLongRow)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_AttentionLongRow)->Arg(0)->Arg(1)->Arg(2)->Arg(3)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // A decode step of `rows` sequences at 1M tokens of context in a ratio-128
-// layer: each its own 8,192 + 128 decoded rows (as BM_AttentionLongRow/1),
-// all in one call, as the model makes it for a batch.
+// layer, all in one call, as the model makes it for a batch: each its own
+// 8,192 compressed rows + 128 window rows. Arg 1 = 0: over rows decoded
+// into memory beforehand (the decoding not timed); 1: the compressed rows
+// as stored, decoded per key tile inside the attention.
 void BM_AttentionLongRows(benchmark::State& state) {
-  const int64_t rows = state.range(0), heads = 64, dim = 512, n_keys = 8192 + 128;
+  const int64_t rows = state.range(0), heads = 64, dim = StoredHcaRows::kDim, compressed = StoredHcaRows::kRows;
+  const int64_t window = 128, n_keys = compressed + window;
+  const bool as_stored = state.range(1) == 1;
+  const StoredHcaRows stored(rows, 11);
   std::mt19937 rng(11);
   std::normal_distribution<float> nd;
-  AlignedVector<float> decoded(size_t(rows * n_keys * dim)), q(size_t(rows * heads * dim)),
-      out(size_t(rows * heads * dim));
+  AlignedVector<float> decoded(size_t(rows * compressed * dim)), window_keys(size_t(rows * window * dim)),
+      q(size_t(rows * heads * dim)), out(size_t(rows * heads * dim));
   std::vector<float> sink(static_cast<size_t>(heads));
-  for (auto& x : decoded) x = nd(rng) * 0.1f;
+  for (auto& x : window_keys) x = nd(rng) * 0.1f;
   for (auto& x : q) x = nd(rng) * 0.1f;
   for (auto& x : sink) x = nd(rng) * 0.1f;
+  std::vector<int64_t> ids(static_cast<size_t>(compressed));
+  std::iota(ids.begin(), ids.end(), 0);
+  const KernelBackend& kb = default_backend();
   std::vector<const float*> keys;
+  std::vector<Fp8Key> fp8;
   std::vector<int64_t> key_begin{0};
   for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t j = 0; j < n_keys; ++j) keys.push_back(decoded.data() + (r * n_keys + j) * dim);
+    kb.decode_fp8_rows(stored.views[size_t(r)], ids.data(), compressed, decoded.data() + r * compressed * dim);
+    for (int64_t j = 0; j < compressed; ++j) {
+      keys.push_back(as_stored ? nullptr : decoded.data() + (r * compressed + j) * dim);
+      fp8.push_back({&stored.views[size_t(r)], j});
+    }
+    for (int64_t j = 0; j < window; ++j) {
+      keys.push_back(window_keys.data() + (r * window + j) * dim);
+      fp8.push_back({});
+    }
     key_begin.push_back(key_begin.back() + n_keys);
   }
-  const KernelBackend& kb = default_backend();
   for (auto _ : state) {
     kb.sink_attention({q.data(), rows, heads, dim, keys.data(), key_begin.data(), sink.data(),
-                       1.0f / std::sqrt(float(dim)), out.data()});
+                       1.0f / std::sqrt(float(dim)), out.data(), as_stored ? fp8.data() : nullptr});
     benchmark::DoNotOptimize(out.data());
   }
   state.counters["MAC/s"] = benchmark::Counter(2.0 * double(rows * heads * n_keys * dim) * double(state.iterations()),
                                                benchmark::Counter::kIsRate);
+  state.SetLabel(as_stored ? "stored FP8 rows, decoded per key tile" : "over decoded rows");
 }
-BENCHMARK(BM_AttentionLongRows)->Arg(2)->Arg(4)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_AttentionLongRows)
+    ->Args({2, 0})
+    ->Args({2, 1})
+    ->Args({4, 0})
+    ->Args({4, 1})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 // The lightning indexer scoring one decode row against 4096 FP4 keys (64
 // heads x 128 dims, V4-Flash), on one thread: arg 0 the integer FP4 scores

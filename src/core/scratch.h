@@ -34,6 +34,7 @@ enum class ScratchSlot : int {
   IndexerKeys,
   IndexerDots,
   AttentionScores,
+  AttentionKeyTile,
   Count
 };
 

@@ -45,6 +45,23 @@ struct HcMix {
   std::vector<float> pre, post, comb;  // [n, copies], [n, copies], [n, copies, copies]
 };
 
+// Cached KV rows as a decode state stores them (model/cache_rows.h): the
+// first `nope` values of a row as e4m3 codes with one ue8m0 scale per
+// `block`, the rest (the RoPE dims) as floats.
+struct Fp8RowsView {
+  const uint8_t* codes = nullptr;   // [rows, nope]
+  const uint8_t* scales = nullptr;  // [rows, ceil(nope / block)]
+  const float* rope = nullptr;      // [rows, width - nope]
+  int64_t width = 0, nope = 0, block = 64;
+};
+
+// A key that the attention reads from a decode state's cached FP8 rows: row
+// `id` of `rows`.
+struct Fp8Key {
+  const Fp8RowsView* rows = nullptr;
+  int64_t id = 0;
+};
+
 // Sink attention over gathered keys (K = V). Row r's keys are
 // keys[key_begin[r] .. key_begin[r+1]) in the order they are visited; its
 // output for head h is sum_j p_j k_j with p the softmax over the scaled
@@ -59,6 +76,13 @@ struct SinkAttention {
   const float* sink = nullptr;         // [heads]
   float scale = 1;
   float* out = nullptr;  // [rows, heads, dim]
+  // Optional, beside keys: where keys[i] is null, the key is fp8_keys[i],
+  // decoded by the backend where it reads it. Long rows decode a tile of
+  // keys at a time into cache-sized memory, twice (for the scores and for
+  // the weighted sums), instead of writing every row's floats to memory
+  // first: at 1M tokens of context 17 MB a sequence and step
+  // (docs/long_context.md, "Cached rows decoded per key tile").
+  const Fp8Key* fp8_keys = nullptr;
 };
 
 // Rows of FP4 e2m1 values, two to a byte (the even index in the low
@@ -69,16 +93,6 @@ struct Fp4RowsView {
   const uint8_t* nibbles = nullptr;  // [rows, width / 2]
   const uint8_t* scales = nullptr;   // [rows, width / block]
   int64_t width = 0, block = 32;
-};
-
-// Cached KV rows as a decode state stores them (model/cache_rows.h): the
-// first `nope` values of a row as e4m3 codes with one ue8m0 scale per
-// `block`, the rest (the RoPE dims) as floats.
-struct Fp8RowsView {
-  const uint8_t* codes = nullptr;   // [rows, nope]
-  const uint8_t* scales = nullptr;  // [rows, ceil(nope / block)]
-  const float* rope = nullptr;      // [rows, width - nope]
-  int64_t width = 0, nope = 0, block = 64;
 };
 
 // The lightning indexer's choice for each query row: score every compressed

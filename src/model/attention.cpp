@@ -23,6 +23,13 @@ RowMap::RowMap(const std::vector<Segment>& segments, int64_t n_rows)
 
 namespace {
 
+// The most rows of one sequence in a step whose compressed rows go to the
+// attention as stored (attend_rows): decode steps, and verify steps of up
+// to 16 draft tokens. Each row decodes its keys twice, about a tenth of
+// what it then computes with them; a longer chunk shares its keys between
+// more rows and decodes them once.
+constexpr int64_t kStoredRowsMaxChunk = 16;
+
 // Lightning indexer: for every row, the compressed rows its query attends
 // to (ascending ids). Projections run over the whole batch; scoring per
 // sequence against that sequence's index keys.
@@ -168,17 +175,17 @@ void attention_forward(const KernelBackend& kb, const ModelConfig& c, const Atte
     for (const Segment& s : segments)
       compressor_push(kb, c, w.compressor, rope, false, *s.state, proj, s.row0, s.start, s.n);
 
-  attend_rows(
-      kb, c, w, rope, layout, segments, rows, layout.has_indexer() ? &selected : nullptr,
-      [&](const Segment& s, const int64_t* ids, int64_t count, float* dst) {
-        kb.decode_fp8_rows(s.state->compressed.view(), ids, count, dst);
-      },
-      in.queries.q.data(), in.kv.data(), out);
+  attend_rows(kb, c, w, rope, layout, segments, rows, layout.has_indexer() ? &selected : nullptr,
+              {[&](const Segment& s, const int64_t* ids, int64_t count, float* dst) {
+                 kb.decode_fp8_rows(s.state->compressed.view(), ids, count, dst);
+               },
+               [](const Segment& s) { return s.state->compressed.view(); }},
+              in.queries.q.data(), in.kv.data(), out);
 }
 
 void attend_rows(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w, const RopeTable& rope,
                  const LayerLayout& layout, const std::vector<Segment>& segments, const RowMap& rows,
-                 const std::vector<std::vector<int32_t>>* selected, const DecodeCompressedRows& decode_rows,
+                 const std::vector<std::vector<int32_t>>* selected, const CompressedRowSource& compressed,
                  const float* q, const float* kv, float* out) {
   const int64_t H = c.n_heads, hd = c.head_dim, win = c.window, n = int64_t(rows.position.size());
   // The cached keys the rows see, decoded once per sequence: window rows
@@ -188,11 +195,19 @@ void attend_rows(const KernelBackend& kb, const ModelConfig& c, const AttentionW
   // loads of a key never straddle two cache lines, and taken from the
   // thread's pool, so that a long context's rows (16 MB per sequence at 1M
   // tokens) are not a fresh mapping, page-faulted and zeroed, every step.
+  //
+  // A segment of a few rows (a decode or verify step) that attends all its
+  // compressed rows hands them to the backend as stored instead, which
+  // decodes them a key tile at a time where it reads them; a prefill chunk's
+  // rows share their keys, and decoding them once for all the rows costs
+  // less there.
   struct Decoded {
     Buffer window, rows;
     std::vector<int64_t> row_of;
+    Fp8RowsView stored;  // rows.size() == 0: the compressed rows as stored
   };
   std::vector<Decoded> cache(segments.size());
+  bool any_stored = false;
   for (size_t k = 0; k < segments.size(); ++k) {
     const Segment& s = segments[k];
     Decoded& d = cache[k];
@@ -202,6 +217,11 @@ void attend_rows(const KernelBackend& kb, const ModelConfig& c, const AttentionW
     for (int64_t p = first; p < s.start; ++p) ids.push_back(p % win);
     kb.decode_fp8_rows(s.state->window.view(), ids.data(), int64_t(ids.size()), d.window.data());
     const int64_t count = layout.visible_rows(s.start + s.n - 1);
+    if (!selected && compressed.fp8 && s.n <= kStoredRowsMaxChunk && count > 0) {
+      d.stored = compressed.fp8(s);
+      any_stored = true;
+      continue;
+    }
     d.row_of.assign(size_t(count), selected ? -1 : 0);
     if (selected)
       for (int64_t t = s.row0; t < s.row0 + s.n; ++t)
@@ -213,13 +233,14 @@ void attend_rows(const KernelBackend& kb, const ModelConfig& c, const AttentionW
     ids.clear();  // the used rows by id: their slots are 0, 1, ... in that order
     for (int64_t i = 0; i < count; ++i)
       if (d.row_of[size_t(i)] >= 0) ids.push_back(i);
-    decode_rows(s, ids.data(), used, d.rows.data());
+    compressed.decode(s, ids.data(), used, d.rows.data());
   }
 
   // Keys of every row, in a fixed order (compressed rows by id, then window
   // rows by position), so that the result is independent of chunking and
-  // batching.
+  // batching. A stored row's key is null, and its row in fp8 names it.
   std::vector<const float*> keys;
+  std::vector<Fp8Key> fp8;
   std::vector<int64_t> key_begin(static_cast<size_t>(n + 1));
   for (int64_t t = 0; t < n; ++t) {
     key_begin[size_t(t)] = int64_t(keys.size());
@@ -227,7 +248,12 @@ void attend_rows(const KernelBackend& kb, const ModelConfig& c, const AttentionW
     const Segment& seg = *rows.owner[size_t(t)];
     const Decoded& d = cache[size_t(&seg - segments.data())];
     auto compressed_row = [&](int64_t i) { return d.rows.data() + d.row_of[size_t(i)] * hd; };
-    if (selected) {
+    if (d.stored.codes) {
+      for (int64_t i = 0; i < layout.visible_rows(pos); ++i) {
+        keys.push_back(nullptr);
+        fp8.push_back({&d.stored, i});
+      }
+    } else if (selected) {
       for (int32_t i : (*selected)[size_t(t)]) keys.push_back(compressed_row(i));
     } else {
       for (int64_t i = 0; i < layout.visible_rows(pos); ++i) keys.push_back(compressed_row(i));
@@ -235,10 +261,12 @@ void attend_rows(const KernelBackend& kb, const ModelConfig& c, const AttentionW
     const int64_t window_first = std::max<int64_t>(0, seg.start - win + 1);
     for (int64_t p = std::max<int64_t>(0, pos - win + 1); p <= pos; ++p)
       keys.push_back(p >= seg.start ? kv + (seg.row0 + p - seg.start) * hd : d.window.data() + (p - window_first) * hd);
+    if (any_stored) fp8.resize(keys.size());
   }
   key_begin[size_t(n)] = int64_t(keys.size());
   Buffer o = kb.buffer(n * H * hd);
-  kb.sink_attention({q, n, H, hd, keys.data(), key_begin.data(), w.sink.data(), 1.0f / std::sqrt(float(hd)), o.data()});
+  kb.sink_attention({q, n, H, hd, keys.data(), key_begin.data(), w.sink.data(), 1.0f / std::sqrt(float(hd)), o.data(),
+                     any_stored ? fp8.data() : nullptr});
   // The ring keeps the last `win` window rows of each sequence. Every row
   // goes through it in order (not only a chunk's last `win`), so that a
   // rollback into the chunk finds the ring a shorter run would have left.

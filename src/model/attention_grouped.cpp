@@ -146,13 +146,13 @@ void attention_grouped(const KernelBackend& kb, const ModelConfig& c, const Atte
   if (index_source) select_rows(kb, c, layout, segments, rows, rope, shared, head_weights.data(), index_q.data(), n);
   // Every layer of the group attends the latest selection over its KV
   // source's rows.
-  attend_rows(
-      kb, c, w, rope, layout, segments, rows, &shared.selected,
-      [&](const Segment& s, const int64_t* ids, int64_t count, float* dst) {
-        const auto& rows = s.sequence->layers[size_t(layout.kv_group)].compressed_fp4;
-        for (int64_t k = 0; k < count; ++k) rows.decode(ids[k], dst + k * c.head_dim);
-      },
-      in.queries.q.data(), in.kv.data(), out);
+  attend_rows(kb, c, w, rope, layout, segments, rows, &shared.selected,
+              {[&](const Segment& s, const int64_t* ids, int64_t count, float* dst) {
+                 const auto& rows = s.sequence->layers[size_t(layout.kv_group)].compressed_fp4;
+                 for (int64_t k = 0; k < count; ++k) rows.decode(ids[k], dst + k * c.head_dim);
+               },
+               nullptr},
+              in.queries.q.data(), in.kv.data(), out);
 }
 
 void grouped_compress(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w, const RopeTable& rope,

@@ -106,13 +106,22 @@ void attention_output(const KernelBackend& kb, const ModelConfig& c, const Atten
 // attends its compressed rows (`selected[row]`, ascending ids; null: every
 // row it can see) and its window (the chunk's own `kv` rows, earlier ones
 // from the ring), in that fixed order; the window rows of the chunk enter
-// the ring; the output projection writes `out`. `decode_rows(segment, ids,
-// count, dst)` decodes compressed rows ids[0..count) of a segment's
-// sequence, one after another (through the backend where it can).
-using DecodeCompressedRows = std::function<void(const Segment&, const int64_t*, int64_t, float*)>;
+// the ring; the output projection writes `out`.
+//
+// How the compressed rows are read: `decode(segment, ids, count, dst)`
+// decodes rows ids[0..count) of a segment's sequence one after another
+// (through the backend where it can); `fp8(segment)`, where set, gives them
+// as the state stores them, which a decode or verify step hands to the
+// backend undecoded when it attends every row (the backend decodes them a
+// key tile at a time: docs/long_context.md, "Cached rows decoded per key
+// tile").
+struct CompressedRowSource {
+  std::function<void(const Segment&, const int64_t*, int64_t, float*)> decode;
+  std::function<Fp8RowsView(const Segment&)> fp8;
+};
 void attend_rows(const KernelBackend& kb, const ModelConfig& c, const AttentionWeights& w, const RopeTable& rope,
                  const LayerLayout& layout, const std::vector<Segment>& segments, const RowMap& rows,
-                 const std::vector<std::vector<int32_t>>* selected, const DecodeCompressedRows& decode_rows,
+                 const std::vector<std::vector<int32_t>>* selected, const CompressedRowSource& compressed,
                  const float* q, const float* kv, float* out);
 
 // Attention over a batch of rows from one or more sequences.

@@ -7,13 +7,16 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <type_traits>
 #include <vector>
 
-#include "core/threads.h"
+#include "core/error.h"
 #include "core/numeric.h"
 #include "core/scratch.h"
+#include "core/threads.h"
 #include "kernels/cpu/exact_sums.h"
+#include "kernels/cpu/fp8_rows.h"
 #include "kernels/cpu/indexer_fp4.h"
 #include "kernels/cpu/linear_internal.h"
 #include "kernels/cpu/ops.h"
@@ -71,36 +74,9 @@ void sink_attention_exact(KernelIsa isa, const SinkAttention& a, int64_t t, int6
 
 }  // namespace
 
-namespace {
-
-// One row: 16 codes at a time through the e4m3 table (a gather from 1 KB,
-// in L1), times the block's scale: the table values and the multiply of the
-// scalar loop, so the same bits.
-DSV4_TARGET_AVX512 int64_t decode_fp8_row_avx512(const uint8_t* codes, const uint8_t* scales, int64_t nope,
-                                                 int64_t block, float* out) {
-  if (block % 16) return 0;
-  int64_t i = 0;
-  for (; i + 16 <= nope; i += 16) {
-    const __m512i index = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i)));
-    const __m512 values = _mm512_i32gather_ps(index, kNumericTables.e4m3, 4);
-    _mm512_storeu_ps(out + i, _mm512_mul_ps(values, _mm512_set1_ps(kNumericTables.e8m0[scales[i / block]])));
-  }
-  return i;
-}
-
-}  // namespace
-
 void decode_fp8_rows(KernelIsa isa, const Fp8RowsView& v, const int64_t* ids, int64_t count, float* out) {
-  const int64_t blocks = (v.nope + v.block - 1) / v.block, rope = v.width - v.nope;
 #pragma omp parallel for schedule(static) num_threads(threads_for(count * v.width * 2))
-  for (int64_t k = 0; k < count; ++k) {
-    const uint8_t* codes = v.codes + ids[k] * v.nope;
-    const uint8_t* scales = v.scales + ids[k] * blocks;
-    float* row = out + k * v.width;
-    int64_t i = isa == KernelIsa::Avx512 ? decode_fp8_row_avx512(codes, scales, v.nope, v.block, row) : 0;
-    for (; i < v.nope; ++i) row[i] = e4m3_to_float(codes[i]) * e8m0_to_float(scales[i / v.block]);
-    std::memcpy(row + v.nope, v.rope + ids[k] * rope, size_t(rope) * sizeof(float));
-  }
+  for (int64_t k = 0; k < count; ++k) decode_fp8_row(isa, v, ids[k], 0, v.width, out + k * v.width);
 }
 
 namespace {
@@ -125,19 +101,51 @@ void for_each_item(int threads, int64_t n, const Body& body) {
   for (int64_t i = 0; i < n; ++i) body(i);
 }
 
+// How many keys ahead key_tile asks for an FP8 key's bytes: the decoding
+// is the first to read them, and on AMD Zen 5 four rows of 8,192 keys at
+// 1M tokens went 7-8% faster asking 4-16 keys ahead than not at all
+// (docs/long_context.md, "Cached rows decoded per key tile").
+constexpr int64_t kFp8KeysAhead = 8;
+
+// The keys [j0, j0 + count) of a row of n_keys as float pointers: a float
+// key's own; an FP8 key (fp8, beside the keys, non-null) decoded into its
+// row of the calling thread's key tile, values [d0, d1) only. Valid until
+// the thread's next call.
+const float* const* key_tile(KernelIsa isa, const float* const* keys, const Fp8Key* fp8, int64_t n_keys, int64_t j0,
+                             int64_t count, int64_t dim, int64_t d0, int64_t d1, const float** pointers) {
+  if (!fp8) return keys + j0;
+  float* tile = thread_scratch_array<float>(ScratchSlot::AttentionKeyTile, kAttentionKeyTile * dim);
+  for (int64_t j = 0; j < count; ++j) {
+    pointers[j] = keys[j0 + j];
+    if (pointers[j]) continue;
+    if (j0 + j + kFp8KeysAhead < n_keys && !keys[j0 + j + kFp8KeysAhead]) {
+      const Fp8Key& ahead = fp8[j0 + j + kFp8KeysAhead];
+      prefetch_fp8_row(*ahead.rows, ahead.id, d0, d1);
+    }
+    const Fp8Key& key = fp8[j0 + j];
+    decode_fp8_row(isa, *key.rows, key.id, d0, d1, tile + j * dim);
+    pointers[j] = tile + j * dim;
+  }
+  return pointers;
+}
+
 // Row t, all heads: the scores tile by tile, the softmax of each head, then
 // the weighted sums, one range of dims per thread, each going through the
 // key tiles in order. Every score is dot_fixed's and every output value
 // gets its FMAs in key order, so the bits are those of the per-head path.
+// FP8 keys are decoded per tile, for the scores and again for the sums.
 void attend_row(KernelIsa isa, const SinkAttention& a, int64_t t, int threads, float* probs) {
   const int64_t H = a.heads, hd = a.dim;
   const float* const* keys = a.keys + a.key_begin[t];
+  const Fp8Key* fp8 = a.fp8_keys ? a.fp8_keys + a.key_begin[t] : nullptr;
   const int64_t n_keys = a.key_begin[t + 1] - a.key_begin[t];
   const float* q = a.q + t * H * hd;
   const int64_t tiles = (n_keys + kAttentionKeyTile - 1) / kAttentionKeyTile;
   for_each_item(threads, tiles, [&](int64_t tile) {
     const int64_t j0 = tile * kAttentionKeyTile, count = std::min(kAttentionKeyTile, n_keys - j0);
-    dot_fixed_rows_strided(q, H, keys + j0, count, hd, probs + j0, n_keys, isa);
+    const float* pointers[kAttentionKeyTile];
+    dot_fixed_rows_strided(q, H, key_tile(isa, keys, fp8, n_keys, j0, count, hd, 0, hd, pointers), count, hd,
+                           probs + j0, n_keys, isa);
   });
   for_each_item(threads, H, [&](int64_t h) {
     softmax_with_sink(probs + h * n_keys, n_keys, a.scale, a.sink[h], isa);
@@ -149,9 +157,12 @@ void attend_row(KernelIsa isa, const SinkAttention& a, int64_t t, int threads, f
   for_each_item(int(parts), parts, [&](int64_t part) {
     const int64_t d0 = hd * part / parts / 32 * 32, d1 = part + 1 == parts ? hd : hd * (part + 1) / parts / 32 * 32;
     for (int64_t h = 0; h < H; ++h) std::fill(out + h * hd + d0, out + h * hd + d1, 0.0f);
-    for (int64_t j0 = 0; j0 < n_keys; j0 += kAttentionKeyTile)
-      add_scaled_rows_range(out, hd, H, probs + j0, n_keys, keys + j0, std::min(kAttentionKeyTile, n_keys - j0),
-                            d0, d1, isa);
+    const float* pointers[kAttentionKeyTile];
+    for (int64_t j0 = 0; j0 < n_keys; j0 += kAttentionKeyTile) {
+      const int64_t count = std::min(kAttentionKeyTile, n_keys - j0);
+      add_scaled_rows_range(out, hd, H, probs + j0, n_keys,
+                            key_tile(isa, keys, fp8, n_keys, j0, count, hd, d0, d1, pointers), count, d0, d1, isa);
+    }
   });
 }
 
@@ -187,6 +198,29 @@ void sink_attention(KernelIsa isa, const SinkAttention& a, bool exact) {
   for (int64_t r = 0; r < a.rows; ++r) {
     work += 2 * H * hd * (a.key_begin[r + 1] - a.key_begin[r]);
     longest = std::max(longest, a.key_begin[r + 1] - a.key_begin[r]);
+  }
+  if (a.fp8_keys)
+    for (int64_t i = 0; i < a.key_begin[a.rows]; ++i)
+      if (!a.keys[i] && a.fp8_keys[i].rows->width != hd)
+        throw Error("sink attention: a stored FP8 key of width " + std::to_string(a.fp8_keys[i].rows->width) +
+                    " where the keys have " + std::to_string(hd) + " values");
+  if (a.fp8_keys && (exact || longest <= 4 * kAttentionKeyTile)) {
+    // Short rows read each key once per block of heads, the exact numerics
+    // once per head: their FP8 keys are decoded first, once each.
+    const int64_t total = a.key_begin[a.rows];
+    std::vector<const float*> keys(a.keys, a.keys + total);
+    std::vector<int64_t> coded;
+    for (int64_t i = 0; i < total; ++i)
+      if (!keys[size_t(i)]) coded.push_back(i);
+    ScratchArray<float> decoded(int64_t(coded.size()) * hd);
+#pragma omp parallel for schedule(static) num_threads(threads_for(int64_t(coded.size()) * hd * 2))
+    for (size_t k = 0; k < coded.size(); ++k)
+      decode_fp8_row(isa, *a.fp8_keys[coded[k]].rows, a.fp8_keys[coded[k]].id, 0, hd, decoded.data() + int64_t(k) * hd);
+    for (size_t k = 0; k < coded.size(); ++k) keys[size_t(coded[k])] = decoded.data() + int64_t(k) * hd;
+    SinkAttention plain = a;
+    plain.keys = keys.data();
+    plain.fp8_keys = nullptr;
+    return sink_attention(isa, plain, exact);
   }
   if (exact) {
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads_for(work * 4))
