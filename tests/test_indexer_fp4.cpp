@@ -110,9 +110,52 @@ TEST(IndexerFp4, QueryFormIsTheSameOnEveryPath) {
 }
 
 // 128 dims (V4's keys: the VNNI kernel's one-register tile) and 64 and 256
-// (its general tile through a row buffer).
+// (its general tile through a row buffer); head counts that leave the
+// kernel's groups of four and eight a remainder; runs of keys that end in
+// a whole or part tile after one or two.
 TEST(IndexerFp4, ScoresFollowTheDefinitionOnEveryPath) {
   for (int64_t dim : {128, 64, 256}) scores_follow_the_definition(dim);
+}
+
+// Scales where a block's term sum * q_half * k_half is not exact in fp32:
+// keys whose four block scales are all 2^-127 .. 2^-124 (with the whole
+// query scaled down by 2^-16 .. 2^-24, every head's terms of such a key
+// fall below the smallest subnormal or round there), keys with single
+// extreme blocks (2^-127 .. 2^127, the NaN scale) and plain ones in runs
+// of 16. The VNNI kernel keeps the definition's operations where a tile's
+// terms are not all exact (its fused form only where they are) and gives
+// the portable path's bits: with the fused form everywhere this fails.
+TEST(IndexerFp4, ScoresWithExtremeScalesGiveThePortableBits) {
+  if (!cpu::fp4_scores_use_vnni(KernelIsa::Avx512)) GTEST_SKIP() << "no AVX512-VNNI";
+  const int64_t dim = 128, heads = 12, keys = 200, blocks = dim / 32;
+  std::mt19937 rng(21);
+  std::vector<uint8_t> nibbles(size_t(keys * dim / 2)), scales(size_t(keys * blocks));
+  for (auto& b : nibbles) b = uint8_t(rng());
+  const uint8_t extreme[] = {0, 1, 2, 5, 20, 250, 254, 255};
+  for (int64_t k = 0; k < keys; ++k)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t kind = k / 16 % 3;
+      scales[size_t(k * blocks + b)] = kind == 0   ? uint8_t(118 + rng() % 8)
+                                       : kind == 1 ? uint8_t(rng() % 4)
+                                                   : (rng() % 2 ? extreme[rng() % 8] : uint8_t(118 + rng() % 8));
+    }
+  const Fp4RowsView view{nibbles.data(), scales.data(), dim, 32};
+  for (int shift : {0, 16, 20, 24}) {
+    SCOPED_TRACE("query scaled by 2^-" + std::to_string(shift));
+    std::vector<float> q = fp4_queries(heads, dim, 0, 23);
+    for (float& v : q) v = std::ldexp(v, -shift);
+    cpu::Fp4Query form;
+    ASSERT_TRUE(cpu::fp4_query(q.data(), heads, dim, form));
+    const std::vector<float> weights = normal_floats(size_t(heads), 24);
+    std::vector<float> want(static_cast<size_t>(keys)), got(static_cast<size_t>(keys));
+    cpu::fp4_scores(KernelIsa::Scalar, form, weights.data(), view, 0, keys, want.data());
+    cpu::fp4_scores(KernelIsa::Avx512, form, weights.data(), view, 0, keys, got.data());
+    for (int64_t i = 0; i < keys; ++i) {
+      if (std::isnan(want[size_t(i)]) && std::isnan(got[size_t(i)])) continue;
+      ASSERT_EQ(0, std::memcmp(&got[size_t(i)], &want[size_t(i)], 4))
+          << "key " << i << ": " << got[size_t(i)] << " != " << want[size_t(i)];
+    }
+  }
 }
 
 void scores_follow_the_definition(int64_t dim) {
@@ -128,7 +171,7 @@ void scores_follow_the_definition(int64_t dim) {
     return double(e2m1_to_float(uint8_t(d % 2 ? byte >> 4 : byte & 15))) *
            double(e8m0_to_float(scales[size_t(key * dim / 32 + d / 32)]));
   };
-  for (int64_t heads : {8, 12, 64}) {
+  for (int64_t heads : {8, 10, 12, 64}) {
     for (int shift : {0, 9}) {
       SCOPED_TRACE("heads " + std::to_string(heads) + ", block shift " + std::to_string(shift));
       const std::vector<float> q = fp4_queries(heads, dim, shift, uint32_t(heads + shift));
@@ -167,6 +210,12 @@ void scores_follow_the_definition(int64_t dim) {
             ADD_FAILURE() << "key " << first + i << ": " << got[size_t(i)] << " != " << want[size_t(i)];
             break;
           }
+        // Shorter runs: one tile, a tile and a part, two and a part.
+        for (int64_t n : {1, 16, 17, 31, 32, 33, 50}) {
+          std::vector<float> part(static_cast<size_t>(n));
+          cpu::fp4_scores(isa, form, weights.data(), view, first, n, part.data());
+          EXPECT_EQ(0, std::memcmp(part.data(), want.data(), part.size() * 4)) << n << " keys";
+        }
       }
     }
   }

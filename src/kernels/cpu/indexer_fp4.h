@@ -37,6 +37,7 @@ struct Fp4Query {
   // innermost, so that a group of heads reads consecutive values from one
   // pointer.
   std::vector<float> half_scale;  // [dim / 32][heads]: scale / 2
+  float half_scale_min = 0, half_scale_max = 0;  // over all of half_scale
   // [dim / 32][heads]: -12 * the block's sum of codes: the keys' codes are
   // stored as 2 k + 12 (unsigned, for VPDPBUSD), and this offset undoes the 12.
   std::vector<int32_t> offset;
