@@ -3,9 +3,11 @@
 // once for all the rows routed to it.
 #include <algorithm>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "core/scratch.h"
+#include "core/threads.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/vector_ops.h"
@@ -82,15 +84,23 @@ void experts(KernelIsa isa, const float* x, int64_t rows, int64_t dim, int64_t i
     products.push_back({task.w3, xin.data() + offset[k] * D, task.count, b.data() + offset[k] * I});
   }
   run(products);
-  products.clear();
-  for (size_t k = 0; k < count; ++k) {
-    const ExpertTask& task = tasks[k];
+  // The SwiGLU of every (expert, row) pair, spread over the threads: one
+  // std::exp per value, 5 ns each on AMD Zen 5, was 1.2 ms a layer at a
+  // 16-sequence decode step on one thread. Each value is computed alone, so
+  // the split changes no bit.
+  std::vector<std::pair<int32_t, int32_t>> rows_of(static_cast<size_t>(pairs));  // (task, row)
+  for (size_t k = 0; k < count; ++k)
+    for (int64_t i = 0; i < tasks[k].count; ++i) rows_of[size_t(offset[k] + i)] = {int32_t(k), int32_t(i)};
+#pragma omp parallel for schedule(static) num_threads(threads_for(pairs* I * 64))
+  for (int64_t r = 0; r < pairs; ++r) {
+    const ExpertTask& task = tasks[rows_of[size_t(r)].first];
+    const int64_t i = rows_of[size_t(r)].second;
     const bool weighted = task.weights != nullptr;
-    for (int64_t i = 0; i < task.count; ++i)
-      swiglu(a.data() + (offset[k] + i) * I, b.data() + (offset[k] + i) * I, I, swiglu_limit,
-             weighted ? task.weights[i] : 1.0f, weighted);
-    products.push_back({task.w2, a.data() + offset[k] * I, task.count, y.data() + offset[k] * D});
+    swiglu(a.data() + r * I, b.data() + r * I, I, swiglu_limit, weighted ? task.weights[i] : 1.0f, weighted);
   }
+  products.clear();
+  for (size_t k = 0; k < count; ++k)
+    products.push_back({tasks[k].w2, a.data() + offset[k] * I, tasks[k].count, y.data() + offset[k] * D});
   run(products);
   std::fill(out, out + rows * D, 0.0f);
   for (size_t k = 0; k < count; ++k)
