@@ -91,7 +91,8 @@ void experts(KernelIsa isa, const float* x, int64_t rows, int64_t dim, int64_t i
   std::vector<std::pair<int32_t, int32_t>> rows_of(static_cast<size_t>(pairs));  // (task, row)
   for (size_t k = 0; k < count; ++k)
     for (int64_t i = 0; i < tasks[k].count; ++i) rows_of[size_t(offset[k] + i)] = {int32_t(k), int32_t(i)};
-#pragma omp parallel for schedule(static) num_threads(threads_for(pairs* I * 64))
+  const int threads = threads_for(pairs * I * 64);  // about 64 cycles a value
+#pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t r = 0; r < pairs; ++r) {
     const ExpertTask& task = tasks[rows_of[size_t(r)].first];
     const int64_t i = rows_of[size_t(r)].second;
