@@ -74,11 +74,6 @@ void sink_attention_exact(KernelIsa isa, const SinkAttention& a, int64_t t, int6
 
 }  // namespace
 
-void decode_fp8_rows(KernelIsa isa, const Fp8RowsView& v, const int64_t* ids, int64_t count, float* out) {
-#pragma omp parallel for schedule(static) num_threads(threads_for(count * v.width * 2))
-  for (int64_t k = 0; k < count; ++k) decode_fp8_row(isa, v, ids[k], 0, v.width, out + k * v.width);
-}
-
 namespace {
 
 // Long rows of keys (a decode row at long context: 8,192 compressed rows of

@@ -23,6 +23,8 @@
 #include <cstring>
 
 #include "core/numeric.h"
+#include "core/threads.h"
+#include "kernels/cpu/ops.h"
 
 namespace dsv4::cpu {
 
@@ -128,6 +130,14 @@ void decode_fp8_row(KernelIsa isa, const Fp8RowsView& v, int64_t id, int64_t d0,
   for (; i < end; ++i) row[i] = e4m3_to_float(codes[i]) * e8m0_to_float(scales[i / v.block]);
   const int64_t r0 = std::max(d0, v.nope);
   if (r0 < d1) std::memcpy(row + r0, v.rope + id * rope + (r0 - v.nope), size_t(d1 - r0) * sizeof(float));
+}
+
+// Whole rows into memory, a row per thread at a time (the window ring's
+// rows, a prefill chunk's compressed rows, the rows a CSA layer's indexer
+// chose).
+void decode_fp8_rows(KernelIsa isa, const Fp8RowsView& v, const int64_t* ids, int64_t count, float* out) {
+#pragma omp parallel for schedule(static) num_threads(threads_for(count* v.width * 2))
+  for (int64_t k = 0; k < count; ++k) decode_fp8_row(isa, v, ids[k], 0, v.width, out + k * v.width);
 }
 
 void prefetch_fp8_row(const Fp8RowsView& v, int64_t id, int64_t d0, int64_t d1) {

@@ -1,7 +1,8 @@
 // Decoding the cached FP8 rows of a decode state (kernels/backend.h,
 // Fp8RowsView) to floats: value = e4m3(code) * e8m0(block scale) for the
 // first `nope` values of a row, the RoPE floats copied for the rest. Every
-// path gives the scalar table lookup's bits, NaN codes included.
+// path gives the scalar table lookup's bits, NaN codes included. Whole rows
+// into memory: decode_fp8_rows (kernels/cpu/ops.h), here too.
 #pragma once
 #include <cstdint>
 

@@ -83,7 +83,8 @@ struct KeyTile {
 // every accumulator and spilled one: half the speed). Two tiles against
 // four heads scored 262,144 keys 7% faster than one tile against eight on
 // AMD Zen 5 (fewer loads per VPDPBUSD: docs/long_context.md, "Two key
-// tiles at a time"); two against two heads were 35% slower.
+// tiles at a time, and one FMA per block"); two against two heads were 35%
+// slower.
 template <int T, int HN, bool kFused>
 DSV4_TARGET_VNNI inline void add_head_group(const Fp4Query& q, const float* weights, int64_t h0, const KeyTile* tiles,
                                             __m512* score) {
