@@ -104,6 +104,10 @@ TEST(IndexerFp4, QueryFormIsTheSameOnEveryPath) {
         EXPECT_EQ(forms[k].half_scale, forms[0].half_scale);
         EXPECT_EQ(forms[k].offset, forms[0].offset);
         EXPECT_EQ(forms[k].words_by_group, forms[0].words_by_group);
+        EXPECT_EQ(forms[k].one_sum, forms[0].one_sum);
+        EXPECT_EQ(forms[k].scaled_words, forms[0].scaled_words);
+        EXPECT_EQ(forms[k].scaled_offset, forms[0].scaled_offset);
+        EXPECT_EQ(forms[k].head_half_scale, forms[0].head_half_scale);
       }
     }
   }
@@ -154,6 +158,87 @@ TEST(IndexerFp4, ScoresWithExtremeScalesGiveThePortableBits) {
       if (std::isnan(want[size_t(i)]) && std::isnan(got[size_t(i)])) continue;
       ASSERT_EQ(0, std::memcmp(&got[size_t(i)], &want[size_t(i)], 4))
           << "key " << i << ": " << got[size_t(i)] << " != " << want[size_t(i)];
+    }
+  }
+}
+
+// The one-sum form of a query: each block's codes times 2^(its exponent
+// above the head's smallest), where they all stay within [-127, 127].
+TEST(IndexerFp4, OneSumQueryScalesEachBlockByItsExponent) {
+  const int64_t heads = 4, dim = 128;
+  for (int shift : {0, 1, 2, -1}) {
+    SCOPED_TRACE("block shift " + std::to_string(shift));
+    const std::vector<float> q = fp4_queries(heads, dim, shift, 5);
+    cpu::Fp4Query form;
+    ASSERT_TRUE(cpu::fp4_query(q.data(), heads, dim, form));
+    // Codes reach 12 in every block of these rows: blocks 2^6 apart leave it.
+    EXPECT_EQ(form.one_sum, shift == 0 || shift == 1 || shift == -1);
+    if (!form.one_sum) continue;
+    for (int64_t h = 0; h < heads; ++h) {
+      float low = INFINITY;
+      for (int64_t b = 0; b < dim / 32; ++b) low = std::min(low, form.half_scale[size_t(b * heads + h)]);
+      EXPECT_EQ(form.head_half_scale[size_t(h)], low);
+      int32_t sum = 0;
+      for (int64_t d = 0; d < dim; ++d) {
+        const int32_t factor = int32_t(form.half_scale[size_t(d / 32 * heads + h)] / low);
+        const int32_t code = form.codes[size_t(h * dim + d)] * factor;
+        int8_t got;
+        std::memcpy(&got, reinterpret_cast<const int8_t*>(&form.scaled_words[size_t(d / 4 * heads + h)]) + d % 4, 1);
+        EXPECT_EQ(got, code) << "head " << h << ", dim " << d;
+        sum += code;
+      }
+      EXPECT_EQ(form.scaled_offset[size_t(h)], -cpu::kScaledKeyBias * sum);
+    }
+  }
+}
+
+// Tiles in the one-sum form (each key's block exponents at most 3 apart,
+// the query's blocks within the range) against the portable path's bits:
+// keys whose blocks lie 0-3 exponents apart, each with its own smallest;
+// tiles with one key 4 apart (the per-block form); scales near the one-sum
+// form's limits (products near 2^100 and 2^-126) and past them; runs that
+// end in part tiles. A wrong table, bias or smallest scale changes the bits.
+TEST(IndexerFp4, OneSumTilesGiveThePortableBits) {
+  if (!cpu::fp4_scores_use_vnni(KernelIsa::Avx512)) GTEST_SKIP() << "no AVX512-VNNI";
+  const int64_t dim = 128, heads = 12, keys = 230, blocks = dim / 32;
+  std::mt19937 rng(31);
+  std::vector<uint8_t> nibbles(size_t(keys * dim / 2));
+  for (auto& b : nibbles) b = uint8_t(rng());
+  for (int base : {100, 127, 150, 225, 235, 3}) {
+    for (int query_shift : {0, 1}) {
+      SCOPED_TRACE("key scales from " + std::to_string(base) + ", query block shift " + std::to_string(query_shift));
+      std::vector<uint8_t> scales(size_t(keys * blocks));
+      for (int64_t k = 0; k < keys; ++k) {
+        const int lowest = base + int(rng() % 5);
+        const int spread = k / 16 % 4 == 3 && k % 16 == 7 ? 4 : int(rng() % 4);  // one key in every fourth tile: 4
+        for (int64_t b = 0; b < blocks; ++b)
+          scales[size_t(k * blocks + b)] = uint8_t(lowest + int(rng() % (spread + 1)));
+        scales[size_t(k * blocks + rng() % blocks)] = uint8_t(lowest);
+        scales[size_t(k * blocks + rng() % blocks)] = uint8_t(lowest + spread);
+      }
+      const Fp4RowsView view{nibbles.data(), scales.data(), dim, 32};
+      std::vector<float> q = fp4_queries(heads, dim, 0, uint32_t(base + query_shift));
+      for (int64_t h = 0; h < heads && query_shift; ++h)  // one block of each head 2 or 4 times larger
+        for (int64_t d = h % blocks * 32; d < h % blocks * 32 + 32; ++d)
+          q[size_t(h * dim + d)] = std::ldexp(q[size_t(h * dim + d)], 1 + int(h % 2));
+      cpu::Fp4Query form;
+      ASSERT_TRUE(cpu::fp4_query(q.data(), heads, dim, form));
+      ASSERT_TRUE(form.one_sum);
+      const std::vector<float> weights = normal_floats(size_t(heads), 32);
+      std::vector<float> want(static_cast<size_t>(keys));
+      cpu::fp4_scores(KernelIsa::Scalar, form, weights.data(), view, 0, keys, want.data());
+      for (int64_t first : {0, 3}) {
+        for (int64_t count : {keys - first, int64_t(1), int64_t(16), int64_t(17), int64_t(45)}) {
+          std::vector<float> got(static_cast<size_t>(count));
+          cpu::fp4_scores(KernelIsa::Avx512, form, weights.data(), view, first, count, got.data());
+          for (int64_t i = 0; i < count; ++i) {
+            if (std::isnan(want[size_t(first + i)]) && std::isnan(got[size_t(i)])) continue;
+            ASSERT_EQ(0, std::memcmp(&got[size_t(i)], &want[size_t(first + i)], 4))
+                << "key " << first + i << " of a run of " << count << ": " << got[size_t(i)]
+                << " != " << want[size_t(first + i)];
+          }
+        }
+      }
     }
   }
 }

@@ -73,7 +73,23 @@ void scores_portable(const Fp4Query& q, const float* weights, const Fp4RowsView&
 struct KeyTile {
   alignas(64) int32_t codes[128][16];
   alignas(64) float half[16][16];
+  alignas(64) float low[16];  // each key's smallest half scale (the one-sum form's tiles)
 };
+
+// Dword group g (dims [4g, 4g + 4)) of T tiles against HN heads' query
+// words (`words`: the group's words from the first head on): acc[t][h] +=
+// the four products per key.
+template <int T, int HN>
+DSV4_TARGET_VNNI __attribute__((always_inline)) inline void add_dword_group(const KeyTile* tiles, int64_t g,
+                                                                            const int32_t* words, __m512i (*acc)[HN]) {
+  __m512i k[T];
+  for (int t = 0; t < T; ++t) k[t] = _mm512_load_si512(tiles[t].codes[g]);
+#pragma GCC unroll 8
+  for (int h = 0; h < HN; ++h) {
+    const __m512i word = _mm512_set1_epi32(words[h]);
+    for (int t = 0; t < T; ++t) acc[t][h] = _mm512_dpbusd_epi32(acc[t][h], k[t], word);
+  }
+}
 
 // Heads [h0, h0 + HN) against T tiles of 16 keys, added to score[t] in
 // head order. Each broadcast query word feeds T VPDPBUSD, each key load
@@ -102,16 +118,8 @@ DSV4_TARGET_VNNI inline void add_head_group(const Fp4Query& q, const float* weig
     for (int h = 0; h < HN; ++h)
       for (int t = 0; t < T; ++t) acc[t][h] = _mm512_set1_epi32(offset[h]);
 #pragma GCC unroll 8
-    for (int g = 0; g < kGroups; ++g) {
-      __m512i k[T];
-      for (int t = 0; t < T; ++t) k[t] = _mm512_load_si512(tiles[t].codes[b * kGroups + g]);
-      const int32_t* words = q.words_by_group.data() + (b * kGroups + g) * heads + h0;
-#pragma GCC unroll 8
-      for (int h = 0; h < HN; ++h) {
-        const __m512i word = _mm512_set1_epi32(words[h]);
-        for (int t = 0; t < T; ++t) acc[t][h] = _mm512_dpbusd_epi32(acc[t][h], k[t], word);
-      }
-    }
+    for (int g = 0; g < kGroups; ++g)
+      add_dword_group<T, HN>(tiles, b * kGroups + g, q.words_by_group.data() + (b * kGroups + g) * heads + h0, acc);
     __m512 kh[T];
     for (int t = 0; t < T; ++t) kh[t] = _mm512_load_ps(tiles[t].half[b]);
     const float* half_scale = q.half_scale.data() + b * heads + h0;
@@ -152,11 +160,17 @@ DSV4_TARGET_VNNI void add_heads(const Fp4Query& q, const float* weights, const K
 // conversion, a multiplication and an FMA per block and head instead of a
 // conversion, two multiplications and an addition (6% of the scoring on AMD
 // Zen 5). NaN and subnormal scales keep the definition's operations.
+//
+// The one-sum form asks the products to stay below 2^100 instead (kOneSumCeiling):
+// its sums of up to 2^21 times the smallest product then stay finite, so no
+// partial sum of the definition can overflow where the one sum does not.
+constexpr float kFusedCeiling = 0x1p111f, kOneSumCeiling = 0x1p100f;
+
 template <int T>
-DSV4_TARGET_VNNI bool terms_exact(const Fp4Query& q, const KeyTile* tiles, int64_t blocks) {
-  if (!(q.half_scale_min >= 0x1p-126f && q.half_scale_max < 0x1p111f)) return false;
+DSV4_TARGET_VNNI bool terms_exact(const Fp4Query& q, const KeyTile* tiles, int64_t blocks, float top = kFusedCeiling) {
+  if (!(q.half_scale_min >= 0x1p-126f && q.half_scale_max < top)) return false;
   const __m512 low = _mm512_set1_ps(q.half_scale_min), high = _mm512_set1_ps(q.half_scale_max);
-  const __m512 floor = _mm512_set1_ps(0x1p-126f), ceiling = _mm512_set1_ps(0x1p111f);
+  const __m512 floor = _mm512_set1_ps(0x1p-126f), ceiling = _mm512_set1_ps(top);
   __mmask16 ok = 0xffff;
   for (int t = 0; t < T; ++t)
     for (int64_t b = 0; b < blocks; ++b) {
@@ -236,6 +250,133 @@ DSV4_TARGET_VNNI void keys_to_tile_128(const Fp4RowsView& keys, int64_t key, int
     }
 }
 
+// Heads [h0, h0 + HN) against T tiles in the one-sum form (keys_to_tile_scaled):
+// each head's blocks go into one integer per key, so the fp32 part is one
+// conversion and one multiplication per head instead of one per block.
+// Where terms_exact holds with the one-sum ceiling, every partial sum of the
+// definition is an integer below 2^21 times the head's and the key's
+// smallest half scales, exact in fp32: the definition's dot is that product,
+// float(sum) * (q_low * k_low), both exact (docs/long_context.md, "One
+// integer sum across the blocks").
+template <int T, int HN>
+DSV4_TARGET_VNNI inline void add_head_group_one_sum(const Fp4Query& q, const float* weights, int64_t h0,
+                                                    const KeyTile* tiles, __m512* score) {
+  const int64_t groups = q.dim / 4, heads = q.heads;
+  const __m512 zero = _mm512_setzero_ps();
+  // Two chains per sum (even and odd dword groups), added at the end: an
+  // integer sum in any order is the same, and one chain of 32 VPDPBUSD per
+  // accumulator is bound by their latency.
+  __m512i acc[2][T][HN];
+#pragma GCC unroll 8
+  for (int h = 0; h < HN; ++h)
+    for (int t = 0; t < T; ++t) {
+      acc[0][t][h] = _mm512_set1_epi32(q.scaled_offset[size_t(h0 + h)]);
+      acc[1][t][h] = _mm512_setzero_si512();
+    }
+  for (int64_t g0 = 0; g0 < groups; g0 += 8) {
+#pragma GCC unroll 8
+    for (int64_t j = 0; j < 8; ++j)
+      add_dword_group<T, HN>(tiles, g0 + j, q.scaled_words.data() + (g0 + j) * heads + h0, acc[j % 2]);
+  }
+  __m512 low[T];
+  for (int t = 0; t < T; ++t) low[t] = _mm512_load_ps(tiles[t].low);
+#pragma GCC unroll 8
+  for (int h = 0; h < HN; ++h) {
+    const __m512 q_low = _mm512_set1_ps(q.head_half_scale[size_t(h0 + h)]);
+    const __m512 w = _mm512_set1_ps(weights[h0 + h]);
+    for (int t = 0; t < T; ++t) {
+      const __m512i sum = _mm512_add_epi32(acc[0][t][h], acc[1][t][h]);
+      const __m512 dot = _mm512_mul_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(q_low, low[t]));
+      score[t] = _mm512_add_ps(score[t], _mm512_mul_ps(_mm512_max_ps(zero, dot), w));
+    }
+  }
+}
+
+template <int T, int HN>
+DSV4_TARGET_VNNI void add_heads_one_sum(const Fp4Query& q, const float* weights, const KeyTile* tiles, __m512* score) {
+  int64_t h0 = 0;
+  for (; h0 + HN <= q.heads; h0 += HN) add_head_group_one_sum<T, HN>(q, weights, h0, tiles, score);
+  for (; h0 < q.heads; ++h0) add_head_group_one_sum<T, 1>(q, weights, h0, tiles, score);
+}
+
+// Each key's code table by its blocks' exponents above its smallest:
+// table d (bytes [16 d, 16 d + 16)) holds 2 v * 2^d + kScaledKeyBias for
+// each e2m1 code's value v.
+struct ScaledKeyCodes {
+  alignas(64) uint8_t code[64];
+  ScaledKeyCodes() {
+    for (int d = 0; d < 4; ++d)
+      for (int c = 0; c < 16; ++c)
+        code[16 * d + c] = uint8_t(int(2.0f * e2m1_to_float(uint8_t(c))) * (1 << d) + kScaledKeyBias);
+  }
+};
+const uint8_t* scaled_key_codes() {
+  static const ScaledKeyCodes codes;
+  return codes.code;
+}
+
+// keys_to_tile_128's tile in the one-sum form: each block's codes times
+// 2^(its exponent - the key's smallest), biased by kScaledKeyBias, and each
+// key's smallest half scale in `tile.low`; false (the tile unusable) where a
+// key's block exponents lie more than 3 apart (a scaled code would leave
+// the unsigned byte). The half scales per block are kept for terms_exact.
+DSV4_TARGET_VNNI bool keys_to_tile_scaled(const Fp4RowsView& keys, int64_t key, int64_t n, KeyTile& tile) {
+  constexpr int64_t kBlocks = 128 / kBlock;
+  // The 16 keys' four scale bytes, a dword per key (past the end, the last
+  // key's again); each byte's exponent above its key's smallest, from byte
+  // rotations within the dwords (no branches: the scales are data).
+  alignas(64) uint8_t partial[64];
+  const uint8_t* scales = keys.scales + key * kBlocks;
+  if (n < 16) {
+    for (int64_t i = 0; i < 16; ++i)
+      std::memcpy(partial + 4 * i, keys.scales + (key + std::min(i, n - 1)) * kBlocks, 4);
+    scales = partial;
+  }
+  const __m512i bytes_of_scales = _mm512_loadu_si512(scales);
+  __m512i low = _mm512_min_epu8(bytes_of_scales, _mm512_rol_epi32(bytes_of_scales, 8));
+  low = _mm512_min_epu8(low, _mm512_rol_epi32(low, 16));
+  __m512i high = _mm512_max_epu8(bytes_of_scales, _mm512_rol_epi32(bytes_of_scales, 8));
+  high = _mm512_max_epu8(high, _mm512_rol_epi32(high, 16));
+  if (_mm512_cmpgt_epu8_mask(_mm512_sub_epi8(high, low), _mm512_set1_epi8(3))) return false;
+  alignas(64) uint32_t above[16];
+  _mm512_store_si512(above, _mm512_sub_epi8(bytes_of_scales, low));
+  const __m512i tables = _mm512_load_si512(scaled_key_codes());
+  const __m512i low_bits = _mm512_set1_epi8(0x0f), pair = _mm512_setr_epi64(0, 1, 0, 1, 0, 1, 0, 1);
+  __m512 even[16], odd[16];
+  for (int64_t i = 0; i < 16; ++i) {
+    const int64_t k = key + std::min(i, n - 1);
+    // 128-bit lane b (block b) takes table d_b: qword indices 2 d_b, 2 d_b + 1.
+    const __m128i d = _mm_cvtsi32_si128(int(above[i]));
+    const __m512i index = _mm512_cvtepu8_epi64(_mm_unpacklo_epi8(d, d));
+    const __m512i table = _mm512_permutexvar_epi64(_mm512_add_epi64(_mm512_add_epi64(index, index), pair), tables);
+    const __m512i bytes = _mm512_loadu_si512(keys.nibbles + k * 64);
+    even[i] = _mm512_castsi512_ps(_mm512_shuffle_epi8(table, _mm512_and_si512(bytes, low_bits)));
+    odd[i] = _mm512_castsi512_ps(_mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low_bits)));
+  }
+  // The half scales, key_half_scale's values: byte x is 2^(x - 128), exact
+  // down to the subnormal 2^-128, and NaN for 255. Each key's smallest (a
+  // NaN scale fails terms_exact anyway).
+  const __m512i byte = _mm512_set1_epi32(0xff), nan_code = _mm512_set1_epi32(255);
+  const __m512 one = _mm512_set1_ps(1.0f), nan = _mm512_set1_ps(NAN);
+  __m512 smallest = _mm512_set1_ps(INFINITY);
+  for (int b = 0; b < kBlocks; ++b) {
+    const __m512i x = _mm512_and_si512(_mm512_srli_epi32(bytes_of_scales, 8 * b), byte);
+    __m512 half = _mm512_scalef_ps(one, _mm512_cvtepi32_ps(_mm512_sub_epi32(x, _mm512_set1_epi32(128))));
+    half = _mm512_mask_blend_ps(_mm512_cmpeq_epi32_mask(x, nan_code), half, nan);
+    _mm512_store_ps(tile.half[b], half);
+    smallest = _mm512_min_ps(smallest, half);
+  }
+  _mm512_store_ps(tile.low, smallest);
+  linear_detail::transpose16x16(even);
+  linear_detail::transpose16x16(odd);
+  for (int b = 0; b < kBlocks; ++b)
+    for (int j = 0; j < 4; ++j) {
+      _mm512_store_ps(reinterpret_cast<float*>(tile.codes[8 * b + j]), even[4 * b + j]);
+      _mm512_store_ps(reinterpret_cast<float*>(tile.codes[8 * b + 4 + j]), odd[4 * b + j]);
+    }
+  return true;
+}
+
 // 16 keys per register lane by lane: VPDPBUSD adds four products per lane
 // (a key's dims [4g, 4g + 4) in tile row g) against the query's four codes
 // of those dims, broadcast. 32 keys at a time, the last 16 or fewer alone.
@@ -249,13 +390,26 @@ DSV4_TARGET_VNNI void scores_vnni(const Fp4Query& q, const float* weights, const
     else
       keys_to_tile(keys, dim, key, n, tile.codes, tile.half);
   };
+  // The one-sum form where the query and both tiles allow it, else the
+  // tiles are built again in the per-block form.
+  const bool one_sum = q.one_sum && dim == 128 && keys.block == kBlock;
+  auto one_sum_tiles = [&](int t, int64_t key, int64_t n) {
+    if (!one_sum) return false;
+    for (int i = 0; i < t; ++i)
+      if (!keys_to_tile_scaled(keys, key + 16 * i, i + 1 < t ? 16 : n, tiles[i])) return false;
+    return true;
+  };
   for (int64_t k0 = 0; k0 < count;) {
     __m512 score[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
     if (count - k0 > 16) {
       const int64_t n = std::min<int64_t>(16, count - k0 - 16);
-      build(tiles[0], first + k0, 16);
-      build(tiles[1], first + k0 + 16, n);
-      score_tiles<2, 4>(q, weights, tiles, score);
+      if (one_sum_tiles(2, first + k0, n) && terms_exact<2>(q, tiles, 128 / kBlock, kOneSumCeiling)) {
+        add_heads_one_sum<2, 4>(q, weights, tiles, score);
+      } else {
+        build(tiles[0], first + k0, 16);
+        build(tiles[1], first + k0 + 16, n);
+        score_tiles<2, 4>(q, weights, tiles, score);
+      }
       _mm512_storeu_ps(scores + k0, score[0]);
       alignas(64) float out[16];
       _mm512_store_ps(out, score[1]);
@@ -263,8 +417,12 @@ DSV4_TARGET_VNNI void scores_vnni(const Fp4Query& q, const float* weights, const
       k0 += 16 + n;
     } else {
       const int64_t n = count - k0;
-      build(tiles[0], first + k0, n);
-      score_tiles<1, 8>(q, weights, tiles, score);
+      if (one_sum_tiles(1, first + k0, n) && terms_exact<1>(q, tiles, 128 / kBlock, kOneSumCeiling)) {
+        add_heads_one_sum<1, 8>(q, weights, tiles, score);
+      } else {
+        build(tiles[0], first + k0, n);
+        score_tiles<1, 8>(q, weights, tiles, score);
+      }
       alignas(64) float out[16];
       _mm512_store_ps(out, score[0]);
       std::copy_n(out, n, scores + k0);
@@ -341,6 +499,47 @@ DSV4_TARGET_AVX512 bool quantize_block_avx512(const float* x, int8_t* codes, int
   return true;
 }
 
+// The one-sum form of a query whose codes and half scales are set: each
+// head's block codes shifted left by the block's exponent above the head's
+// smallest, where every shifted code fits in [-127, 127] (one_sum false
+// otherwise; the other fields are then left empty).
+void scaled_query(Fp4Query& q) {
+  const int64_t heads = q.heads, dim = q.dim, blocks = dim / kBlock;
+  q.one_sum = false;
+  q.scaled_words.clear();
+  q.scaled_offset.clear();
+  q.head_half_scale.clear();
+  std::vector<int8_t> scaled(static_cast<size_t>(heads * dim));
+  std::vector<int32_t> offset(static_cast<size_t>(heads));
+  std::vector<float> head_half(static_cast<size_t>(heads));
+  for (int64_t h = 0; h < heads; ++h) {
+    float low = q.half_scale[size_t(h)];
+    for (int64_t b = 1; b < blocks; ++b) low = std::min(low, q.half_scale[size_t(b * heads + h)]);
+    int32_t sum = 0;
+    for (int64_t b = 0; b < blocks; ++b) {
+      // Both half scales are powers of two: their ratio is exact.
+      const float ratio = q.half_scale[size_t(b * heads + h)] / low;
+      if (!(ratio <= 64.0f)) return;
+      const int32_t factor = int32_t(ratio);
+      for (int64_t j = 0; j < kBlock; ++j) {
+        const int32_t code = int32_t(q.codes[size_t(h * dim + b * kBlock + j)]) * factor;
+        if (code < -127 || code > 127) return;
+        scaled[size_t(h * dim + b * kBlock + j)] = int8_t(code);
+        sum += code;
+      }
+    }
+    offset[size_t(h)] = -kScaledKeyBias * sum;
+    head_half[size_t(h)] = low;
+  }
+  q.scaled_words.assign(size_t(dim / 4 * heads), 0);
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t g = 0; g < dim / 4; ++g)
+      std::memcpy(&q.scaled_words[size_t(g * heads + h)], scaled.data() + h * dim + g * 4, 4);
+  q.scaled_offset = std::move(offset);
+  q.head_half_scale = std::move(head_half);
+  q.one_sum = true;
+}
+
 }  // namespace
 
 bool fp4_query(const float* q, int64_t heads, int64_t dim, Fp4Query& out, KernelIsa isa) {
@@ -371,6 +570,7 @@ bool fp4_query(const float* q, int64_t heads, int64_t dim, Fp4Query& out, Kernel
   for (int64_t h = 0; h < heads; ++h)
     for (int64_t g = 0; g < words; ++g)
       std::memcpy(&out.words_by_group[size_t(g * heads + h)], out.codes.data() + h * dim + g * 4, 4);
+  scaled_query(out);
   return true;
 }
 

@@ -43,7 +43,19 @@ struct Fp4Query {
   std::vector<int32_t> offset;
   // [dim / 4][heads]: `codes` four to a word (VPDPBUSD's broadcast operand).
   std::vector<int32_t> words_by_group;
+  // The form that sums a head's blocks in one integer (docs/long_context.md,
+  // "One integer sum across the blocks"): each block's codes times
+  // 2^(its exponent - the head's smallest), where every such code stays
+  // within [-127, 127]; `one_sum` says that it does for every head.
+  bool one_sum = false;
+  std::vector<int32_t> scaled_words;   // [dim / 4][heads], four scaled codes to a word
+  std::vector<int32_t> scaled_offset;  // [heads]: -kScaledKeyBias * the head's sum of scaled codes
+  std::vector<float> head_half_scale;  // [heads]: the head's smallest half scale
 };
+
+// The bias of the keys' scaled codes (2 k times 2^d, d <= 3, plus this: in
+// [0, 192], VPDPBUSD's unsigned operand).
+constexpr int32_t kScaledKeyBias = 96;
 
 // The integer form of `heads` query rows of `dim` values, or false when a
 // 32-block is not on such a grid (2 q / scale an integer in [-127, 127] for
