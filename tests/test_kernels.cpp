@@ -455,35 +455,58 @@ TEST(Ops, TopKMatchesAFullSort) {
       std::sort(order.begin(), order.end());
       EXPECT_EQ(top_k_indices(s.data(), n, k), order) << n << " " << k;
     }
-  // From kTopKHistogramMin scores on, the histogram path: scores spread over
-  // both signs and many exponents, scores in a few values (one bin holds the
-  // k-th and many ties), -0 and +0 mixed (equal scores: the lower index
-  // first), and the k-th at either end.
-  for (int kind = 0; kind < 3; ++kind) {
-    const int64_t n = kTopKHistogramMin * 3 + 5;
-    std::vector<float> s(static_cast<size_t>(n));
-    std::normal_distribution<float> nd;
-    for (auto& v : s)
-      v = kind == 0   ? std::ldexp(nd(rng), int(rng() % 40) - 20)
-          : kind == 1 ? float(int(rng() % 9) - 4) * 0.5f
-                      : (rng() % 2 ? 0.0f : -0.0f) + (rng() % 5 == 0 ? float(rng() % 3) : 0.0f);
-    for (int64_t k : {int64_t(1), int64_t(512), n / 3, n - 1}) {
-      std::vector<int32_t> order(static_cast<size_t>(n));
-      std::iota(order.begin(), order.end(), 0);
-      std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return s[size_t(a)] > s[size_t(b)]; });
-      order.resize(size_t(k));
-      std::sort(order.begin(), order.end());
-      EXPECT_EQ(top_k_indices(s.data(), n, k), order) << "kind " << kind << " k " << k;
+  // From kTopKHistogramMin scores on, top_k_float_many on every path:
+  // scores spread over both signs and many exponents, scores in a few
+  // values (many ties at the k-th), -0 and +0 mixed (equal scores: the
+  // lower index first), scores rising with the index (the blocks' maxima
+  // and the k-th in the last blocks), the high scores in one stretch, and
+  // nine in ten scores equal (the threshold keeps them all: the histogram
+  // takes over); the k-th at either end; lengths that leave a part block.
+  std::normal_distribution<float> nd;
+  for (int kind = 0; kind < 6; ++kind) {
+    for (int64_t n : {kTopKHistogramMin * 3 + 5, int64_t(70001)}) {
+      std::vector<float> s(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i)
+        s[size_t(i)] = kind == 0   ? std::ldexp(nd(rng), int(rng() % 40) - 20)
+                       : kind == 1 ? float(int(rng() % 9) - 4) * 0.5f
+                       : kind == 2 ? (rng() % 2 ? 0.0f : -0.0f) + (rng() % 5 == 0 ? float(rng() % 3) : 0.0f)
+                       : kind == 3 ? float(i) * 0.25f + float(rng() % 3)
+                       : kind == 4 ? nd(rng) + (i > n / 3 && i < n / 3 + 900 ? 10.0f : 0.0f)
+                                   : (rng() % 10 ? 1.0f : nd(rng));
+      for (int64_t k : {int64_t(1), int64_t(512), n / 3, n - 1}) {
+        std::vector<int32_t> order(static_cast<size_t>(n));
+        std::iota(order.begin(), order.end(), 0);
+        std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return s[size_t(a)] > s[size_t(b)]; });
+        order.resize(size_t(k));
+        std::sort(order.begin(), order.end());
+        EXPECT_EQ(top_k_indices(s.data(), n, k), order) << "kind " << kind << " n " << n << " k " << k;
+        for (KernelIsa isa : {KernelIsa::Scalar, KernelIsa::Avx2, KernelIsa::Avx512}) {
+          if (!kernel_isa_supported(isa)) continue;
+          std::vector<int32_t> got;
+          ASSERT_TRUE(top_k_float_many(s.data(), n, k, got, isa));
+          EXPECT_EQ(got, order) << kernel_isa_name(isa) << " kind " << kind << " n " << n << " k " << k;
+        }
+      }
     }
   }
   // With a NaN the selection still returns k ids in ascending order, the
   // same every time (both paths).
-  std::vector<float> many(static_cast<size_t>(kTopKHistogramMin * 2), 1.0f);
-  many[77] = NAN;
+  std::vector<float> many(static_cast<size_t>(kTopKHistogramMin * 2 + 3), 1.0f);
   many[3000] = 2.0f;
-  const std::vector<int32_t> picked_many = top_k_indices(many.data(), int64_t(many.size()), 3);
-  EXPECT_EQ(picked_many.size(), 3u);
-  EXPECT_TRUE(std::is_sorted(picked_many.begin(), picked_many.end()));
+  for (size_t nan_at : {size_t(77), many.size() - 1}) {  // in a block, and past the last whole block
+    many[nan_at] = NAN;
+    const std::vector<int32_t> picked_many = top_k_indices(many.data(), int64_t(many.size()), 3);
+    EXPECT_EQ(picked_many.size(), 3u);
+    EXPECT_TRUE(std::is_sorted(picked_many.begin(), picked_many.end()));
+    for (KernelIsa isa : {KernelIsa::Scalar, KernelIsa::Avx512}) {
+      std::vector<int32_t> untouched{7};
+      if (kernel_isa_supported(isa)) {
+        EXPECT_FALSE(top_k_float_many(many.data(), int64_t(many.size()), 3, untouched, isa));
+      }
+      EXPECT_EQ(untouched, std::vector<int32_t>{7});
+    }
+    many[nan_at] = 1.0f;
+  }
   std::vector<float> s = {1.0f, NAN, 3.0f, 2.0f, NAN, 0.5f};
   const std::vector<int32_t> picked = top_k_indices(s.data(), 6, 3);
   EXPECT_EQ(picked.size(), 3u);

@@ -65,17 +65,25 @@ void hadamard_transform(float* x, int64_t n);
 // With a NaN among the scores the comparison of indices decides, as before.
 //
 // Float scores from kTopKHistogramMin on (the indexer's: 262,144 a decode
-// step at 1M tokens) go through top_k_float_by_histogram instead: one pass
-// counts the scores by the top 11 bits of an order-preserving key, a second
-// keeps the keys of the bin that holds the k-th largest (few, where the
-// scores spread), nth_element finds it among them, and a third pass in index
-// order takes the same ids as below. The k-th largest score is one value
-// whichever way it is found, so the ids are the same. 262,144 scores: 2.2-2.9
-// ms -> 0.6-0.9 (docs/long_context.md, "Runs of key tiles, the scores'
-// buffer and the top-k").
+// step at 1M tokens) go through top_k_float_many instead. The scores are
+// cut into blocks, eight per id kept; the k-th largest of the blocks'
+// maxima is a value that at least k scores reach, so the k-th largest score
+// is at or above it. One pass keeps the scores at or above it (in id order:
+// about k of them for scores in random order), nth_element finds the k-th
+// largest among them, and the ids follow as below. Where that threshold
+// keeps more than an eighth of the scores (their order puts many low
+// scores in every block), a radix histogram finds the k-th instead: one
+// pass counts the scores by the top 11 bits of an order-preserving key, a
+// second keeps the keys of the bin that holds the k-th, and a third takes
+// the ids. The k-th largest score is one value whichever way it is found,
+// so the ids are the same. 262,144 scores: nth_element 2.2-2.9 ms, the
+// histogram 0.6-0.9, the threshold 0.1 (docs/long_context.md, "The top-k
+// from block maxima").
 constexpr int64_t kTopKHistogramMin = 4096;
-// False (and `out` untouched) when a score is NaN.
-bool top_k_float_by_histogram(const float* scores, int64_t n, int64_t k, std::vector<int32_t>& out);
+// False (and `out` untouched) when a score is NaN. Each path (`isa`) takes
+// the same ids.
+bool top_k_float_many(const float* scores, int64_t n, int64_t k, std::vector<int32_t>& out,
+                      KernelIsa isa = active_kernel_isa());
 
 template <typename T>
 std::vector<int32_t> top_k_indices(const T* scores, int64_t n, int64_t k) {
@@ -87,7 +95,7 @@ std::vector<int32_t> top_k_indices(const T* scores, int64_t n, int64_t k) {
   }
   if (k <= 0) return idx;
   if constexpr (std::is_same_v<T, float>)
-    if (n >= kTopKHistogramMin && top_k_float_by_histogram(scores, n, k, idx)) return idx;
+    if (n >= kTopKHistogramMin && top_k_float_many(scores, n, k, idx)) return idx;
   std::vector<T> values(scores, scores + n);
   if (std::any_of(values.begin(), values.end(), [](T v) { return std::isnan(v); })) {
     idx.resize(static_cast<size_t>(n));
