@@ -77,7 +77,7 @@ void hadamard_transform(float* x, int64_t n);
 // second keeps the keys of the bin that holds the k-th, and a third takes
 // the ids. The k-th largest score is one value whichever way it is found,
 // so the ids are the same. 262,144 scores: nth_element 2.2-2.9 ms, the
-// histogram 0.6-0.9, the threshold 0.1 (docs/long_context.md, "The top-k
+// histogram 0.6-0.9, the threshold 0.04 (docs/long_context.md, "The top-k
 // from block maxima").
 constexpr int64_t kTopKHistogramMin = 4096;
 // False (and `out` untouched) when a score is NaN. Each path (`isa`) takes
