@@ -220,6 +220,47 @@ DSV4_TARGET_VNNI void keys_to_tile(const Fp4RowsView& keys, int64_t dim, int64_t
   }
 }
 
+// The scale bytes of the 16 keys from `key` (past the end, the last key's
+// again), four to a dword: `keys.scales` itself where all 16 are there,
+// else copied into `partial` (64 bytes). 128-dim keys.
+const uint8_t* tile_scale_bytes(const Fp4RowsView& keys, int64_t key, int64_t n, uint8_t* partial) {
+  constexpr int64_t kBlocks = 128 / kBlock;
+  if (n >= 16) return keys.scales + key * kBlocks;
+  for (int64_t i = 0; i < 16; ++i) std::memcpy(partial + 4 * i, keys.scales + (key + std::min(i, n - 1)) * kBlocks, 4);
+  return partial;
+}
+
+// The 16 keys' half scales of each of the four blocks into half[b], from
+// their scale bytes (a dword per key): key_half_scale's values, byte x is
+// 2^(x - 128), exact down to the subnormal 2^-128, and NaN for 255. Returns
+// each key's smallest (where a scale is NaN, terms_exact fails anyway).
+DSV4_TARGET_VNNI __m512 tile_half_scales(__m512i scale_bytes, float (*half)[16]) {
+  const __m512i byte = _mm512_set1_epi32(0xff), nan_code = _mm512_set1_epi32(255);
+  const __m512 one = _mm512_set1_ps(1.0f), nan = _mm512_set1_ps(NAN);
+  __m512 smallest = _mm512_set1_ps(INFINITY);
+  for (int b = 0; b < 4; ++b) {
+    const __m512i x = _mm512_and_si512(_mm512_srli_epi32(scale_bytes, 8 * b), byte);
+    __m512 h = _mm512_scalef_ps(one, _mm512_cvtepi32_ps(_mm512_sub_epi32(x, _mm512_set1_epi32(128))));
+    h = _mm512_mask_blend_ps(_mm512_cmpeq_epi32_mask(x, nan_code), h, nan);
+    _mm512_store_ps(half[b], h);
+    smallest = _mm512_min_ps(smallest, h);
+  }
+  return smallest;
+}
+
+// A 128-dim tile's codes from each key's 16 registers of even (low-nibble)
+// and odd dims: transposed, dword 4b + j of `even` is tile row 8b + j and
+// of `odd` row 8b + 4 + j.
+DSV4_TARGET_VNNI void store_tile_codes(__m512 even[16], __m512 odd[16], int32_t (*tile)[16]) {
+  linear_detail::transpose16x16(even);
+  linear_detail::transpose16x16(odd);
+  for (int b = 0; b < 4; ++b)
+    for (int j = 0; j < 4; ++j) {
+      _mm512_store_ps(reinterpret_cast<float*>(tile[8 * b + j]), even[4 * b + j]);
+      _mm512_store_ps(reinterpret_cast<float*>(tile[8 * b + 4 + j]), odd[4 * b + j]);
+    }
+}
+
 // The same tile for 128-dim keys (V4's): a key's 64 bytes in one register,
 // the low nibbles of its four blocks (their even dims) and the high nibbles
 // (odd dims) turned into codes by one 512-bit PSHUFB each, and both sets
@@ -230,7 +271,6 @@ DSV4_TARGET_VNNI void keys_to_tile(const Fp4RowsView& keys, int64_t dim, int64_t
 // scores' buffer and the top-k").
 DSV4_TARGET_VNNI void keys_to_tile_128(const Fp4RowsView& keys, int64_t key, int64_t n, int32_t (*tile)[16],
                                        float (*half)[16]) {
-  constexpr int64_t kBlocks = 128 / kBlock;
   const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(key_codes())));
   const __m512i low = _mm512_set1_epi8(0x0f);
   __m512 even[16], odd[16];
@@ -239,15 +279,10 @@ DSV4_TARGET_VNNI void keys_to_tile_128(const Fp4RowsView& keys, int64_t key, int
     const __m512i bytes = _mm512_loadu_si512(keys.nibbles + k * 64);
     even[i] = _mm512_castsi512_ps(_mm512_shuffle_epi8(lut, _mm512_and_si512(bytes, low)));
     odd[i] = _mm512_castsi512_ps(_mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low)));
-    for (int64_t b = 0; b < kBlocks; ++b) half[b][i] = key_half_scale(keys.scales[k * kBlocks + b]);
   }
-  linear_detail::transpose16x16(even);
-  linear_detail::transpose16x16(odd);
-  for (int b = 0; b < kBlocks; ++b)
-    for (int j = 0; j < 4; ++j) {
-      _mm512_store_ps(reinterpret_cast<float*>(tile[8 * b + j]), even[4 * b + j]);
-      _mm512_store_ps(reinterpret_cast<float*>(tile[8 * b + 4 + j]), odd[4 * b + j]);
-    }
+  alignas(64) uint8_t partial[64];
+  tile_half_scales(_mm512_loadu_si512(tile_scale_bytes(keys, key, n, partial)), half);
+  store_tile_codes(even, odd, tile);
 }
 
 // Heads [h0, h0 + HN) against T tiles in the one-sum form (keys_to_tile_scaled):
@@ -321,18 +356,11 @@ const uint8_t* scaled_key_codes() {
 // key's block exponents lie more than 3 apart (a scaled code would leave
 // the unsigned byte). The half scales per block are kept for terms_exact.
 DSV4_TARGET_VNNI bool keys_to_tile_scaled(const Fp4RowsView& keys, int64_t key, int64_t n, KeyTile& tile) {
-  constexpr int64_t kBlocks = 128 / kBlock;
   // The 16 keys' four scale bytes, a dword per key (past the end, the last
   // key's again); each byte's exponent above its key's smallest, from byte
   // rotations within the dwords (no branches: the scales are data).
   alignas(64) uint8_t partial[64];
-  const uint8_t* scales = keys.scales + key * kBlocks;
-  if (n < 16) {
-    for (int64_t i = 0; i < 16; ++i)
-      std::memcpy(partial + 4 * i, keys.scales + (key + std::min(i, n - 1)) * kBlocks, 4);
-    scales = partial;
-  }
-  const __m512i bytes_of_scales = _mm512_loadu_si512(scales);
+  const __m512i bytes_of_scales = _mm512_loadu_si512(tile_scale_bytes(keys, key, n, partial));
   __m512i low = _mm512_min_epu8(bytes_of_scales, _mm512_rol_epi32(bytes_of_scales, 8));
   low = _mm512_min_epu8(low, _mm512_rol_epi32(low, 16));
   __m512i high = _mm512_max_epu8(bytes_of_scales, _mm512_rol_epi32(bytes_of_scales, 8));
@@ -353,27 +381,8 @@ DSV4_TARGET_VNNI bool keys_to_tile_scaled(const Fp4RowsView& keys, int64_t key, 
     even[i] = _mm512_castsi512_ps(_mm512_shuffle_epi8(table, _mm512_and_si512(bytes, low_bits)));
     odd[i] = _mm512_castsi512_ps(_mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low_bits)));
   }
-  // The half scales, key_half_scale's values: byte x is 2^(x - 128), exact
-  // down to the subnormal 2^-128, and NaN for 255. Each key's smallest (a
-  // NaN scale fails terms_exact anyway).
-  const __m512i byte = _mm512_set1_epi32(0xff), nan_code = _mm512_set1_epi32(255);
-  const __m512 one = _mm512_set1_ps(1.0f), nan = _mm512_set1_ps(NAN);
-  __m512 smallest = _mm512_set1_ps(INFINITY);
-  for (int b = 0; b < kBlocks; ++b) {
-    const __m512i x = _mm512_and_si512(_mm512_srli_epi32(bytes_of_scales, 8 * b), byte);
-    __m512 half = _mm512_scalef_ps(one, _mm512_cvtepi32_ps(_mm512_sub_epi32(x, _mm512_set1_epi32(128))));
-    half = _mm512_mask_blend_ps(_mm512_cmpeq_epi32_mask(x, nan_code), half, nan);
-    _mm512_store_ps(tile.half[b], half);
-    smallest = _mm512_min_ps(smallest, half);
-  }
-  _mm512_store_ps(tile.low, smallest);
-  linear_detail::transpose16x16(even);
-  linear_detail::transpose16x16(odd);
-  for (int b = 0; b < kBlocks; ++b)
-    for (int j = 0; j < 4; ++j) {
-      _mm512_store_ps(reinterpret_cast<float*>(tile.codes[8 * b + j]), even[4 * b + j]);
-      _mm512_store_ps(reinterpret_cast<float*>(tile.codes[8 * b + 4 + j]), odd[4 * b + j]);
-    }
+  _mm512_store_ps(tile.low, tile_half_scales(bytes_of_scales, tile.half));
+  store_tile_codes(even, odd, tile.codes);
   return true;
 }
 
