@@ -454,16 +454,19 @@ BENCHMARK(BM_AttentionLongRows)
 
 // The lightning indexer scoring one decode row against 4096 FP4 keys (64
 // heads x 128 dims, V4-Flash), on one thread: arg 0 the integer FP4 scores
-// (VPDPBUSD where the CPU has AVX512-VNNI), arg 1 the fp32 path (dot_fixed
-// rows over decoded key tiles), which a query off the FP4 grid takes.
+// (VPDPBUSD where the CPU has AVX512-VNNI) of keys whose block scales lie up
+// to 2^7 apart (per block), arg 2 the same with scales at most 2^2 apart
+// (the VNNI kernel's one sum per head: docs/long_context.md, "One integer
+// sum across the blocks"), arg 1 the fp32 path (dot_fixed rows over decoded
+// key tiles), which a query off the FP4 grid takes.
 void BM_IndexerScores(benchmark::State& state) {
-  const bool fp32 = state.range(0) == 1;
+  const bool fp32 = state.range(0) == 1, one_sum = state.range(0) == 2;
   const int64_t heads = 64, dim = 128, keys = 4096;
   std::mt19937 rng(9);
   std::normal_distribution<float> nd;
   std::vector<uint8_t> nibbles(size_t(keys * dim / 2)), scales(size_t(keys * dim / 32));
   for (auto& b : nibbles) b = uint8_t(rng());
-  for (auto& v : scales) v = uint8_t(118 + rng() % 8);
+  for (auto& v : scales) v = uint8_t(118 + rng() % (one_sum ? 3 : 8));
   std::vector<float> q(static_cast<size_t>(heads * dim)), weights(static_cast<size_t>(heads));
   for (auto& v : q) v = nd(rng);
   for (auto& v : weights) v = nd(rng);
@@ -481,9 +484,12 @@ void BM_IndexerScores(benchmark::State& state) {
   }
   state.counters["MAC/s"] =
       benchmark::Counter(double(heads * dim * keys) * double(state.iterations()), benchmark::Counter::kIsRate);
-  state.SetLabel(fp32 ? "fp32 dot_fixed tiles" : cpu::fp4_scores_use_vnni(isa) ? "integer FP4 (VNNI)" : "integer FP4");
+  state.SetLabel(fp32                             ? "fp32 dot_fixed tiles"
+                 : !cpu::fp4_scores_use_vnni(isa) ? "integer FP4"
+                 : one_sum                        ? "integer FP4 (VNNI), scales at most 2^2 apart"
+                                                  : "integer FP4 (VNNI), scales up to 2^7 apart");
 }
-BENCHMARK(BM_IndexerScores)->Arg(0)->Arg(1)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_IndexerScores)->Arg(0)->Arg(2)->Arg(1)->Unit(benchmark::kMicrosecond);
 
 // Hyper-connections of one V4-Flash block side (hc_mult 4 copies of 4096):
 // hc_pre (the fp32 mix projection, Sinkhorn, the collapse) then hc_post
