@@ -2,9 +2,11 @@
 // attention decodes the rows it reads a key tile at a time, twice a step
 // (scores, then weighted sums), so the decoding is on its critical path.
 // With the table's 16-element gather, decoding per tile was no faster than
-// writing every row's floats to memory first; this takes about six vector
-// operations per 16 values (docs/long_context.md, "Cached rows decoded per
-// key tile").
+// writing every row's floats to memory first (docs/long_context.md, "Cached
+// rows decoded per key tile"). AVX-512 decodes 32 values at a time through
+// fp16 (decode_e4m3_by_fp16_avx512), which keeps fp32 subnormals out of
+// the multiplications; the other vector paths and unaligned ends build
+// fp32 bit patterns:
 //
 // An e4m3 byte s eeee mmm has the value of the fp32 bit pattern
 // s 0000eeee mmm0...0 times 2^120: the pattern's exponent field eeee is the
@@ -83,6 +85,48 @@ DSV4_TARGET_AVX512 void decode_e4m3_avx512(const uint8_t* codes, const uint8_t* 
   }
 }
 
+// Values [i, end) of the e4m3 part, 32 at a time (i, end and the block
+// multiples of 32) through fp16, the weight decoders' trick
+// (docs/kernels.md, "Formats"): a code sign-extended to 16 bits, shifted
+// left by 7 and with bit 14 cleared is the fp16 of its value times 2^-8,
+// subnormal codes included, and vcvtph2ps makes that a normal float. One
+// multiplication by 2^(b - 119) (scale 2^(b - 127) times 2^8, a normal float
+// for b <= 246) then rounds the value times the scale once, as the table's
+// product does; larger scales and the NaN scale multiply by 2^8 first. So
+// no fp32 subnormal ever enters an arithmetic instruction: where
+// decode_e4m3_avx512 multiplies the fp32 subnormals of the 14 subnormal
+// codes, AMD Zen 5 took about three times as long for a vector holding one.
+// The NaN codes are looked for in the same pass (two operations per 32
+// values, where has_nan_code_avx512 read every code again first); false
+// means a NaN code was seen and the values are to be decoded again by
+// decode_e4m3_avx512<true>. docs/long_context.md, "The cached rows'
+// decoding through fp16".
+DSV4_TARGET_AVX512 bool decode_e4m3_by_fp16_avx512(const uint8_t* codes, const uint8_t* scales, int64_t block,
+                                                   int64_t i, int64_t end, float* out) {
+  const __m512i clear_bit14 = _mm512_set1_epi16(int16_t(0xBFFF)), nan_bits = _mm512_set1_epi16(0x3F80);
+  __mmask32 nan = 0;
+  for (int64_t b = i / block; i < end; ++b) {
+    const int64_t block_end = std::min(end, (b + 1) * block);
+    const uint8_t s = scales[b];
+    const bool one_multiply = s <= 246;
+    // 2^(s - 119): exponent field s - 119 + 127.
+    const __m512 factor =
+        _mm512_set1_ps(one_multiply ? std::bit_cast<float>(uint32_t(s + 8) << 23) : kNumericTables.e8m0[s]);
+    const __m512 first = _mm512_set1_ps(one_multiply ? 1.0f : 256.0f);
+    for (; i < block_end; i += 32) {
+      const __m512i h = _mm512_and_si512(
+          _mm512_slli_epi16(_mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + i))), 7),
+          clear_bit14);
+      nan |= _mm512_cmpeq_epi16_mask(_mm512_and_si512(h, nan_bits), nan_bits);
+      __m512 low = _mm512_cvtph_ps(_mm512_castsi512_si256(h)), high = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
+      if (!one_multiply) low = _mm512_mul_ps(low, first), high = _mm512_mul_ps(high, first);
+      _mm512_storeu_ps(out + i, _mm512_mul_ps(low, factor));
+      _mm512_storeu_ps(out + i + 16, _mm512_mul_ps(high, factor));
+    }
+  }
+  return nan == 0;
+}
+
 // decode_e4m3_avx512's bits, 8 at a time, always with the two
 // multiplications and the NaN codes' fix-up.
 DSV4_TARGET_AVX2 void decode_e4m3_avx2(const uint8_t* codes, const uint8_t* scales, int64_t block, int64_t i,
@@ -117,6 +161,12 @@ void decode_fp8_row(KernelIsa isa, const Fp8RowsView& v, int64_t id, int64_t d0,
   // Whole vectors that stay within one block each (block and start on a
   // vector boundary); the rest by the table.
   const int64_t width = isa == KernelIsa::Avx512 ? 16 : isa == KernelIsa::Avx2 ? 8 : 0;
+  if (isa == KernelIsa::Avx512 && i % 32 == 0 && v.block % 32 == 0 && i + 32 <= end) {
+    const int64_t vector_end = i + (end - i) / 32 * 32;
+    if (!decode_e4m3_by_fp16_avx512(codes, scales, v.block, i, vector_end, row))
+      decode_e4m3_avx512<true>(codes, scales, v.block, i, vector_end, row);
+    i = vector_end;
+  }
   if (width && i % width == 0 && v.block % width == 0 && i < end) {
     const int64_t vector_end = i + (end - i) / width * width;
     if (isa == KernelIsa::Avx512 && has_nan_code_avx512(codes, i, vector_end))
