@@ -112,14 +112,14 @@ DSV4_TARGET_AVX512 bool decode_e4m3_by_fp16_avx512(const uint8_t* codes, const u
     // 2^(s - 119): exponent field s - 119 + 127.
     const __m512 factor =
         _mm512_set1_ps(one_multiply ? std::bit_cast<float>(uint32_t(s + 8) << 23) : kNumericTables.e8m0[s]);
-    const __m512 first = _mm512_set1_ps(one_multiply ? 1.0f : 256.0f);
+    const __m512 to_value = _mm512_set1_ps(one_multiply ? 1.0f : 256.0f);
     for (; i < block_end; i += 32) {
       const __m512i h = _mm512_and_si512(
           _mm512_slli_epi16(_mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + i))), 7),
           clear_bit14);
       nan |= _mm512_cmpeq_epi16_mask(_mm512_and_si512(h, nan_bits), nan_bits);
       __m512 low = _mm512_cvtph_ps(_mm512_castsi512_si256(h)), high = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
-      if (!one_multiply) low = _mm512_mul_ps(low, first), high = _mm512_mul_ps(high, first);
+      if (!one_multiply) low = _mm512_mul_ps(low, to_value), high = _mm512_mul_ps(high, to_value);
       _mm512_storeu_ps(out + i, _mm512_mul_ps(low, factor));
       _mm512_storeu_ps(out + i + 16, _mm512_mul_ps(high, factor));
     }
@@ -158,7 +158,8 @@ void decode_fp8_row(KernelIsa isa, const Fp8RowsView& v, int64_t id, int64_t d0,
   const uint8_t* scales = v.scales + id * blocks;
   const int64_t end = std::min(d1, v.nope);
   int64_t i = d0;
-  // Whole vectors that stay within one block each (block and start on a
+  // AVX-512: whole groups of 32 that stay within one block each, through
+  // fp16. Then whole vectors within one block each (block and start on a
   // vector boundary); the rest by the table.
   const int64_t width = isa == KernelIsa::Avx512 ? 16 : isa == KernelIsa::Avx2 ? 8 : 0;
   if (isa == KernelIsa::Avx512 && i % 32 == 0 && v.block % 32 == 0 && i + 32 <= end) {
