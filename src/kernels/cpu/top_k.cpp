@@ -73,12 +73,12 @@ DSV4_TARGET_AVX512 bool block_maxima_avx512(const float* scores, int64_t width, 
 }
 
 // The scores [first, n) whose key is at least `threshold`, as keys and ids
-// in id order; returns their count, or -1 where a score there is NaN.
+// in id order; returns their count. No score is NaN (top_k_by_threshold
+// looked while taking the blocks' maxima).
 int64_t keys_at_least_scalar(const float* scores, int64_t first, int64_t n, uint32_t threshold, uint32_t* keys,
                              int32_t* ids) {
   int64_t count = 0;
   for (int64_t i = first; i < n; ++i) {
-    if (std::isnan(scores[i])) return -1;
     const uint32_t key = order_key(scores[i]);
     if (key >= threshold) keys[count] = key, ids[count] = int32_t(i), ++count;
   }
@@ -91,12 +91,9 @@ DSV4_TARGET_AVX512 int64_t keys_at_least_avx512(const float* scores, int64_t n, 
                                                 int32_t* ids) {
   const __m512i bound = _mm512_set1_epi32(int(threshold)), step = _mm512_set1_epi32(16);
   __m512i id = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  __mmask16 nan = 0;
   int64_t count = 0, i = 0;
   for (; i + 16 <= n; i += 16, id = _mm512_add_epi32(id, step)) {
-    const __m512 v = _mm512_loadu_ps(scores + i);
-    nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-    const __m512i key = order_keys_avx512(v);
+    const __m512i key = order_keys_avx512(_mm512_loadu_ps(scores + i));
     const __mmask16 pass = _mm512_cmp_epu32_mask(key, bound, _MM_CMPINT_NLT);
     if (pass) {
       _mm512_mask_compressstoreu_epi32(keys + count, pass, key);
@@ -104,9 +101,7 @@ DSV4_TARGET_AVX512 int64_t keys_at_least_avx512(const float* scores, int64_t n, 
       count += std::popcount(unsigned(pass));
     }
   }
-  if (nan) return -1;
-  const int64_t tail = keys_at_least_scalar(scores, i, n, threshold, keys + count, ids + count);
-  return tail < 0 ? -1 : count + tail;
+  return count + keys_at_least_scalar(scores, i, n, threshold, keys + count, ids + count);
 }
 
 // The ids of the k largest keys among `count` candidates (in id order) that
@@ -133,8 +128,9 @@ int top_k_by_threshold(const float* scores, int64_t n, int64_t k, std::vector<in
   if (avx512 && width >= 16) width = width / 16 * 16;
   const int64_t blocks = n / width;
   ScratchArray<uint32_t> maxima(blocks);
-  const bool nan = avx512 && width % 16 == 0 ? block_maxima_avx512(scores, width, blocks, maxima.data())
-                                             : block_maxima_scalar(scores, width, blocks, maxima.data());
+  const bool nan = (avx512 && width % 16 == 0 ? block_maxima_avx512(scores, width, blocks, maxima.data())
+                                              : block_maxima_scalar(scores, width, blocks, maxima.data())) ||
+                   std::any_of(scores + blocks * width, scores + n, [](float v) { return std::isnan(v); });
   if (nan) return 1;
   std::nth_element(maxima.begin(), maxima.begin() + (k - 1), maxima.end(), std::greater<uint32_t>());
   const uint32_t threshold = maxima[size_t(k - 1)];
@@ -142,7 +138,6 @@ int top_k_by_threshold(const float* scores, int64_t n, int64_t k, std::vector<in
   ScratchArray<int32_t> ids(n);
   const int64_t count = avx512 ? keys_at_least_avx512(scores, n, threshold, keys.data(), ids.data())
                                : keys_at_least_scalar(scores, 0, n, threshold, keys.data(), ids.data());
-  if (count < 0) return 1;
   if (count > n / 8) return 2;
   take_top_k(keys.data(), ids.data(), count, k, out);
   return 0;
