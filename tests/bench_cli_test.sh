@@ -78,12 +78,16 @@ grep -q "contradicts" "$WORK/err.txt" || fail "contradiction message: $(cat "$WO
 grep -q "<svg" "$WORK/b.svg" && grep -q "batch 2" "$WORK/b.svg" || fail "SVG chart"
 if "$BIN" bench --model "$MODEL" --batch 1,x > "$WORK/err.txt" 2>&1; then fail "bad --batch accepted"; fi
 grep -q "invalid batch list" "$WORK/err.txt" || fail "bad --batch message: $(cat "$WORK/err.txt")"
-# Long contexts from synthetic states: a line per context and batch, and CSV rows.
+# Long contexts from synthetic states: a line per context and batch, set
+# against the limits read around its best run and the run-wide best, and CSV
+# rows; --repeat 2 runs each row twice and prints both runs.
 OMP_WAIT_POLICY=passive "$BIN" bench --model "$MODEL" --prompt 8 --decode 2 --no-split --context 256,512 \
-  --context-batch 1,2 --csv "$WORK/c.csv" > "$WORK/out.txt"
+  --context-batch 1,2 --repeat 2 --csv "$WORK/c.csv" > "$WORK/out.txt"
 grep -q "^long contexts: each sequence starts from a synthetic decode state" "$WORK/out.txt" || fail "no --context header"
 grep -q "^context     512: per token, attention + indexer read" "$WORK/out.txt" || fail "no --context cost line"
-grep -q "^  batch  2: .* tokens/s = .*% of the roofline" "$WORK/out.txt" || fail "no --context batch line"
+grep -q "^  batch  2: .* tokens/s = .*% of the roofline .* at the limits around this run \[.*\] (.*% of the .* at the run-wide best limits)" \
+  "$WORK/out.txt" || fail "no --context batch line: $(grep '^  batch  2:' "$WORK/out.txt")"
+[ "$(grep -c '^  batch  2: 2 runs, .* ms/step; the best counts' "$WORK/out.txt")" = 2 ] || fail "--repeat did not repeat the context rows"
 grep -q "^decode_context_512,2,4," "$WORK/c.csv" || fail "no --context CSV row"
 if grep -q "^prefill_split_" "$WORK/c.csv"; then fail "--no-split still split the prefill"; fi
 if "$BIN" bench --model "$MODEL" --prompt 8 --decode 1 --no-split --context 4 > "$WORK/err.txt" 2>&1; then

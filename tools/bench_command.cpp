@@ -420,12 +420,11 @@ int run_bench(const BenchArgs& a) {
   }
 
   if (!a.contexts.empty())
-    run_context_bench(*model, a.contexts, a.context_batches, a.decode,
-                      {limits.bandwidth, limits.fma_flops(),
-                       cpu::fp4_scores_use_vnni(active_kernel_isa()) && int8_ceiling.flops > 0 ? int8_ceiling.flops
-                                                                                               : limits.fma_flops(),
-                       limits.one_token_rates},
-                      csv);
+    run_context_bench(
+        *model, a.contexts, a.context_batches, a.decode,
+        {&limits, cpu::fp4_scores_use_vnni(active_kernel_isa()) && int8_ceiling.flops > 0 ? int8_ceiling.flops : 0,
+         a.repeat},
+        csv);
 
   // The 43-layer V4-Flash model has the same layer kinds as a real-shaped
   // slice: scale the per-layer costs, keep the measured rates.

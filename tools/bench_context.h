@@ -5,27 +5,28 @@
 // for attention and the indexer against the weights, and the roofline of
 // both.
 #pragma once
-#include <array>
 #include <cstdint>
 #include <fstream>
 #include <functional>
 #include <vector>
 
 #include "kernels/timed_backend.h"
+#include "machine_limits.h"
 #include "model/model.h"
 
 namespace dsv4::tools {
 
+// What the context rows set their steps against. The bandwidth, the FMA
+// ceiling and the one-token rates are read again around every context run
+// (read_limits_around, as the batch rows do) and `best` keeps the run-wide
+// best of each; the indexer's ceiling is the one read at startup.
 struct ContextBenchLimits {
-  double bandwidth = 0;  // bytes/s
-  double fma_flops = 0;  // the fp32 FMA ceiling (attention runs in fp32 lanes)
+  MachineLimits* best = nullptr;  // the run-wide best limits, raised by every read
   // What the indexer's multiply-adds run at: the int8 dot-product ceiling
-  // where its integer scores use VPDPBUSD, else the fp32 FMA ceiling.
+  // where its integer scores use VPDPBUSD, else zero (the fp32 FMA ceiling
+  // of the same read then stands in).
   double indexer_flops = 0;
-  // Weights/s each weight format is decoded at with one token from cache
-  // (decode_rate.h), for the weight products' floor as the batch rows
-  // print it (bench_costs.h, decode_step_serial_seconds).
-  std::array<double, 4> one_token_rates{};
+  int repeat = 1;  // each row's best of this many runs (--repeat)
 };
 
 // Bytes of cached rows and multiply-adds of attention and indexer that one
