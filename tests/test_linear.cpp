@@ -463,32 +463,36 @@ TEST(Linear, Fp8EightRowsThroughBf16GiveScalarBits) {
 // both) and for a tiny one (1e-20: the whole product on the fp32 kernel).
 // Rows with every small code (subnormal e4m3 and -0 among them) and both
 // signs; rows from 100 start inside a block, and 770 rows leave a tail
-// that does not split in four streams.
+// that does not split in four streams. 2304 columns are whole segments (the
+// one-token kernel's straight form), 2368 end in a partial one (its loop).
 TEST(Linear, Fp8FourRowPairsGiveScalarBits) {
   const int saved_threads = compute_threads();
   set_compute_threads(2);
-  const int64_t rows = 770, cols = 2304;  // two chunks and a partial one
-  RandomLinear w(WeightFormat::FP8_BLOCK128, rows, cols, 47);
-  w.linear.quantize_input = true;
-  const int64_t spans = w.linear.scale_cols;
-  const uint8_t block_scales[7][2] = {{120, 127}, {0, 0}, {100, 246}, {9, 130}, {86, 140}, {160, 160}, {127, 60}};
-  for (int64_t b = 0; b < 7; ++b)
-    for (int64_t k = 0; k < spans; ++k) w.scale[size_t(b * spans + k)] = block_scales[b][k % 2];
-  for (int64_t r : {0, 1, 300, 545, 700})
-    for (int64_t i = 0; i < cols; ++i) w.data[size_t(r * cols + i)] = uint8_t((i % 16) | (i & 16 ? 0x80 : 0));
-  for (int64_t i = 256 * cols; i < 384 * cols; ++i) w.data[size_t(i)] &= 0xb7;  // finite under scale 246
-  for (const char* inputs : {"normal", "tiny", "huge"})
-    for (int64_t n : {1, 2, 3, 4})
-      for (int64_t row_begin : {0, 100}) {
-        SCOPED_TRACE(std::string(inputs) + " inputs, tokens " + std::to_string(n) + ", rows from " +
-                     std::to_string(row_begin));
-        std::vector<float> x = normal_floats(size_t(n * cols), 19);
-        if (std::string(inputs) == "tiny")
-          for (int64_t c = 0; c < 128; ++c) x[size_t((n - 1) * cols + c)] *= 1e-20f;
-        if (std::string(inputs) == "huge") x[100] = 1e30f;
-        expect_simd_gives_scalar_bits(size_t(n * (rows - row_begin)),
-                                      [&](float* y) { linear_forward(w.linear, x.data(), n, y, row_begin, rows); });
-      }
+  const int64_t rows = 770;
+  for (int64_t cols : {2304, 2368}) {  // two chunks and a partial one
+    SCOPED_TRACE("columns " + std::to_string(cols));
+    RandomLinear w(WeightFormat::FP8_BLOCK128, rows, cols, 47);
+    w.linear.quantize_input = true;
+    const int64_t spans = w.linear.scale_cols;
+    const uint8_t block_scales[7][2] = {{120, 127}, {0, 0}, {100, 246}, {9, 130}, {86, 140}, {160, 160}, {127, 60}};
+    for (int64_t b = 0; b < 7; ++b)
+      for (int64_t k = 0; k < spans; ++k) w.scale[size_t(b * spans + k)] = block_scales[b][k % 2];
+    for (int64_t r : {0, 1, 300, 545, 700})
+      for (int64_t i = 0; i < cols; ++i) w.data[size_t(r * cols + i)] = uint8_t((i % 16) | (i & 16 ? 0x80 : 0));
+    for (int64_t i = 256 * cols; i < 384 * cols; ++i) w.data[size_t(i)] &= 0xb7;  // finite under scale 246
+    for (const char* inputs : {"normal", "tiny", "huge"})
+      for (int64_t n : {1, 2, 3, 4})
+        for (int64_t row_begin : {0, 100}) {
+          SCOPED_TRACE(std::string(inputs) + " inputs, tokens " + std::to_string(n) + ", rows from " +
+                       std::to_string(row_begin));
+          std::vector<float> x = normal_floats(size_t(n * cols), 19);
+          if (std::string(inputs) == "tiny")
+            for (int64_t c = 0; c < 128; ++c) x[size_t((n - 1) * cols + c)] *= 1e-20f;
+          if (std::string(inputs) == "huge") x[100] = 1e30f;
+          expect_simd_gives_scalar_bits(size_t(n * (rows - row_begin)),
+                                        [&](float* y) { linear_forward(w.linear, x.data(), n, y, row_begin, rows); });
+        }
+  }
   set_compute_threads(saved_threads);
 }
 
