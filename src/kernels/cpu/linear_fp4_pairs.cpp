@@ -168,8 +168,8 @@ DSV4_BF16_VBMI inline void fp4_pairs_group_chunk(const uint8_t* const* p, const 
 // prefetches at fixed places; with a trip count known only at run time it
 // jumps into an unrolled copy and tests the prefetch condition at every
 // block. One token ran 3-10% faster from memory that way; two and four
-// tokens, compiled the same way, 4-45% slower (docs/kernels.md, "FP4
-// segments of a fixed length").
+// tokens, compiled the same way, 4-45% slower (docs/kernels.md, "FP4 and
+// FP8 segments of a fixed length").
 template <int T, bool kWholeSegments>
 DSV4_BF16_VBMI void fp4_pairs_whole_rows(const uint8_t* const* p, const uint8_t* const* s, int64_t cols,
                                          const uint32_t* pairs, bool prefetch, double* out, int64_t out_stride) {

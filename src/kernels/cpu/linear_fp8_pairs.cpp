@@ -142,8 +142,8 @@ DSV4_BF16_VBMI inline void fp8_pairs_chunk(const E4m3ByteDecoder& decoder, const
 // kWholeSegments: cols is a multiple of kSegment (every V4 matrix), so each
 // segment is exactly four steps, unrolled straight with the scale loads at
 // fixed places instead of a loop that tests for them at every step: 3-4%
-// faster from DRAM, 7% in L2 (docs/kernels.md, "FP4 segments of a fixed
-// length").
+// faster from DRAM, 7% in L2 (docs/kernels.md, "FP4 and FP8 segments of a
+// fixed length").
 template <bool kWholeSegments>
 DSV4_BF16_VBMI void fp8_pairs_one_token(const Linear& w, const RowGroup& g, const uint32_t* x, double* out) {
   const int64_t cols = w.cols;
