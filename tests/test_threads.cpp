@@ -7,6 +7,8 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <thread>
@@ -66,6 +68,32 @@ TEST(Threads, NoCgroupFilesMeansNoLimit) {
   FakeCgroupTree t;
   EXPECT_TRUE(std::isinf(cgroup_cpu_limit(t.root.string(), "0::/\n4:cpu:/\n")));
   EXPECT_TRUE(std::isinf(cgroup_cpu_limit(t.root.string(), "garbage without colons\n")));
+}
+
+// With OpenMP placing the threads, libgomp binds the main thread to its
+// first place before any of our code runs; the usable CPUs must still be all
+// of the process's (they were one, and every team had one thread). The
+// variables are read when libgomp loads, so a child process of this test
+// binary reports its count under each of them.
+TEST(Threads, OpenMpPlacementKeepsEveryCpu) {
+  if (std::getenv("DSV4_THREADS_CHILD")) {
+    std::printf("usable cpus: %d\n", usable_cpu_count());
+    return;
+  }
+  const std::string self = fs::read_symlink("/proc/self/exe").string();
+  for (const char* placement : {"OMP_PROC_BIND=true", "OMP_PLACES=cores", "OMP_PROC_BIND=close OMP_PLACES=threads"}) {
+    const std::string command = std::string("env ") + placement + " DSV4_THREADS_CHILD=1 '" + self +
+                                "' --gtest_filter=Threads.OpenMpPlacementKeepsEveryCpu";
+    FILE* child = popen(command.c_str(), "r");
+    ASSERT_NE(child, nullptr);
+    std::string output;
+    char buffer[256];
+    while (std::fgets(buffer, sizeof(buffer), child)) output += buffer;
+    ASSERT_EQ(pclose(child), 0) << output;
+    const size_t at = output.find("usable cpus: ");
+    ASSERT_NE(at, std::string::npos) << output;
+    EXPECT_EQ(std::atoi(output.c_str() + at + 13), usable_cpu_count()) << placement;
+  }
 }
 
 TEST(Threads, ExplicitCountOverridesAndZeroRestoresTheDefault) {

@@ -56,7 +56,25 @@ std::vector<int> thread_affinity_cpus() {
 // A thread inherits its creator's mask, so once one team is pinned (one CPU
 // per thread) a thread it creates, such as the engine's, sees a single CPU:
 // pinning and thread counts must look at the process's mask instead.
-const std::vector<int> g_process_cpus = thread_affinity_cpus();
+//
+// Where the user has OpenMP place the threads (OMP_PROC_BIND, OMP_PLACES,
+// GOMP_CPU_AFFINITY), libgomp binds the main thread to its first place when
+// it loads, before this runs, so the main thread's mask names one place's
+// CPUs only: with OMP_PROC_BIND=true on a 2-vCPU VM every team had one
+// thread and decoding ran at half speed. Its places together are the CPUs
+// it found in the mask the process started with, and those are taken then.
+std::vector<int> process_cpus() {
+  std::vector<int> cpus = thread_affinity_cpus(), placed;
+  for (int p = 0; p < omp_get_num_places(); ++p) {
+    std::vector<int> ids(size_t(std::max(0, omp_get_place_num_procs(p))));
+    omp_get_place_proc_ids(p, ids.data());
+    placed.insert(placed.end(), ids.begin(), ids.end());
+  }
+  std::sort(placed.begin(), placed.end());
+  placed.erase(std::unique(placed.begin(), placed.end()), placed.end());
+  return placed.size() > cpus.size() ? placed : cpus;
+}
+const std::vector<int> g_process_cpus = process_cpus();
 
 std::vector<int> affinity_cpus() { return g_process_cpus.empty() ? thread_affinity_cpus() : g_process_cpus; }
 
