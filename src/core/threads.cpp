@@ -61,8 +61,9 @@ std::vector<int> thread_affinity_cpus() {
 // GOMP_CPU_AFFINITY), libgomp binds the main thread to its first place when
 // it loads, before this runs, so the main thread's mask names one place's
 // CPUs only: with OMP_PROC_BIND=true on a 2-vCPU VM every team had one
-// thread and decoding ran at half speed. The places together are the CPUs
-// libgomp found in the mask the process started with: those count instead.
+// thread (the 16-token LM head product took twice as long). The places
+// together are the CPUs libgomp found in the mask the process started
+// with: those count instead.
 std::vector<int> process_cpus() {
   std::vector<int> cpus = thread_affinity_cpus(), placed;
   for (int p = 0; p < omp_get_num_places(); ++p) {
