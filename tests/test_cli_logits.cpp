@@ -1,33 +1,20 @@
 // `dsv4 logits`, the stable interface of external test harnesses: flags,
 // token files, output layout, and clean failures.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 
 #include "golden_util.h"
+#include "run_command.h"
 
 namespace dsv4::test {
 namespace {
 namespace fs = std::filesystem;
 
-struct CommandResult {
-  int exit_code;
-  std::string output;  // stdout and stderr
-};
-
-CommandResult run(const std::string& args) {
-  std::string cmd = std::string(DSV4_BINARY) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128, out};
-}
+// The binary's exit status and everything it writes (stdout and stderr).
+CommandResult run(const std::string& args) { return run_command(std::string(DSV4_BINARY) + " " + args + " 2>&1"); }
 
 fs::path temp_path(const std::string& name) {
   return fs::temp_directory_path() / ("dsv4_cli_" + std::to_string(::getpid()) + "_" + name);

@@ -2,8 +2,6 @@
 // subprocess over the golden cases, the way external harnesses use it.
 #include <gtest/gtest.h>
 
-#include <sys/wait.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -13,6 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "run_command.h"
+
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
@@ -21,22 +21,9 @@ namespace {
 const fs::path kData = fs::path(DSV4_TEST_DATA) / "text";
 const std::string kTokenizer = std::string(DSV4_SOURCE_DIR) + "/assets/dsv4-tokenizer/tokenizer.json";
 
-struct Run {
-  int rc;
-  std::string out;
-};
-
-Run run(const std::string& args) {
-  const std::string cmd = std::string("'") + DSV4_BINARY + "' " + args + " 2>/dev/null";
-  FILE* p = popen(cmd.c_str(), "r");
-  Run r{-1, {}};
-  if (!p) return r;
-  char buf[65536];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+// The binary's standard output and exit status; its stderr is dropped.
+dsv4::test::CommandResult run(const std::string& args) {
+  return dsv4::test::run_command(std::string("'") + DSV4_BINARY + "' " + args + " 2>/dev/null");
 }
 
 std::string quote(const std::string& s) {
@@ -72,13 +59,13 @@ std::string profile_flag(const std::string& profile) {
 
 TEST(TextCli, TokenizeAndDetokenize) {
   auto r = run("tokenize --tokenizer " + quote(kTokenizer) + " --text " + quote("Hello, world! <think>"));
-  ASSERT_EQ(r.rc, 0);
-  EXPECT_EQ(json::parse(r.out), json({19923, 14, 2058, 3, 223, 128821}));
+  ASSERT_EQ(r.exit_code, 0);
+  EXPECT_EQ(json::parse(r.output), json({19923, 14, 2058, 3, 223, 128821}));
   r = run("detokenize --tokenizer " + quote(kTokenizer) + " --ids 19923,14,2058,3");
-  ASSERT_EQ(r.rc, 0);
-  EXPECT_EQ(r.out, "Hello, world!");
+  ASSERT_EQ(r.exit_code, 0);
+  EXPECT_EQ(r.output, "Hello, world!");
   r = run("tokenize --tokenizer /nonexistent.json --text x");
-  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.exit_code, 0);
 }
 
 // `dsv4 token-map` (a draft vocabulary for --speculative-token-map): the
@@ -93,13 +80,13 @@ TEST(TextCli, TokenMapRanksTokensByFrequency) {
   std::ofstream(dir / "a.txt") << text;
   auto ids_of = [&](const std::string& s) {
     auto r = run("tokenize --tokenizer " + quote(kTokenizer) + " --text " + quote(s));
-    return json::parse(r.out).get<std::vector<int>>();
+    return json::parse(r.output).get<std::vector<int>>();
   };
   const std::vector<int> zebra = ids_of("zebra"), apple = ids_of("apple"), newline = ids_of("\n");
   ASSERT_EQ(newline.size(), 1u);
   auto r = run("token-map --tokenizer " + quote(kTokenizer) + " " + quote((dir / "a.txt").string()));
-  ASSERT_EQ(r.rc, 0);
-  const std::vector<int> map = json::parse(r.out).get<std::vector<int>>();
+  ASSERT_EQ(r.exit_code, 0);
+  const std::vector<int> map = json::parse(r.output).get<std::vector<int>>();
   ASSERT_FALSE(map.empty());
   EXPECT_EQ(map[0], newline[0]);  // 67 times
   auto rank = [&](int id) { return std::find(map.begin(), map.end(), id) - map.begin(); };
@@ -111,10 +98,10 @@ TEST(TextCli, TokenMapRanksTokensByFrequency) {
   EXPECT_EQ(std::set<int>(map.begin(), map.end()).size(), map.size());
   r = run("token-map --tokenizer " + quote(kTokenizer) + " --top 2 --out " + quote((dir / "m.json").string()) + " " +
           quote((dir / "a.txt").string()));
-  ASSERT_EQ(r.rc, 0);
+  ASSERT_EQ(r.exit_code, 0);
   std::ifstream in(dir / "m.json");
   EXPECT_EQ(json::parse(in).get<std::vector<int>>(), std::vector<int>(map.begin(), map.begin() + 2));
-  EXPECT_NE(run("token-map --tokenizer " + quote(kTokenizer) + " /nonexistent.txt").rc, 0);
+  EXPECT_NE(run("token-map --tokenizer " + quote(kTokenizer) + " /nonexistent.txt").exit_code, 0);
   fs::remove_all(dir);
 }
 
@@ -129,16 +116,16 @@ TEST(TextCli, RenderGoldenEncodingCases) {
                        " --profile " + profile_flag(profile));
     ++checked;
     if (c["expected"].contains("error")) {
-      EXPECT_NE(r.rc, 0) << c["id"];
+      EXPECT_NE(r.exit_code, 0) << c["id"];
       continue;
     }
-    ASSERT_EQ(r.rc, 0) << c["id"];
-    EXPECT_EQ(r.out, c["expected"]["prompt"].get<std::string>()) << c["id"];
+    ASSERT_EQ(r.exit_code, 0) << c["id"];
+    EXPECT_EQ(r.output, c["expected"]["prompt"].get<std::string>()) << c["id"];
     if (profile.rfind("v4", 0) == 0 && profile.find("v41") == std::string::npos && checked % 7 == 0) {
       const auto ids = run("render --ids --model " + quote(dir.string()) + " --request " + quote(e.path().string()) +
                            " --profile " + profile_flag(profile));
-      ASSERT_EQ(ids.rc, 0);
-      EXPECT_EQ(json::parse(ids.out), c["expected"]["token_ids"]) << c["id"];
+      ASSERT_EQ(ids.exit_code, 0);
+      EXPECT_EQ(json::parse(ids.output), c["expected"]["token_ids"]) << c["id"];
     }
   }
   EXPECT_GT(checked, 100);
@@ -150,10 +137,10 @@ TEST(TextCli, ProfileFromConfig) {
   const fs::path req = dir / "req.json";
   std::ofstream(req) << R"({"messages":[{"role":"system","content":"s"},{"role":"user","content":"q"}]})";
   const auto r = run("render --model " + quote(dir.string()) + " --request " + quote(req.string()));
-  ASSERT_EQ(r.rc, 0);
-  EXPECT_EQ(r.out, "<｜begin▁of▁sentence｜><｜System｜>s<｜User｜>q<｜Assistant｜></think>");
+  ASSERT_EQ(r.exit_code, 0);
+  EXPECT_EQ(r.output, "<｜begin▁of▁sentence｜><｜System｜>s<｜User｜>q<｜Assistant｜></think>");
   fs::remove(dir / "tokenizer.json");
-  EXPECT_NE(run("render --ids --model " + quote(dir.string()) + " --request " + quote(req.string())).rc, 0);
+  EXPECT_NE(run("render --ids --model " + quote(dir.string()) + " --request " + quote(req.string())).exit_code, 0);
   fs::remove_all(dir);
 }
 
@@ -173,15 +160,16 @@ TEST(TextCli, RenderHonoursDropThinking) {
       const std::string args = std::string(" --model ") + quote(dir.string()) + " --profile " + profile +
                                " --semantics " + semantics + " --request ";
       const auto k = run("render" + args + quote(keep.string()));
-      ASSERT_EQ(k.rc, 0) << profile;
-      EXPECT_GE(k.out.size(), kept.size());
-      EXPECT_EQ(k.out.substr(k.out.size() - std::min(k.out.size(), kept.size())), kept) << profile << "\n" << k.out;
+      ASSERT_EQ(k.exit_code, 0) << profile;
+      EXPECT_GE(k.output.size(), kept.size());
+      EXPECT_EQ(k.output.substr(k.output.size() - std::min(k.output.size(), kept.size())), kept) << profile << "\n"
+                                                                                                 << k.output;
       if (std::string(profile) != "v41") {
-        EXPECT_EQ(k.out, "<｜begin▁of▁sentence｜>" + kept) << profile;
+        EXPECT_EQ(k.output, "<｜begin▁of▁sentence｜>" + kept) << profile;
       }
       const auto d = run("render" + args + quote(drop.string()));
-      ASSERT_EQ(d.rc, 0) << profile;
-      EXPECT_EQ(d.out.find("R1"), std::string::npos) << profile << "\n" << d.out;
+      ASSERT_EQ(d.exit_code, 0) << profile;
+      EXPECT_EQ(d.output.find("R1"), std::string::npos) << profile << "\n" << d.output;
     }
   }
   fs::remove_all(dir);
@@ -194,8 +182,8 @@ TEST(TextCli, DeeplyNestedRequestIsRefused) {
   const fs::path req = dir / "deep.json";
   std::ofstream(req) << R"({"messages":[{"role":"user","content":"q"}],"x":)" << std::string(100000, '[')
                      << std::string(100000, ']') << "}";
-  EXPECT_EQ(run("render --model " + quote(dir.string()) + " --request " + quote(req.string())).rc, 1);
-  EXPECT_EQ(run("parse --model " + quote(dir.string()) + " --request " + quote(req.string())).rc, 1);
+  EXPECT_EQ(run("render --model " + quote(dir.string()) + " --request " + quote(req.string())).exit_code, 1);
+  EXPECT_EQ(run("parse --model " + quote(dir.string()) + " --request " + quote(req.string())).exit_code, 1);
   fs::remove_all(dir);
 }
 
@@ -205,8 +193,8 @@ TEST(TextCli, ParseGoldenParsingCases) {
     std::ifstream in(e.path());
     const json c = json::parse(in);
     const auto r = run("parse --model " + quote(dir.string()) + " --request " + quote(e.path().string()));
-    ASSERT_EQ(r.rc, 0) << c["id"];
-    const json got = json::parse(r.out);
+    ASSERT_EQ(r.exit_code, 0) << c["id"];
+    const json got = json::parse(r.output);
     const json& exp = c["expected"];
     EXPECT_EQ(got["reasoning_content"], exp["reasoning_content"]) << c["id"];
     EXPECT_EQ(got["content"], exp["content"]) << c["id"];
@@ -231,8 +219,8 @@ TEST(TextCli, ParseGoldenParsingCases) {
          "string=\"false\">[1]</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls><｜end▁of▁sentence｜>";
   const auto r = run("parse --model " + quote(dir.string()) + " --request " + quote(req.string()) + " --text " +
                      quote(gen.string()));
-  ASSERT_EQ(r.rc, 0);
-  const json got = json::parse(r.out);
+  ASSERT_EQ(r.exit_code, 0);
+  const json got = json::parse(r.output);
   EXPECT_EQ(got["reasoning_content"], "hmm");
   EXPECT_EQ(got["content"], "ok");
   EXPECT_EQ(got["tool_calls"][0]["function"]["arguments"], "{\"d\": [1]}");
@@ -252,12 +240,12 @@ TEST(TextCli, RenderIdsWithSpecialTokenTextInContent) {
       "render --model " + quote(dir.string()) + " --request " + quote(file.string()) + " --profile v4";
 
   const auto ref = run(base + " --ids");
-  ASSERT_EQ(ref.rc, 0);
-  EXPECT_EQ(json::parse(ref.out), c["expected"]["token_ids"]);
+  ASSERT_EQ(ref.exit_code, 0);
+  EXPECT_EQ(json::parse(ref.output), c["expected"]["token_ids"]);
 
   const auto safe = run(base + " --ids --no-special-tokens-in-content");
-  ASSERT_EQ(safe.rc, 0);
-  const auto ids = json::parse(safe.out).get<std::vector<int>>();
+  ASSERT_EQ(safe.exit_code, 0);
+  const auto ids = json::parse(safe.output).get<std::vector<int>>();
   EXPECT_NE(json(ids), c["expected"]["token_ids"]);
   // Only the template's markers are control tokens: <bos><｜User｜> ... <｜Assistant｜></think>.
   ASSERT_GT(ids.size(), 4u);
@@ -270,14 +258,14 @@ TEST(TextCli, RenderIdsWithSpecialTokenTextInContent) {
   for (int id : ids) spec += std::to_string(id) + ",";
   spec.pop_back();
   const auto text = run("detokenize --tokenizer " + quote(kTokenizer) + " --ids " + spec);
-  ASSERT_EQ(text.rc, 0);
-  EXPECT_EQ(text.out, c["expected"]["prompt"].get<std::string>());
+  ASSERT_EQ(text.exit_code, 0);
+  EXPECT_EQ(text.output, c["expected"]["prompt"].get<std::string>());
 
   // The prompt string itself does not depend on the flag.
   const auto p1 = run(base);
   const auto p2 = run(base + " --no-special-tokens-in-content");
-  ASSERT_EQ(p1.rc, 0);
-  EXPECT_EQ(p1.out, c["expected"]["prompt"].get<std::string>());
-  EXPECT_EQ(p2.out, p1.out);
+  ASSERT_EQ(p1.exit_code, 0);
+  EXPECT_EQ(p1.output, c["expected"]["prompt"].get<std::string>());
+  EXPECT_EQ(p2.output, p1.output);
   fs::remove_all(dir);
 }

@@ -16,9 +16,12 @@
 
 #include "core/threads.h"
 #include "fake_cgroup_tree.h"
+#include "run_command.h"
 
 namespace fs = std::filesystem;
 using namespace dsv4;
+using dsv4::test::CommandResult;
+using dsv4::test::run_command;
 using test::FakeCgroupTree;
 
 TEST(Threads, CgroupV2QuotaIsRoundedCpus) {
@@ -84,15 +87,11 @@ TEST(Threads, OpenMpPlacementKeepsEveryCpu) {
   for (const char* placement : {"OMP_PROC_BIND=true", "OMP_PLACES=cores", "OMP_PROC_BIND=close OMP_PLACES=threads"}) {
     const std::string command = std::string("env ") + placement + " DSV4_THREADS_CHILD=1 '" + self +
                                 "' --gtest_filter=Threads.OpenMpPlacementKeepsEveryCpu";
-    FILE* child = popen(command.c_str(), "r");
-    ASSERT_NE(child, nullptr);
-    std::string output;
-    char buffer[256];
-    while (std::fgets(buffer, sizeof(buffer), child)) output += buffer;
-    ASSERT_EQ(pclose(child), 0) << output;
-    const size_t at = output.find("usable cpus: ");
-    ASSERT_NE(at, std::string::npos) << output;
-    EXPECT_EQ(std::atoi(output.c_str() + at + 13), usable_cpu_count()) << placement;
+    const CommandResult child = run_command(command);
+    ASSERT_EQ(child.exit_code, 0) << child.output;
+    const size_t at = child.output.find("usable cpus: ");
+    ASSERT_NE(at, std::string::npos) << child.output;
+    EXPECT_EQ(std::atoi(child.output.c_str() + at + 13), usable_cpu_count()) << placement;
   }
 }
 
