@@ -2,7 +2,6 @@
 // token files, output layout, and clean failures.
 #include <gtest/gtest.h>
 
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 
